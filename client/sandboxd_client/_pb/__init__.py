@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs; never edit by hand (see proto/generate.py)."""

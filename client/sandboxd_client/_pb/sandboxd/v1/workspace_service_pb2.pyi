@@ -1,0 +1,168 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class NetworkPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NETWORK_POLICY_UNSPECIFIED: _ClassVar[NetworkPolicy]
+    NETWORK_POLICY_NONE: _ClassVar[NetworkPolicy]
+    NETWORK_POLICY_BRIDGE: _ClassVar[NetworkPolicy]
+
+class Runtime(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUNTIME_UNSPECIFIED: _ClassVar[Runtime]
+    RUNTIME_RUNC: _ClassVar[Runtime]
+    RUNTIME_RUNSC: _ClassVar[Runtime]
+
+class WorkspaceState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKSPACE_STATE_UNSPECIFIED: _ClassVar[WorkspaceState]
+    WORKSPACE_STATE_RUNNING: _ClassVar[WorkspaceState]
+    WORKSPACE_STATE_STOPPED: _ClassVar[WorkspaceState]
+NETWORK_POLICY_UNSPECIFIED: NetworkPolicy
+NETWORK_POLICY_NONE: NetworkPolicy
+NETWORK_POLICY_BRIDGE: NetworkPolicy
+RUNTIME_UNSPECIFIED: Runtime
+RUNTIME_RUNC: Runtime
+RUNTIME_RUNSC: Runtime
+WORKSPACE_STATE_UNSPECIFIED: WorkspaceState
+WORKSPACE_STATE_RUNNING: WorkspaceState
+WORKSPACE_STATE_STOPPED: WorkspaceState
+
+class ResourceLimits(_message.Message):
+    __slots__ = ("memory_bytes", "cpu_millis", "pids")
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLIS_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    memory_bytes: int
+    cpu_millis: int
+    pids: int
+    def __init__(self, memory_bytes: _Optional[int] = ..., cpu_millis: _Optional[int] = ..., pids: _Optional[int] = ...) -> None: ...
+
+class SecurityOptions(_message.Message):
+    __slots__ = ("added_capabilities", "allow_new_privileges", "user")
+    ADDED_CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_NEW_PRIVILEGES_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    added_capabilities: _containers.RepeatedScalarFieldContainer[str]
+    allow_new_privileges: bool
+    user: str
+    def __init__(self, added_capabilities: _Optional[_Iterable[str]] = ..., allow_new_privileges: _Optional[bool] = ..., user: _Optional[str] = ...) -> None: ...
+
+class WorkspaceSpec(_message.Message):
+    __slots__ = ("image", "env", "working_dir", "labels", "limits", "network", "runtime", "idle_ttl", "security")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TTL_FIELD_NUMBER: _ClassVar[int]
+    SECURITY_FIELD_NUMBER: _ClassVar[int]
+    image: str
+    env: _containers.ScalarMap[str, str]
+    working_dir: str
+    labels: _containers.ScalarMap[str, str]
+    limits: ResourceLimits
+    network: NetworkPolicy
+    runtime: Runtime
+    idle_ttl: _duration_pb2.Duration
+    security: SecurityOptions
+    def __init__(self, image: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., network: _Optional[_Union[NetworkPolicy, str]] = ..., runtime: _Optional[_Union[Runtime, str]] = ..., idle_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., security: _Optional[_Union[SecurityOptions, _Mapping]] = ...) -> None: ...
+
+class Workspace(_message.Message):
+    __slots__ = ("workspace_id", "spec", "state", "create_time", "container_id", "volume_name")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_NAME_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    spec: WorkspaceSpec
+    state: WorkspaceState
+    create_time: _timestamp_pb2.Timestamp
+    container_id: str
+    volume_name: str
+    def __init__(self, workspace_id: _Optional[str] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., state: _Optional[_Union[WorkspaceState, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., container_id: _Optional[str] = ..., volume_name: _Optional[str] = ...) -> None: ...
+
+class CreateWorkspaceRequest(_message.Message):
+    __slots__ = ("spec", "workspace_id")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    spec: WorkspaceSpec
+    workspace_id: str
+    def __init__(self, spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., workspace_id: _Optional[str] = ...) -> None: ...
+
+class CreateWorkspaceResponse(_message.Message):
+    __slots__ = ("workspace",)
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    workspace: Workspace
+    def __init__(self, workspace: _Optional[_Union[Workspace, _Mapping]] = ...) -> None: ...
+
+class GetWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class GetWorkspaceResponse(_message.Message):
+    __slots__ = ("workspace",)
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    workspace: Workspace
+    def __init__(self, workspace: _Optional[_Union[Workspace, _Mapping]] = ...) -> None: ...
+
+class ListWorkspacesRequest(_message.Message):
+    __slots__ = ("label_selector",)
+    class LabelSelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    label_selector: _containers.ScalarMap[str, str]
+    def __init__(self, label_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListWorkspacesResponse(_message.Message):
+    __slots__ = ("workspaces",)
+    WORKSPACES_FIELD_NUMBER: _ClassVar[int]
+    workspaces: _containers.RepeatedCompositeFieldContainer[Workspace]
+    def __init__(self, workspaces: _Optional[_Iterable[_Union[Workspace, _Mapping]]] = ...) -> None: ...
+
+class DeleteWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class DeleteWorkspaceResponse(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
