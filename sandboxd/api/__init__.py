@@ -1,0 +1,1 @@
+"""gRPC layer: servicers translate proto to domain calls and back; nothing else."""

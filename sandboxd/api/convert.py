@@ -1,0 +1,225 @@
+"""Pure functions between protobuf messages and domain objects; no I/O here."""
+
+from __future__ import annotations
+
+import datetime
+
+from google.protobuf import duration_pb2, timestamp_pb2
+from sandboxd_client._pb.sandboxd.v1 import process_service_pb2 as ppb
+from sandboxd_client._pb.sandboxd.v1 import workspace_service_pb2 as wpb
+
+from ..errors import InvalidSpecError
+from ..models import (
+    ExecEvent,
+    ExecSpec,
+    ExecStarted,
+    ExitStatus,
+    Heartbeat,
+    NetworkPolicy,
+    OutputChunk,
+    OutputDropped,
+    ResourceLimits,
+    Runtime,
+    SecurityOptions,
+    StopReason,
+    Workspace,
+    WorkspaceSpec,
+    WorkspaceState,
+    Yielded,
+)
+
+__all__ = [
+    "duration_s",
+    "exec_response",
+    "exec_spec",
+    "exit_to_proto",
+    "input_response",
+    "workspace_spec",
+    "workspace_to_proto",
+]
+
+_NETWORK_FROM_PB = {
+    wpb.NETWORK_POLICY_UNSPECIFIED: NetworkPolicy.NONE,
+    wpb.NETWORK_POLICY_NONE: NetworkPolicy.NONE,
+    wpb.NETWORK_POLICY_BRIDGE: NetworkPolicy.BRIDGE,
+}
+_NETWORK_TO_PB = {NetworkPolicy.NONE: wpb.NETWORK_POLICY_NONE, NetworkPolicy.BRIDGE: wpb.NETWORK_POLICY_BRIDGE}
+_RUNTIME_FROM_PB = {wpb.RUNTIME_UNSPECIFIED: None, wpb.RUNTIME_RUNC: Runtime.RUNC, wpb.RUNTIME_RUNSC: Runtime.RUNSC}
+_RUNTIME_TO_PB = {None: wpb.RUNTIME_UNSPECIFIED, Runtime.RUNC: wpb.RUNTIME_RUNC, Runtime.RUNSC: wpb.RUNTIME_RUNSC}
+_STATE_TO_PB = {
+    WorkspaceState.RUNNING: wpb.WORKSPACE_STATE_RUNNING,
+    WorkspaceState.STOPPED: wpb.WORKSPACE_STATE_STOPPED,
+}
+_STOP_TO_PB = {
+    StopReason.EXITED: ppb.STOP_REASON_EXITED,
+    StopReason.INTERRUPTED: ppb.STOP_REASON_INTERRUPTED,
+    StopReason.TIMEOUT: ppb.STOP_REASON_TIMEOUT,
+    StopReason.FAILED: ppb.STOP_REASON_FAILED,
+    StopReason.KILLED: ppb.STOP_REASON_KILLED,
+}
+
+
+def duration_s(value: duration_pb2.Duration) -> float:
+    """Return a Duration in seconds.
+
+    Raises:
+        InvalidSpecError: the duration is negative.
+    """
+    seconds = value.seconds + value.nanos / 1e9
+    if seconds < 0:
+        msg = f"durations must not be negative, got {seconds:g} s"
+        raise InvalidSpecError(msg)
+    return seconds
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    result = duration_pb2.Duration()
+    result.FromNanoseconds(round(seconds * 1e9))
+    return result
+
+
+def _timestamp(moment: datetime.datetime) -> timestamp_pb2.Timestamp:
+    result = timestamp_pb2.Timestamp()
+    result.FromDatetime(moment)
+    return result
+
+
+def _enum(table: dict, value: int, field: str) -> object:  # type: ignore[type-arg]
+    try:
+        return table[value]
+    except KeyError:
+        msg = f"{field} has unknown value {value}"
+        raise InvalidSpecError(msg) from None
+
+
+def workspace_spec(message: wpb.WorkspaceSpec) -> WorkspaceSpec:
+    """Return the domain spec of a request; enum values outside the proto are rejected."""
+    return WorkspaceSpec(
+        image=message.image,
+        env=dict(message.env),
+        working_dir=message.working_dir,
+        labels=dict(message.labels),
+        limits=ResourceLimits(
+            memory_bytes=message.limits.memory_bytes,
+            cpu_millis=message.limits.cpu_millis,
+            pids=message.limits.pids,
+        ),
+        network=_enum(_NETWORK_FROM_PB, message.network, "network"),  # type: ignore[arg-type]
+        runtime=_enum(_RUNTIME_FROM_PB, message.runtime, "runtime"),  # type: ignore[arg-type]
+        idle_ttl_s=duration_s(message.idle_ttl) if message.HasField("idle_ttl") else None,
+        security=SecurityOptions(
+            added_capabilities=tuple(message.security.added_capabilities),
+            allow_new_privileges=message.security.allow_new_privileges,
+            user=message.security.user,
+        ),
+    )
+
+
+def _spec_to_proto(spec: WorkspaceSpec) -> wpb.WorkspaceSpec:
+    message = wpb.WorkspaceSpec(
+        image=spec.image,
+        env=dict(spec.env),
+        working_dir=spec.working_dir,
+        labels=dict(spec.labels),
+        limits=wpb.ResourceLimits(
+            memory_bytes=spec.limits.memory_bytes, cpu_millis=spec.limits.cpu_millis, pids=spec.limits.pids
+        ),
+        network=_NETWORK_TO_PB[spec.network],
+        runtime=_RUNTIME_TO_PB[spec.runtime],
+        security=wpb.SecurityOptions(
+            added_capabilities=list(spec.security.added_capabilities),
+            allow_new_privileges=spec.security.allow_new_privileges,
+            user=spec.security.user,
+        ),
+    )
+    if spec.idle_ttl_s is not None:
+        message.idle_ttl.CopyFrom(_duration(spec.idle_ttl_s))
+    return message
+
+
+def workspace_to_proto(workspace: Workspace) -> wpb.Workspace:
+    """Return the wire form of a workspace."""
+    return wpb.Workspace(
+        workspace_id=workspace.workspace_id,
+        spec=_spec_to_proto(workspace.spec),
+        state=_STATE_TO_PB[workspace.state],
+        create_time=_timestamp(workspace.create_time),
+        container_id=workspace.container_id,
+        volume_name=workspace.volume_name,
+    )
+
+
+def exec_spec(request: ppb.ExecRequest) -> ExecSpec:
+    """Return the domain spec of an ExecRequest."""
+    if request.max_output_bytes < 0:
+        msg = f"max_output_bytes must not be negative, got {request.max_output_bytes}"
+        raise InvalidSpecError(msg)
+    size = request.terminal_size
+    return ExecSpec(
+        command=request.command,
+        workdir=request.workdir,
+        env=dict(request.env),
+        yield_after_s=duration_s(request.yield_after) if request.HasField("yield_after") else None,
+        timeout_s=duration_s(request.timeout) if request.HasField("timeout") else None,
+        max_output_bytes=request.max_output_bytes,
+        tty=request.tty,
+        columns=size.columns or 80,
+        rows=size.rows or 24,
+    )
+
+
+def exit_to_proto(status: ExitStatus) -> ppb.ExecExited:
+    """Return the wire form of a terminal status."""
+    return ppb.ExecExited(
+        exit_code=status.exit_code,
+        signal=status.signal,
+        stop_reason=_STOP_TO_PB[status.stop_reason],
+        oom_killed=status.oom_killed,
+        memory_limit_bytes=status.memory_limit_bytes,
+        dropped_bytes=status.dropped_bytes,
+        elapsed=_duration(status.elapsed_s),
+        message=status.message,
+    )
+
+
+def _output(chunk: OutputChunk) -> ppb.ExecOutput:
+    if chunk.stream == "stderr":
+        return ppb.ExecOutput(stderr=chunk.data)
+    return ppb.ExecOutput(stdout=chunk.data)
+
+
+def exec_response(event: ExecEvent) -> ppb.ExecResponse:
+    """Return the ExecResponse carrying ``event``."""
+    match event:
+        case ExecStarted():
+            return ppb.ExecResponse(
+                started=ppb.ExecStarted(
+                    process_id=event.process_id, pid=event.pid, start_time=_timestamp(event.start_time)
+                )
+            )
+        case OutputChunk():
+            return ppb.ExecResponse(output=_output(event))
+        case OutputDropped():
+            return ppb.ExecResponse(dropped=ppb.ExecOutputDropped(dropped_bytes=event.dropped_bytes))
+        case ExitStatus():
+            return ppb.ExecResponse(exited=exit_to_proto(event))
+        case Yielded():
+            return ppb.ExecResponse(
+                yielded=ppb.ExecYielded(process_id=event.process_id, elapsed=_duration(event.elapsed_s))
+            )
+        case Heartbeat():
+            return ppb.ExecResponse(heartbeat=ppb.ExecHeartbeat(elapsed=_duration(event.elapsed_s)))
+    msg = f"unexpected event {event!r}"
+    raise AssertionError(msg)
+
+
+def input_response(event: ExecEvent) -> ppb.InputResponse:
+    """Return the InputResponse carrying ``event`` (never ``started``)."""
+    response = exec_response(event)
+    kind = response.WhichOneof("event")
+    if kind == "started":
+        msg = "an Input stream has no started event"
+        raise AssertionError(msg)
+    result = ppb.InputResponse()
+    getattr(result, str(kind)).CopyFrom(getattr(response, str(kind)))
+    return result

@@ -1,0 +1,100 @@
+"""ProcessService servicer: proto in, domain call, proto out."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+
+from sandboxd_client._pb.sandboxd.v1 import process_service_pb2 as ppb
+from sandboxd_client._pb.sandboxd.v1 import process_service_pb2_grpc as pgrpc
+
+from ..errors import InvalidSpecError
+from ..models import StopReason
+from ..processes import ProcessTable, clamp_yield
+from ..workspaces import WorkspaceManager
+from . import convert
+from ._types import Context
+
+__all__ = ["INPUT_POLL_YIELD_S", "INPUT_WRITE_YIELD_S", "ProcessServicer"]
+
+INPUT_WRITE_YIELD_S = 0.25
+"""Input window after a write (seed 000: 250 ms)."""
+INPUT_POLL_YIELD_S = 5.0
+"""Input window of a pure poll (seed 000: 5000 ms)."""
+CTRL_C = "\u0003"
+
+
+class ProcessServicer(pgrpc.ProcessServiceServicer):
+    """Serves ``sandboxd.v1.ProcessService``."""
+
+    def __init__(self, workspaces: WorkspaceManager, processes: ProcessTable) -> None:
+        """Serve commands in ``workspaces`` tracked by ``processes``."""
+        self.workspaces = workspaces
+        self.processes = processes
+
+    async def Exec(self, request: ppb.ExecRequest, context: Context) -> AsyncIterator[ppb.ExecResponse]:
+        """Start a command and stream its events (started, output..., exited | yielded)."""
+        spec = convert.exec_spec(request)
+        exec_context = await self.workspaces.exec_context(request.workspace_id)
+        session, started = await self.processes.start(exec_context, spec)
+        yield convert.exec_response(started)
+        window = clamp_yield(spec.yield_after_s, session.timeout_s)
+        async for event in session.events(yield_after_s=window):
+            yield convert.exec_response(event)
+
+    async def Input(self, request: ppb.InputRequest, context: Context) -> AsyncIterator[ppb.InputResponse]:
+        """Write to stdin or deliver Ctrl-C, then stream output until exit or the window closes."""
+        session = self.processes.get(request.process_id)
+        if request.HasField("yield_after"):
+            requested = convert.duration_s(request.yield_after)
+        else:
+            requested = INPUT_WRITE_YIELD_S if request.chars else INPUT_POLL_YIELD_S
+        if request.chars == CTRL_C:
+            await session.interrupt()
+        elif request.chars or request.close_stdin:
+            await session.write_stdin(request.chars.encode(), close=request.close_stdin)
+        window = clamp_yield(requested, session.timeout_s, default_s=requested)
+        async for event in session.events(yield_after_s=window):
+            yield convert.input_response(event)
+
+    async def Signal(self, request: ppb.SignalRequest, context: Context) -> ppb.SignalResponse:
+        """Send one signal to the command's process group."""
+        session = self.processes.get(request.process_id)
+        name = request.signal.upper()
+        name = name if name.startswith("SIG") else f"SIG{name}"
+        try:
+            number = signal.Signals[name]
+        except KeyError:
+            msg = f"unknown signal {request.signal!r}"
+            raise InvalidSpecError(msg) from None
+        if number == signal.SIGINT:
+            await session.interrupt()
+        else:
+            await session.send_signal(int(number))
+        return ppb.SignalResponse()
+
+    async def Kill(self, request: ppb.KillRequest, context: Context) -> ppb.KillResponse:
+        """End the command and everything it started: SIGTERM, grace, SIGKILL."""
+        session = self.processes.get(request.process_id)
+        grace = convert.duration_s(request.grace) if request.HasField("grace") else None
+        status = await session.kill(reason=StopReason.KILLED, grace_s=grace)
+        return ppb.KillResponse(exited=convert.exit_to_proto(status))
+
+    async def ListProcesses(self, request: ppb.ListProcessesRequest, context: Context) -> ppb.ListProcessesResponse:
+        """List the process sessions of one workspace."""
+        await self.workspaces.get(request.workspace_id)
+        infos = []
+        for session in self.processes.list(request.workspace_id):
+            info = ppb.ProcessInfo(
+                process_id=session.process_id,
+                workspace_id=session.context.workspace_id,
+                command=session.spec.command,
+                pid=session.pid,
+                state=ppb.PROCESS_STATE_RUNNING if session.running else ppb.PROCESS_STATE_EXITED,
+                tty=session.spec.tty,
+            )
+            info.start_time.FromDatetime(session.start_time)
+            if session.exit is not None:
+                info.exited.CopyFrom(convert.exit_to_proto(session.exit))
+            infos.append(info)
+        return ppb.ListProcessesResponse(processes=infos)

@@ -1,0 +1,46 @@
+"""WorkspaceService servicer: proto in, domain call, proto out."""
+
+from __future__ import annotations
+
+from sandboxd_client._pb.sandboxd.v1 import workspace_service_pb2 as wpb
+from sandboxd_client._pb.sandboxd.v1 import workspace_service_pb2_grpc as wgrpc
+
+from ..workspaces import WorkspaceManager
+from . import convert
+from ._types import Context
+
+__all__ = ["WorkspaceServicer"]
+
+
+class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
+    """Serves ``sandboxd.v1.WorkspaceService``."""
+
+    def __init__(self, workspaces: WorkspaceManager) -> None:
+        """Serve ``workspaces``."""
+        self.workspaces = workspaces
+
+    async def CreateWorkspace(
+        self, request: wpb.CreateWorkspaceRequest, context: Context
+    ) -> wpb.CreateWorkspaceResponse:
+        """Create and start a workspace."""
+        workspace = await self.workspaces.create(
+            convert.workspace_spec(request.spec), workspace_id=request.workspace_id
+        )
+        return wpb.CreateWorkspaceResponse(workspace=convert.workspace_to_proto(workspace))
+
+    async def GetWorkspace(self, request: wpb.GetWorkspaceRequest, context: Context) -> wpb.GetWorkspaceResponse:
+        """Return one workspace."""
+        workspace = await self.workspaces.get(request.workspace_id)
+        return wpb.GetWorkspaceResponse(workspace=convert.workspace_to_proto(workspace))
+
+    async def ListWorkspaces(self, request: wpb.ListWorkspacesRequest, context: Context) -> wpb.ListWorkspacesResponse:
+        """List workspaces, optionally by label."""
+        workspaces = await self.workspaces.list(dict(request.label_selector))
+        return wpb.ListWorkspacesResponse(workspaces=[convert.workspace_to_proto(w) for w in workspaces])
+
+    async def DeleteWorkspace(
+        self, request: wpb.DeleteWorkspaceRequest, context: Context
+    ) -> wpb.DeleteWorkspaceResponse:
+        """Remove a workspace with its volume."""
+        await self.workspaces.delete(request.workspace_id)
+        return wpb.DeleteWorkspaceResponse(workspace_id=request.workspace_id)

@@ -1,0 +1,1 @@
+"""Container-engine backends behind the :class:`~sandboxd.backend.base.Backend` protocol."""

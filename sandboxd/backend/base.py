@@ -1,0 +1,179 @@
+"""The only seam between sandboxd and a container engine.
+
+Every backend (Docker today) satisfies :class:`Backend`, and the shared
+conformance suite in ``tests/integration/test_backend_conformance.py`` runs
+against each real one. Backends speak in containers, images and raw exec
+streams; workspaces, processes and the supervisor protocol live in the domain
+layer above.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+__all__ = ["Backend", "ContainerInfo", "ContainerSpec", "ExecStream", "ImageInfo"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ContainerSpec:
+    """A fully resolved workspace container: every default already applied."""
+
+    workspace_id: str
+    image: str
+    env: Mapping[str, str]
+    working_dir: str
+    labels: Mapping[str, str]
+    """All labels, including the backend-independent ``sandboxd.*`` ones from the domain."""
+    memory_bytes: int
+    cpu_millis: int
+    pids: int
+    network: str
+    """``"none"`` or ``"bridge"``."""
+    runtime: str
+    added_capabilities: Sequence[str]
+    no_new_privileges: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ContainerInfo:
+    """What the engine reports about a workspace container."""
+
+    workspace_id: str
+    container_id: str
+    volume_name: str
+    labels: Mapping[str, str]
+    running: bool
+    create_time: datetime.datetime
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImageInfo:
+    """What the engine reports about a local image."""
+
+    image_id: str
+    user: str
+    """The image's configured user (``USER``), possibly empty."""
+    os: str
+    """``"linux"`` or ``"windows"``."""
+    labels: Mapping[str, str]
+
+
+class ExecStream(Protocol):
+    """A running exec: the command's stdin, and its stdout/stderr as they arrive."""
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """Return the next ``(fd, data)`` chunk (fd 1 or 2), or None at end of stream."""
+        ...
+
+    async def write(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin."""
+        ...
+
+    async def exit_code(self) -> int | None:
+        """Return the exec's exit code once it has ended, else None."""
+        ...
+
+    async def close(self) -> None:
+        """Hang up; the command keeps running but loses its stdin and readers."""
+        ...
+
+
+class Backend(Protocol):
+    """Container-engine operations sandboxd needs, all async and all idempotent where named."""
+
+    instance: str
+    """Label value marking this daemon's containers."""
+
+    async def ping(self) -> None:
+        """Return when the engine answers.
+
+        Raises:
+            DockerUnavailableError: the engine cannot be reached.
+        """
+        ...
+
+    async def image_info(self, ref: str) -> ImageInfo | None:
+        """Return the local image ``ref``, or None when it is not present."""
+        ...
+
+    async def pull_image(self, ref: str) -> ImageInfo:
+        """Pull ``ref`` from its registry.
+
+        Raises:
+            ImageNotFoundError: the registry cannot be reached or has no such image.
+        """
+        ...
+
+    async def import_image(self, rootfs_tar: Path, ref: str) -> None:
+        """Create image ``ref`` from a root filesystem tarball (``docker import``)."""
+        ...
+
+    async def build_image(
+        self,
+        context: Path,
+        ref: str,
+        *,
+        build_args: Mapping[str, str],
+        labels: Mapping[str, str],
+        on_line: Callable[[str], None],
+    ) -> None:
+        """Build ``context``'s Dockerfile as ``ref``, passing each log line to ``on_line``.
+
+        Raises:
+            BackendError: the build failed (the message carries the failing step).
+        """
+        ...
+
+    async def create_container(self, spec: ContainerSpec) -> ContainerInfo:
+        """Create the workspace's volume and container, start it, and return it running.
+
+        Raises:
+            WorkspaceExistsError: a container for that workspace id exists.
+            ImageNotFoundError: the image is missing.
+            InvalidSpecError: the engine rejected the configuration.
+        """
+        ...
+
+    async def inspect_container(self, workspace_id: str) -> ContainerInfo:
+        """Return one of this daemon's workspace containers.
+
+        Raises:
+            WorkspaceNotFoundError: no such container for this daemon.
+        """
+        ...
+
+    async def list_containers(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
+        """Return this daemon's workspace containers carrying every label in ``labels``."""
+        ...
+
+    async def remove_container(self, workspace_id: str) -> None:
+        """Remove the container and its volume; missing ones are not an error."""
+        ...
+
+    async def exec_stream(
+        self,
+        workspace_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        user: str,
+    ) -> ExecStream:
+        """Start ``argv`` in the container with stdin attached and return its stream.
+
+        Raises:
+            WorkspaceNotFoundError: the container is gone.
+            WorkspaceNotRunningError: the container is not running.
+        """
+        ...
+
+    async def exec_run(self, workspace_id: str, argv: Sequence[str], *, user: str) -> tuple[int, bytes]:
+        """Run ``argv`` to completion and return ``(exit_code, stdout + stderr)``."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,478 @@
+"""DockerBackend: the Docker SDK behind the :class:`~sandboxd.backend.base.Backend` seam.
+
+Blocking SDK calls run through ``asyncio.to_thread``. Exec streams do not: the
+daemon opens the hijacked ``/exec/{id}/start`` connection itself with asyncio,
+so a slow or silent command costs no thread and cancellation is immediate.
+Every ``docker.errors`` / ``requests`` failure is translated here into a
+``SandboxdError`` (``raise ... from exc``); nothing above this module sees the SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import functools
+import json
+import struct
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlparse
+
+import docker
+import docker.errors
+import requests.exceptions
+import structlog
+import tenacity
+from docker.types import Mount
+
+from ..errors import (
+    BackendError,
+    DockerUnavailableError,
+    ImageNotFoundError,
+    InvalidSpecError,
+    SandboxdError,
+    WorkspaceExistsError,
+    WorkspaceNotFoundError,
+    WorkspaceNotRunningError,
+)
+from .base import ContainerInfo, ContainerSpec, ImageInfo
+
+__all__ = ["API_VERSION", "LABEL_INSTANCE", "LABEL_MANAGED", "LABEL_WORKSPACE", "DockerBackend"]
+
+API_VERSION = "1.41"
+"""Docker Engine API version spoken (Docker 20.10 and every later engine accept it)."""
+
+LABEL_MANAGED = "sandboxd.managed"
+LABEL_INSTANCE = "sandboxd.instance"
+LABEL_WORKSPACE = "sandboxd.workspace_id"
+WORKSPACE_MOUNT = "/workspace"
+# PID 1 is Docker's init; this is its only child. It runs as root (without any
+# capability) so that the workspace user -- who can signal every process of its
+# own uid -- cannot stop the container with `kill -9 -1`.
+KEEPALIVE = ["tail", "-f", "/dev/null"]
+KEEPALIVE_USER = "0:0"
+_MUX_HEADER = struct.Struct(">BxxxI")
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, DockerUnavailableError) or (
+        isinstance(exc, BackendError) and getattr(exc, "transient", False)
+    )
+
+
+class DockerBackend:
+    """Workspaces as Docker containers on one engine.
+
+    Args:
+        docker_host: engine address, ``unix:///path`` or ``tcp://host:port``.
+        instance: value of the ``sandboxd.instance`` label on everything created.
+        timeout_s: timeout of each blocking API call, in seconds.
+        retries: retry idempotent calls on transient failures (bounded, jittered).
+    """
+
+    def __init__(self, *, docker_host: str, instance: str, timeout_s: float = 60.0, retries: bool = True) -> None:
+        """Configure the backend; nothing connects until the first call."""
+        self.docker_host = docker_host
+        self.instance = instance
+        self._timeout_s = timeout_s
+        self._retries = retries
+        self._api_client: docker.APIClient | None = None
+
+    # -- plumbing --------------------------------------------------------------
+    def _api(self) -> docker.APIClient:
+        if self._api_client is None:
+            try:
+                self._api_client = docker.APIClient(
+                    base_url=self.docker_host, version=API_VERSION, timeout=int(self._timeout_s)
+                )
+            except docker.errors.DockerException as exc:
+                msg = f"cannot use Docker engine address {self.docker_host!r}: {exc}"
+                raise DockerUnavailableError(msg) from exc
+        return self._api_client
+
+    def _check_socket(self) -> None:
+        """Fail fast, and without the SDK leaking a socket, when the engine's socket file is absent."""
+        url = urlparse(self.docker_host)
+        if url.scheme == "unix" and not Path(url.path).exists():
+            msg = f"Docker engine unreachable at {self.docker_host}: no such socket"
+            raise DockerUnavailableError(msg)
+
+    def _translate(self, exc: Exception) -> SandboxdError:
+        if isinstance(exc, SandboxdError):
+            return exc
+        if isinstance(exc, requests.exceptions.ConnectionError | FileNotFoundError | ConnectionError):
+            return DockerUnavailableError(f"Docker engine unreachable at {self.docker_host}: {_reason(exc)}")
+        if isinstance(exc, requests.exceptions.Timeout):
+            return DockerUnavailableError(f"Docker engine at {self.docker_host} did not answer in time")
+        if isinstance(exc, docker.errors.APIError):
+            error = BackendError(f"Docker engine error: {exc.explanation or exc}")
+            error.transient = exc.status_code is not None and exc.status_code >= 500  # type: ignore[attr-defined]
+            return error
+        if isinstance(exc, docker.errors.DockerException):
+            return DockerUnavailableError(f"Docker engine at {self.docker_host} failed: {exc}")
+        return BackendError(f"Docker call failed: {exc}")
+
+    async def _call(self, fn: Callable[..., T], *args: Any, idempotent: bool = False, **kwargs: Any) -> T:
+        """Run a blocking SDK call off the event loop, translating its errors."""
+
+        async def attempt() -> T:
+            self._check_socket()
+            try:
+                return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
+            except (docker.errors.NotFound, docker.errors.ImageNotFound):
+                raise
+            except Exception as exc:  # every SDK failure is translated, none escapes raw
+                raise self._translate(exc) from exc
+
+        if not (idempotent and self._retries):
+            return await attempt()
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception(_is_transient),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.1, exp_base=2, max=5.0, jitter=1.0),
+            stop=tenacity.stop_after_attempt(4) | tenacity.stop_after_delay(5.0),
+            before_sleep=lambda state: log.warning(
+                "retry.scheduled", call=getattr(fn, "__name__", str(fn)), attempt=state.attempt_number
+            ),
+            reraise=True,
+        )
+        return await retrying(attempt)
+
+    def _name(self, workspace_id: str) -> str:
+        return f"sandboxd-{self.instance}-{workspace_id}"
+
+    def _info(self, attrs: Mapping[str, Any]) -> ContainerInfo:
+        labels = attrs["Config"]["Labels"] or {}
+        volume = next(
+            (m.get("Name", "") for m in attrs.get("Mounts", []) if m.get("Destination") == WORKSPACE_MOUNT), ""
+        )
+        return ContainerInfo(
+            workspace_id=labels.get(LABEL_WORKSPACE, ""),
+            container_id=attrs["Id"],
+            volume_name=volume,
+            labels=labels,
+            running=bool(attrs["State"].get("Running")) and not attrs["State"].get("Paused"),
+            create_time=_parse_time(attrs["Created"]),
+        )
+
+    # -- engine and images ------------------------------------------------------------
+    async def ping(self) -> None:
+        """Return when the engine answers; DockerUnavailableError otherwise."""
+        await self._call(self._api().ping, idempotent=True)
+
+    async def image_info(self, ref: str) -> ImageInfo | None:
+        """Return the local image ``ref``, or None when it is not present."""
+        try:
+            attrs = await self._call(self._api().inspect_image, ref, idempotent=True)
+        except (docker.errors.NotFound, docker.errors.ImageNotFound):
+            return None
+        config = attrs.get("Config") or {}
+        return ImageInfo(
+            image_id=attrs["Id"],
+            user=config.get("User") or "",
+            os=attrs.get("Os") or "linux",
+            labels=config.get("Labels") or {},
+        )
+
+    async def pull_image(self, ref: str) -> ImageInfo:
+        """Pull ``ref``; ImageNotFoundError when no registry provides it."""
+        repository, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
+        try:
+            await self._call(self._api().pull, repository, tag=tag)
+        except (docker.errors.NotFound, docker.errors.ImageNotFound, BackendError, DockerUnavailableError) as exc:
+            msg = f"image {ref!r} is not present and could not be pulled: {_reason(exc)}"
+            raise ImageNotFoundError(msg) from exc
+        info = await self.image_info(ref)
+        if info is None:
+            msg = f"image {ref!r} was pulled but is not present"
+            raise ImageNotFoundError(msg)
+        return info
+
+    async def import_image(self, rootfs_tar: Path, ref: str) -> None:
+        """Create image ``ref`` from a root filesystem tarball."""
+        repository, _, tag = ref.rpartition(":")
+        await self._call(self._api().import_image_from_file, str(rootfs_tar), repository=repository, tag=tag)
+
+    async def build_image(
+        self,
+        context: Path,
+        ref: str,
+        *,
+        build_args: Mapping[str, str],
+        labels: Mapping[str, str],
+        on_line: Callable[[str], None],
+    ) -> None:
+        """Build ``context`` as ``ref``, streaming its log lines to ``on_line``."""
+
+        def build() -> None:
+            stream = self._api().build(
+                path=str(context),
+                tag=ref,
+                buildargs=dict(build_args),
+                labels=dict(labels),
+                rm=True,
+                forcerm=True,
+                decode=True,
+            )
+            for item in stream:
+                if "error" in item:
+                    msg = f"building {ref} failed: {item['error'].strip()}"
+                    raise BackendError(msg)
+                text = item.get("stream", "")
+                for line in text.splitlines():
+                    if line.strip():
+                        on_line(line.rstrip())
+
+        await self._call(build)
+
+    # -- containers ---------------------------------------------------------------------
+    async def create_container(self, spec: ContainerSpec) -> ContainerInfo:
+        """Create volume and container, start it, and return it running."""
+        api = self._api()
+        name = self._name(spec.workspace_id)
+        labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance}
+        labels[LABEL_WORKSPACE] = spec.workspace_id
+        existing = await self._call(api.containers, all=True, filters={"name": f"^/{name}$"})
+        if existing:
+            msg = f"workspace {spec.workspace_id!r} already exists"
+            raise WorkspaceExistsError(msg)
+        host_config = api.create_host_config(
+            init=True,
+            mounts=[Mount(target=WORKSPACE_MOUNT, source=name, type="volume")],
+            cap_drop=["ALL"],
+            cap_add=list(spec.added_capabilities) or None,
+            security_opt=["no-new-privileges:true"] if spec.no_new_privileges else None,
+            pids_limit=spec.pids,
+            mem_limit=spec.memory_bytes,
+            memswap_limit=spec.memory_bytes,
+            nano_cpus=spec.cpu_millis * 1_000_000,
+            network_mode=spec.network,
+            runtime=spec.runtime,
+        )
+        await self._call(api.create_volume, name=name, labels=labels)
+        try:
+            created = await self._call(
+                api.create_container,
+                spec.image,
+                name=name,
+                entrypoint=KEEPALIVE,
+                command=[],
+                user=KEEPALIVE_USER,
+                environment=dict(spec.env),
+                working_dir=spec.working_dir,
+                labels=labels,
+                hostname=spec.workspace_id[:63],
+                host_config=host_config,
+                network_disabled=spec.network == "none",
+            )
+            await self._call(api.start, created["Id"])
+        except docker.errors.ImageNotFound as exc:
+            await self.remove_container(spec.workspace_id)
+            msg = f"image {spec.image!r} is not present on the Docker engine"
+            raise ImageNotFoundError(msg) from exc
+        except docker.errors.NotFound as exc:
+            await self.remove_container(spec.workspace_id)
+            raise self._translate(docker.errors.APIError(str(exc))) from exc
+        except BackendError as exc:
+            await self.remove_container(spec.workspace_id)
+            if "Conflict" in exc.message or "already in use" in exc.message:
+                msg = f"workspace {spec.workspace_id!r} already exists"
+                raise WorkspaceExistsError(msg) from exc
+            msg = f"the Docker engine rejected the workspace: {exc.message}"
+            raise InvalidSpecError(msg) from exc
+        except BaseException:
+            await asyncio.shield(self.remove_container(spec.workspace_id))
+            raise
+        return await self.inspect_container(spec.workspace_id)
+
+    async def inspect_container(self, workspace_id: str) -> ContainerInfo:
+        """Return one of this daemon's workspace containers, or WorkspaceNotFoundError."""
+        try:
+            attrs = await self._call(self._api().inspect_container, self._name(workspace_id), idempotent=True)
+        except docker.errors.NotFound as exc:
+            msg = f"workspace {workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg) from exc
+        labels = attrs["Config"]["Labels"] or {}
+        if labels.get(LABEL_MANAGED) != "true" or labels.get(LABEL_INSTANCE) != self.instance:
+            msg = f"workspace {workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg)
+        return self._info(attrs)
+
+    async def list_containers(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
+        """Return this daemon's workspace containers carrying every label in ``labels``."""
+        selector = {LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance, **labels}
+        filters = {"label": [f"{k}={v}" for k, v in selector.items()]}
+        listed = await self._call(self._api().containers, all=True, filters=filters, idempotent=True)
+        infos = []
+        for summary in listed:
+            try:
+                attrs = await self._call(self._api().inspect_container, summary["Id"], idempotent=True)
+            except docker.errors.NotFound:
+                continue  # removed between the listing and the inspection
+            infos.append(self._info(attrs))
+        return sorted(infos, key=lambda info: info.create_time)
+
+    async def remove_container(self, workspace_id: str) -> None:
+        """Remove container and volume; missing ones are not an error."""
+        api = self._api()
+        name = self._name(workspace_id)
+        with contextlib.suppress(docker.errors.NotFound):
+            await self._call(api.remove_container, name, force=True, v=True, idempotent=True)
+        with contextlib.suppress(docker.errors.NotFound):
+            await self._call(api.remove_volume, name, force=True, idempotent=True)
+
+    # -- exec -----------------------------------------------------------------------------
+    async def exec_stream(
+        self,
+        workspace_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        user: str,
+    ) -> DockerExecStream:
+        """Start ``argv`` with stdin attached; return the raw multiplexed stream."""
+        exec_id = await self._exec_create(workspace_id, argv, env=env, user=user, stdin=True)
+        reader, writer = await self._connect()
+        body = json.dumps({"Detach": False, "Tty": False}).encode()
+        request = (
+            f"POST /v{API_VERSION}/exec/{exec_id}/start HTTP/1.1\r\n"
+            "Host: docker\r\nContent-Type: application/json\r\n"
+            "Connection: Upgrade\r\nUpgrade: tcp\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        try:
+            writer.write(request + body)
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            writer.close()
+            msg = f"Docker engine at {self.docker_host} hung up starting an exec: {_reason(exc)}"
+            raise DockerUnavailableError(msg) from exc
+        status = int(head.split(b" ", 2)[1])
+        if status not in (101, 200):
+            writer.close()
+            msg = f"Docker engine refused to start the exec (HTTP {status})"
+            if status == 409:
+                msg = f"workspace {workspace_id!r} is not running"
+                raise WorkspaceNotRunningError(msg)
+            raise BackendError(msg)
+        return DockerExecStream(reader, writer, inspect=functools.partial(self._exec_exit_code, exec_id))
+
+    async def _exec_exit_code(self, exec_id: str) -> int | None:
+        try:
+            inspected = await self._call(self._api().exec_inspect, exec_id, idempotent=True)
+        except (docker.errors.NotFound, SandboxdError):
+            return None
+        if inspected.get("Running"):
+            return None
+        code = inspected.get("ExitCode")
+        return None if code is None else int(code)
+
+    async def exec_run(self, workspace_id: str, argv: Sequence[str], *, user: str) -> tuple[int, bytes]:
+        """Run ``argv`` to completion; return ``(exit_code, stdout + stderr)``."""
+        exec_id = await self._exec_create(workspace_id, argv, env={}, user=user, stdin=False)
+        output = await self._call(self._api().exec_start, exec_id)
+        inspected = await self._call(self._api().exec_inspect, exec_id, idempotent=True)
+        return int(inspected.get("ExitCode") or 0), output
+
+    async def _exec_create(
+        self, workspace_id: str, argv: Sequence[str], *, env: Mapping[str, str], user: str, stdin: bool
+    ) -> str:
+        try:
+            created = await self._call(
+                self._api().exec_create,
+                self._name(workspace_id),
+                list(argv),
+                stdin=stdin,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                environment=dict(env),
+                user=user,
+                workdir="/",
+            )
+        except docker.errors.NotFound as exc:
+            msg = f"workspace {workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg) from exc
+        except BackendError as exc:
+            if "is not running" in exc.message or "is paused" in exc.message:
+                msg = f"workspace {workspace_id!r} is not running"
+                raise WorkspaceNotRunningError(msg) from exc
+            raise
+        return str(created["Id"])
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        url = urlparse(self.docker_host)
+        try:
+            if url.scheme == "unix":
+                return await asyncio.open_unix_connection(url.path)
+            if url.scheme in {"tcp", "http"}:
+                return await asyncio.open_connection(url.hostname, url.port or 2375)
+        except OSError as exc:
+            msg = f"Docker engine unreachable at {self.docker_host}: {_reason(exc)}"
+            raise DockerUnavailableError(msg) from exc
+        msg = f"Docker engine address {self.docker_host!r}: only unix:// and tcp:// are supported for exec streams"
+        raise DockerUnavailableError(msg)
+
+    async def close(self) -> None:
+        """Release the SDK's connection pool."""
+        if self._api_client is not None:
+            await asyncio.to_thread(self._api_client.close)
+            self._api_client = None
+
+
+class DockerExecStream:
+    """One hijacked exec connection: Docker's 8-byte-header multiplexed stdout/stderr plus stdin."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        inspect: Callable[[], Awaitable[int | None]],
+    ) -> None:
+        """Wrap an upgraded connection whose response headers are already consumed."""
+        self._reader = reader
+        self._writer = writer
+        self._inspect = inspect
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """Return the next ``(fd, data)`` chunk, or None at end of stream."""
+        try:
+            header = await self._reader.readexactly(_MUX_HEADER.size)
+            fd, size = _MUX_HEADER.unpack(header)
+            data = await self._reader.readexactly(size)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        return fd, data
+
+    async def write(self, data: bytes) -> None:
+        """Write to the exec's stdin."""
+        self._writer.write(data)
+        await self._writer.drain()
+
+    async def exit_code(self) -> int | None:
+        """Return the exec's exit code once Docker reports it ended, else None."""
+        return await self._inspect()
+
+    async def close(self) -> None:
+        """Close the connection."""
+        self._writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await self._writer.wait_closed()
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def _parse_time(text: str) -> datetime.datetime:
+    # Docker gives nanoseconds ("2024-01-01T00:00:00.123456789Z"); Python takes micro.
+    head, _, frac = text.rstrip("Z").partition(".")
+    micro = (frac + "000000")[:6]
+    return datetime.datetime.fromisoformat(f"{head}.{micro}").replace(tzinfo=datetime.UTC)

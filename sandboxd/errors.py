@@ -1,0 +1,124 @@
+"""Errors the daemon raises, each carrying the gRPC status it maps to.
+
+The hierarchy::
+
+    SandboxdError                          INTERNAL
+    ├── InvalidSpecError                   INVALID_ARGUMENT
+    ├── NotFoundError                      NOT_FOUND
+    │   ├── WorkspaceNotFoundError
+    │   ├── ProcessNotFoundError
+    │   └── ImageNotFoundError
+    ├── WorkspaceExistsError               ALREADY_EXISTS
+    ├── FailedPreconditionError            FAILED_PRECONDITION
+    │   ├── WorkspaceNotRunningError
+    │   └── ProcessExitedError
+    ├── QuotaExceededError                 RESOURCE_EXHAUSTED
+    ├── DockerUnavailableError             UNAVAILABLE
+    ├── BackendError                       INTERNAL
+    └── ExecTimeoutError                   DEADLINE_EXCEEDED
+
+Every message is written for the caller: it says what was wrong and, where it
+helps, what to do. One interceptor turns these into gRPC statuses; anything
+else becomes INTERNAL with a generic message and its traceback goes to the log
+only.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import grpc
+
+__all__ = [
+    "BackendError",
+    "DockerUnavailableError",
+    "ExecTimeoutError",
+    "FailedPreconditionError",
+    "ImageNotFoundError",
+    "InvalidSpecError",
+    "NotFoundError",
+    "ProcessExitedError",
+    "ProcessNotFoundError",
+    "QuotaExceededError",
+    "SandboxdError",
+    "WorkspaceExistsError",
+    "WorkspaceNotFoundError",
+    "WorkspaceNotRunningError",
+]
+
+
+class SandboxdError(Exception):
+    """Root of every error the daemon reports to callers."""
+
+    grpc_code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        """Create the error with a caller-facing ``message``."""
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidSpecError(SandboxdError):
+    """A request field is malformed or out of range."""
+
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFoundError(SandboxdError):
+    """The named object does not exist (or is not visible to the caller)."""
+
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
+class WorkspaceNotFoundError(NotFoundError):
+    """No workspace with that id."""
+
+
+class ProcessNotFoundError(NotFoundError):
+    """No process session with that id (never existed, evicted, or lost)."""
+
+
+class ImageNotFoundError(NotFoundError):
+    """The image is not present and could not be pulled."""
+
+
+class WorkspaceExistsError(SandboxdError):
+    """A workspace with the requested id already exists."""
+
+    grpc_code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPreconditionError(SandboxdError):
+    """The object is not in a state that allows the call."""
+
+    grpc_code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class WorkspaceNotRunningError(FailedPreconditionError):
+    """The workspace's container is not running."""
+
+
+class ProcessExitedError(FailedPreconditionError):
+    """The process has already exited."""
+
+
+class QuotaExceededError(SandboxdError):
+    """A configured cap (sessions, workspaces, memory) is reached."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DockerUnavailableError(SandboxdError):
+    """The Docker engine cannot be reached."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+class BackendError(SandboxdError):
+    """The container engine refused or failed an operation."""
+
+
+class ExecTimeoutError(SandboxdError):
+    """An operation outlived its deadline."""
+
+    grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED

@@ -1,0 +1,54 @@
+"""structlog configuration: JSON off a terminal, a console renderer on one, stdlib bridged."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+import structlog
+
+__all__ = ["configure_logging"]
+
+
+def configure_logging(
+    *, level: str = "info", fmt: str = "auto", stream: TextIO | None = None, cache: bool = True
+) -> None:
+    """Configure structlog and the stdlib root logger once, in ``__main__``.
+
+    Args:
+        level: lowest level written (``debug``, ``info``, ``warning``, ``error``).
+        fmt: ``json``, ``console``, or ``auto`` (console on a TTY, JSON otherwise).
+        stream: where log lines go; standard error by default.
+        cache: cache loggers on first use (tests turn it off so they can capture logs).
+    """
+    out = stream or sys.stderr
+    use_console = fmt == "console" or (fmt == "auto" and out.isatty())
+    shared: list[structlog.types.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: structlog.types.Processor
+    if use_console:
+        renderer = structlog.dev.ConsoleRenderer()
+    else:
+        shared.append(structlog.processors.dict_tracebacks)
+        renderer = structlog.processors.JSONRenderer()
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=cache,
+    )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

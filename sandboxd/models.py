@@ -1,0 +1,203 @@
+"""Frozen domain objects shared by the API layer, the domain services and the backends.
+
+Nothing here knows about protobuf or Docker. Sizes are in bytes, durations in
+seconds (``_s``), and CPU in thousandths of a CPU (``_millis``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import signal
+from collections.abc import Mapping
+
+__all__ = [
+    "ExecEvent",
+    "ExecSpec",
+    "ExecStarted",
+    "ExitStatus",
+    "Heartbeat",
+    "NetworkPolicy",
+    "OutputChunk",
+    "OutputDropped",
+    "ResourceLimits",
+    "Runtime",
+    "SecurityOptions",
+    "StopReason",
+    "Workspace",
+    "WorkspaceSpec",
+    "WorkspaceState",
+    "Yielded",
+    "signal_name",
+]
+
+
+class NetworkPolicy(enum.StrEnum):
+    """Which network a workspace joins."""
+
+    NONE = "none"
+    BRIDGE = "bridge"
+
+
+class Runtime(enum.StrEnum):
+    """OCI runtime of a workspace container."""
+
+    RUNC = "runc"
+    RUNSC = "runsc"
+
+
+class WorkspaceState(enum.StrEnum):
+    """Container state as callers see it."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class StopReason(enum.StrEnum):
+    """Why a process stopped; SPEC §2.3 ranks interrupted > timeout > failed > the rest."""
+
+    EXITED = "exited"
+    INTERRUPTED = "interrupted"
+    TIMEOUT = "timeout"
+    FAILED = "failed"
+    KILLED = "killed"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResourceLimits:
+    """Resource caps; 0 in a request means "the daemon default"."""
+
+    memory_bytes: int = 0
+    """Memory limit in bytes, swap not added on top."""
+    cpu_millis: int = 0
+    """CPU quota in thousandths of a CPU."""
+    pids: int = 0
+    """Most processes and threads alive at once."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SecurityOptions:
+    """Explicit loosening of the hardened defaults."""
+
+    added_capabilities: tuple[str, ...] = ()
+    """Capabilities added back after dropping all (upper case, no ``CAP_`` prefix)."""
+    allow_new_privileges: bool = False
+    """Turn ``no-new-privileges`` off."""
+    user: str = ""
+    """User commands run as; empty means the image's non-root user (or 1000:1000)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkspaceSpec:
+    """What a caller asks for; ``WorkspaceManager`` fills in every default."""
+
+    image: str = ""
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    working_dir: str = ""
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    limits: ResourceLimits = dataclasses.field(default_factory=ResourceLimits)
+    network: NetworkPolicy = NetworkPolicy.NONE
+    runtime: Runtime | None = None
+    idle_ttl_s: float | None = None
+    """Seconds without calls before the workspace is removed; None = daemon default, 0 = never."""
+    security: SecurityOptions = dataclasses.field(default_factory=SecurityOptions)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workspace:
+    """A workspace as stored in its container's labels, with live state."""
+
+    workspace_id: str
+    spec: WorkspaceSpec
+    """The spec with every default resolved."""
+    state: WorkspaceState
+    create_time: datetime.datetime
+    container_id: str
+    volume_name: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExecSpec:
+    """One command to run."""
+
+    command: str
+    workdir: str = ""
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    yield_after_s: float | None = None
+    """Seconds to stream before yielding; None means the default (seed 000: 60 s)."""
+    timeout_s: float | None = None
+    """Seconds before the command is killed; None means the daemon default."""
+    max_output_bytes: int = 0
+    """Undelivered output held before dropping; 0 means the daemon default."""
+    tty: bool = False
+    columns: int = 80
+    rows: int = 24
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExecStarted:
+    """First event: the command runs."""
+
+    process_id: str
+    pid: int
+    start_time: datetime.datetime
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutputChunk:
+    """Bytes read from one of the command's streams."""
+
+    stream: str
+    """``"stdout"`` or ``"stderr"``."""
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutputDropped:
+    """A gap: this many bytes were dropped here because the buffer was full."""
+
+    dropped_bytes: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExitStatus:
+    """Terminal event: how the top-level command ended."""
+
+    exit_code: int
+    """The exit code; a death by signal N is 128+N (SPEC §6)."""
+    signal: str = ""
+    """Name of the signal that ended it, or empty."""
+    stop_reason: StopReason = StopReason.EXITED
+    oom_killed: bool = False
+    memory_limit_bytes: int = 0
+    """The workspace memory limit, reported with ``oom_killed``."""
+    dropped_bytes: int = 0
+    elapsed_s: float = 0.0
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Yielded:
+    """Terminal event: the command still runs in the background."""
+
+    process_id: str
+    elapsed_s: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Heartbeat:
+    """Liveness event on a long stream."""
+
+    elapsed_s: float
+
+
+ExecEvent = ExecStarted | OutputChunk | OutputDropped | ExitStatus | Yielded | Heartbeat
+
+
+def signal_name(number: int) -> str:
+    """Return ``"SIGINT"`` for 2 and so on; ``"SIG<N>"`` for numbers without a name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"

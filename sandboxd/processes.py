@@ -1,0 +1,639 @@
+"""Process sessions: commands running in workspaces, driven over the supervisor protocol.
+
+A :class:`ProcessSession` owns one ``docker exec`` of the in-container
+supervisor (``sandboxd/supervisor.py``). A pump task reads the supervisor's
+frames into a bounded :class:`~sandboxd.output.OutputBuffer`; Exec and Input
+calls attach to the session and stream what the buffer holds until the command
+exits or the caller's yield window closes. The :class:`ProcessTable` holds at
+most ``max_sessions`` sessions and evicts exited ones first, then the least
+recently used idle one (seed 000).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import datetime
+import enum
+import functools
+import importlib.resources
+import json
+import posixpath
+import re
+import secrets
+import signal
+import time
+from collections.abc import AsyncIterator, Mapping
+
+import structlog
+
+from . import frames
+from .backend.base import Backend, ExecStream
+from .errors import (
+    FailedPreconditionError,
+    InvalidSpecError,
+    ProcessNotFoundError,
+    QuotaExceededError,
+    SandboxdError,
+)
+from .models import (
+    ExecEvent,
+    ExecSpec,
+    ExecStarted,
+    ExitStatus,
+    Heartbeat,
+    StopReason,
+    Yielded,
+    signal_name,
+)
+from .output import OutputBuffer
+from .settings import Settings
+
+__all__ = [
+    "MARKER_ENV",
+    "MIN_YIELD_S",
+    "ExecContext",
+    "ProcessSession",
+    "ProcessTable",
+    "check_env",
+    "clamp_yield",
+    "exit_status",
+]
+
+log = structlog.get_logger(__name__)
+
+MARKER_ENV = "SANDBOXD_PROCESS_ID"
+"""Environment entry every process of a command inherits; teardown finds strays by it."""
+
+MIN_YIELD_S = 0.25
+"""Shortest yield window (seed 000: 250 ms)."""
+
+DEFAULT_YIELD_S = 60.0
+"""Exec yield window when the caller sets none (seed 000: 60000 ms)."""
+
+NON_INTERACTIVE_ENV = {
+    "TERM": "dumb",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "NO_COLOR": "1",
+    "LANG": "C.UTF-8",
+}
+"""SPEC §6 defaults for commands without a terminal; the caller's values win."""
+
+TTY_ENV = {"TERM": "xterm-256color", "LANG": "C.UTF-8"}
+
+_STOP_PRIORITY = (StopReason.INTERRUPTED, StopReason.TIMEOUT, StopReason.FAILED, StopReason.KILLED)
+_STDERR_TAIL_BYTES = 4096
+
+
+@functools.cache
+def supervisor_source() -> str:
+    """Return the supervisor's source text, sent with every exec."""
+    return importlib.resources.files("sandboxd").joinpath("supervisor.py").read_text()
+
+
+def clamp_yield(requested_s: float | None, timeout_s: float, default_s: float = DEFAULT_YIELD_S) -> float:
+    """Clamp a yield window to ``[250 ms, timeout - 1 s]`` (SPEC §6).
+
+    Args:
+        requested_s: the caller's window in seconds, or None for ``default_s``.
+        timeout_s: the command's timeout in seconds.
+        default_s: window used when none is requested.
+
+    Returns:
+        The window in seconds; never below 0.25 even when the timeout is shorter.
+    """
+    window = default_s if requested_s is None else requested_s
+    return max(MIN_YIELD_S, min(window, timeout_s - 1.0))
+
+
+def exit_status(
+    *,
+    exit_code: int,
+    signal_number: int,
+    oom_kills: int,
+    memory_limit_bytes: int,
+    requested: set[StopReason],
+    dropped_bytes: int,
+    elapsed_s: float,
+    message: str = "",
+) -> ExitStatus:
+    """Build the terminal status from the supervisor's report (SPEC §6 rules).
+
+    A death by signal N is exit code 128+N with the signal's name. A shell's own
+    exit code 129..192 is read the same way: that is how a shell reports a child
+    killed by a signal. OOM is claimed only when the cgroup counted an OOM kill
+    while the command ran and the command died of SIGKILL.
+    """
+    number = signal_number
+    if not number and 128 < exit_code <= 128 + 64:
+        number = exit_code - 128
+    oom = oom_kills > 0 and number == signal.SIGKILL
+    reason = next((r for r in _STOP_PRIORITY if r in requested), StopReason.EXITED)
+    return ExitStatus(
+        exit_code=exit_code,
+        signal=signal_name(number) if number else "",
+        stop_reason=reason,
+        oom_killed=oom,
+        memory_limit_bytes=memory_limit_bytes if oom else 0,
+        dropped_bytes=dropped_bytes,
+        elapsed_s=elapsed_s,
+        message=message or (f"killed by the OOM killer (memory limit {memory_limit_bytes} bytes)" if oom else ""),
+    )
+
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_env(env: Mapping[str, str], field: str) -> None:
+    """Reject environment names that are not POSIX names and values holding NUL.
+
+    Raises:
+        InvalidSpecError: naming ``field`` and the offending variable.
+    """
+    for key, value in env.items():
+        if not _ENV_NAME_RE.match(key):
+            msg = f"{field} name {key!r} is not a valid environment variable name"
+            raise InvalidSpecError(msg)
+        if "\0" in value:
+            msg = f"{field} value of {key!r} contains a NUL character"
+            raise InvalidSpecError(msg)
+
+
+class ExecContext:
+    """What a session needs to know about its workspace.
+
+    Args:
+        workspace_id: the workspace.
+        user: user commands run as.
+        working_dir: default working directory (relative workdirs resolve against it).
+        memory_limit_bytes: the workspace's memory limit, reported with OOM kills.
+    """
+
+    def __init__(self, *, workspace_id: str, user: str, working_dir: str, memory_limit_bytes: int) -> None:
+        """Bundle the workspace facts."""
+        self.workspace_id = workspace_id
+        self.user = user
+        self.working_dir = working_dir
+        self.memory_limit_bytes = memory_limit_bytes
+
+
+class _State(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    EXITED = "exited"
+
+
+class ProcessSession:
+    """One command and its supervisor.
+
+    Output events are delivered in the order the command produced them per
+    stream; the terminal :class:`ExitStatus` comes after all of its output.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        context: ExecContext,
+        spec: ExecSpec,
+        settings: Settings,
+        process_id: str,
+    ) -> None:
+        """Prepare a session; :meth:`start` runs it."""
+        self.backend = backend
+        self.context = context
+        self.spec = spec
+        self.process_id = process_id
+        self.settings = settings
+        self.timeout_s = spec.timeout_s if spec.timeout_s is not None else settings.exec_timeout_s
+        self.buffer = OutputBuffer(spec.max_output_bytes or settings.output_buffer_bytes)
+        self.pid = 0
+        self.start_time = datetime.datetime.now(datetime.UTC)
+        self._started_at = time.monotonic()
+        self.last_used = time.monotonic()
+        self.exit: ExitStatus | None = None
+        self._state = _State.STARTING
+        self._stream: ExecStream | None = None
+        self._pump_task: asyncio.Task[None] | None = None
+        self._timer_task: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._exited = asyncio.Event()
+        self._requested: set[StopReason] = set()
+        self._stderr_tail = b""
+        self._write_lock = asyncio.Lock()
+        self._attached = 0
+
+    # -- life cycle ------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """Whether the top-level command still runs."""
+        return self._state is not _State.EXITED
+
+    @property
+    def idle(self) -> bool:
+        """Whether no call is attached to the session."""
+        return self._attached == 0
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the command started."""
+        return time.monotonic() - self._started_at
+
+    def _argv(self) -> list[str]:
+        config = {
+            "command": self.spec.command,
+            "cwd": self._workdir(),
+            "tty": self.spec.tty,
+            "columns": self.spec.columns,
+            "rows": self.spec.rows,
+            "marker": f"{MARKER_ENV}={self.process_id}",
+        }
+        return ["python3", "-I", "-S", "-c", supervisor_source(), json.dumps(config)]
+
+    def _workdir(self) -> str:
+        workdir = self.spec.workdir or self.context.working_dir
+        return posixpath.normpath(posixpath.join(self.context.working_dir, workdir))
+
+    def _env(self) -> dict[str, str]:
+        defaults = TTY_ENV if self.spec.tty else NON_INTERACTIVE_ENV
+        return {**defaults, **self.spec.env, MARKER_ENV: self.process_id}
+
+    async def start(self) -> ExecStarted:
+        """Start the command; return once it runs.
+
+        Raises:
+            InvalidSpecError: the working directory or the shell cannot be used.
+            FailedPreconditionError: the image cannot run the supervisor (no python3).
+        """
+        self._stream = await self.backend.exec_stream(
+            self.context.workspace_id, self._argv(), env=self._env(), user=self.context.user
+        )
+        self._pump_task = asyncio.create_task(self._pump(), name=f"pump-{self.process_id}")
+        try:
+            await self._started
+        except BaseException:
+            await self.close()
+            raise
+        self._state = _State.RUNNING
+        self._timer_task = asyncio.create_task(self._timeout(), name=f"timeout-{self.process_id}")
+        log.info("process.started", process_id=self.process_id, workspace_id=self.context.workspace_id, pid=self.pid)
+        return ExecStarted(process_id=self.process_id, pid=self.pid, start_time=self.start_time)
+
+    async def _pump(self) -> None:
+        assert self._stream is not None
+        decoder = frames.FrameDecoder()
+        try:
+            while (chunk := await self._stream.read()) is not None:
+                fd, data = chunk
+                if fd != 1:
+                    self._stderr_tail = (self._stderr_tail + data)[-_STDERR_TAIL_BYTES:]
+                    continue
+                for kind, payload in decoder.feed(data):
+                    if await self._on_frame(kind, payload):
+                        return
+            self._fail(self._lost_message(), exit_code=await self._stream.exit_code())
+        except frames.FrameError as exc:
+            self._fail(f"the supervisor's output is corrupt: {exc}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the pump must always end the session, whatever broke
+            log.exception("process.pump_failed", process_id=self.process_id)
+            self._fail(f"the daemon lost the command's stream: {exc}")
+        finally:
+            await self.buffer.close()
+
+    async def _on_frame(self, kind: bytes, payload: bytes) -> bool:
+        """Handle one supervisor frame; return True when it was the last."""
+        if kind == frames.STDOUT:
+            await self.buffer.put("stdout", payload)
+        elif kind == frames.STDERR:
+            await self.buffer.put("stderr", payload)
+        elif kind == frames.STARTED:
+            self.pid = int(json.loads(payload)["pid"])
+            if not self._started.done():
+                self._started.set_result(None)
+        elif kind == frames.FAILED:
+            report = json.loads(payload)
+            error_cls = InvalidSpecError if report.get("stage") in {"chdir", "exec"} else FailedPreconditionError
+            self._fail_start(error_cls(f"cannot start the command: {report.get('message', 'unknown error')}"))
+            return True
+        elif kind == frames.EXITED:
+            report = json.loads(payload)
+            self._finish(
+                exit_status(
+                    exit_code=int(report["exit_code"]),
+                    signal_number=int(report["signal"]),
+                    oom_kills=int(report.get("oom_kills", 0)),
+                    memory_limit_bytes=self.context.memory_limit_bytes,
+                    requested=self._requested,
+                    dropped_bytes=self.buffer.dropped_bytes,
+                    elapsed_s=self.elapsed_s,
+                )
+            )
+            return True
+        return False
+
+    def _lost_message(self) -> str:
+        tail = self._stderr_tail.decode("utf-8", "replace").strip()
+        if "python3" in tail and ("not found" in tail or "no such file" in tail.lower()):
+            return "the workspace image has no python3, which sandboxd needs to supervise commands"
+        if tail:
+            return f"the command's supervisor ended without an exit status: {tail.splitlines()[-1][:500]}"
+        return "the command's supervisor ended without an exit status (was it killed?)"
+
+    def _fail_start(self, error: SandboxdError) -> None:
+        if not self._started.done():
+            self._started.set_exception(error)
+        self._finish(
+            ExitStatus(exit_code=127, stop_reason=StopReason.FAILED, elapsed_s=self.elapsed_s, message=error.message)
+        )
+
+    def _fail(self, message: str, *, exit_code: int | None = None) -> None:
+        """End the session without a report from the supervisor.
+
+        ``exit_code`` is the supervisor's own, when the engine knows it: a supervisor
+        killed by SIGKILL (say, by ``kill -9 -1`` in the command) gives 137.
+        """
+        if not self._started.done():
+            self._fail_start(FailedPreconditionError(message))
+            return
+        self._requested.add(StopReason.FAILED)
+        code = exit_code if exit_code is not None and exit_code > 0 else 255
+        self._finish(
+            exit_status(
+                exit_code=code,
+                signal_number=0,
+                oom_kills=0,
+                memory_limit_bytes=0,
+                requested=self._requested,
+                dropped_bytes=self.buffer.dropped_bytes,
+                elapsed_s=self.elapsed_s,
+                message=message,
+            )
+        )
+
+    def _finish(self, status: ExitStatus) -> None:
+        if self.exit is not None:
+            return
+        self.exit = status
+        self._state = _State.EXITED
+        self._exited.set()
+        if self._timer_task is not None and self._timer_task is not asyncio.current_task():
+            self._timer_task.cancel()
+        log.info(
+            "process.exited",
+            process_id=self.process_id,
+            workspace_id=self.context.workspace_id,
+            exit_code=status.exit_code,
+            signal=status.signal,
+            stop_reason=str(status.stop_reason),
+            oom_killed=status.oom_killed,
+            dropped_bytes=status.dropped_bytes,
+            duration_s=round(status.elapsed_s, 3),
+        )
+
+    async def _timeout(self) -> None:
+        await asyncio.sleep(max(0.0, self.timeout_s - self.elapsed_s))
+        if self.running:
+            log.info("process.timeout", process_id=self.process_id, timeout_s=self.timeout_s)
+            await self.kill(reason=StopReason.TIMEOUT)
+
+    # -- driving ----------------------------------------------------------------------------------------
+    async def _send(self, frame: bytes) -> bool:
+        """Send a frame to the supervisor; False when it can no longer be reached."""
+        if self._stream is None or not self.running:
+            return False
+        async with self._write_lock:
+            try:
+                await self._stream.write(frame)
+            except (ConnectionError, OSError):
+                return False
+        return True
+
+    async def write_stdin(self, data: bytes, *, close: bool = False) -> None:
+        """Write ``data`` to the command's stdin (and close it when ``close``).
+
+        Raises:
+            FailedPreconditionError: the command has exited.
+        """
+        self.last_used = time.monotonic()
+        ok = True
+        if data:
+            ok = await self._send(frames.encode(frames.STDIN, data))
+        if close and ok:
+            ok = await self._send(frames.encode(frames.CLOSE_STDIN))
+        if not ok and self.running:
+            msg = f"process {self.process_id} cannot take input any more"
+            raise FailedPreconditionError(msg)
+
+    async def interrupt(self) -> None:
+        """Ctrl-C: SIGINT to the process group, or ETX (0x03) through the terminal in tty mode.
+
+        Never escalates by itself (SPEC §6): a command that catches SIGINT keeps running.
+        """
+        self.last_used = time.monotonic()
+        if not self.running:
+            return
+        self._requested.add(StopReason.INTERRUPTED)
+        if self.spec.tty:
+            await self._send(frames.encode(frames.STDIN, b"\x03"))
+        await self._send(frames.encode_json(frames.SIGNAL, {"signal": int(signal.SIGINT), "interrupt": True}))
+
+    async def send_signal(self, number: int) -> None:
+        """Send signal ``number`` to the command's process group."""
+        self.last_used = time.monotonic()
+        if not await self._send(frames.encode_json(frames.SIGNAL, {"signal": number, "interrupt": False})):
+            msg = f"process {self.process_id} has exited"
+            raise FailedPreconditionError(msg)
+
+    async def kill(self, *, reason: StopReason = StopReason.KILLED, grace_s: float | None = None) -> ExitStatus:
+        """SIGTERM everything the command started, wait ``grace_s``, then SIGKILL (SPEC §6).
+
+        Returns:
+            The final status; its ``signal`` says which signal ended the command.
+        """
+        self.last_used = time.monotonic()
+        grace = self.settings.kill_grace_s if grace_s is None else grace_s
+        if self.running:
+            self._requested.add(reason)
+            if await self._send(frames.encode_json(frames.KILL, {"grace_s": grace})):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(grace + 10.0):
+                        await self._exited.wait()
+        # Strays of an exited command (or a supervisor that is gone) are found by their marker.
+        await self.reap(grace_s=0.0 if not self.running else grace)
+        if self.running:
+            self._fail("the command could not be stopped")
+        assert self.exit is not None
+        return self.exit
+
+    async def reap(self, *, grace_s: float) -> None:
+        """Kill every process still carrying this session's marker (best effort)."""
+        config = json.dumps({"mode": "reap", "marker": f"{MARKER_ENV}={self.process_id}", "grace_s": grace_s})
+        try:
+            await self.backend.exec_run(
+                self.context.workspace_id,
+                ["python3", "-I", "-S", "-c", supervisor_source(), config],
+                user=self.context.user,
+            )
+        except SandboxdError as exc:
+            log.warning("process.reap_failed", process_id=self.process_id, error=exc.message)
+
+    # -- streaming -------------------------------------------------------------------------------------
+    async def events(self, *, yield_after_s: float) -> AsyncIterator[ExecEvent]:
+        """Stream buffered output, then exactly one ``ExitStatus`` or ``Yielded``, always last.
+
+        Returns as soon as the command exits; never sits out the window. Emits a
+        ``Heartbeat`` after ``heartbeat_interval_s`` without any event. If the
+        caller goes away before the terminal event, the command is interrupted
+        (SPEC §2.3: a cancel counts as Ctrl-C).
+        """
+        self._attached += 1
+        await self.buffer.attach()
+        finished = False
+        try:
+            deadline = time.monotonic() + yield_after_s
+            last_event = time.monotonic()
+            while True:
+                items = await self.buffer.take()
+                for item in items:
+                    yield item
+                if items:
+                    last_event = time.monotonic()
+                if self.exit is not None and self.buffer.empty:
+                    finished = True
+                    yield self.exit
+                    return
+                now = time.monotonic()
+                if now >= deadline:
+                    finished = True
+                    yield Yielded(process_id=self.process_id, elapsed_s=self.elapsed_s)
+                    return
+                beat_at = last_event + self.settings.heartbeat_interval_s
+                if now >= beat_at:
+                    yield Heartbeat(elapsed_s=self.elapsed_s)
+                    last_event = now
+                    continue
+                await self.buffer.wait(min(deadline, beat_at) - now)
+        finally:
+            self._attached -= 1
+            self.last_used = time.monotonic()
+            await asyncio.shield(self.buffer.detach())
+            if not finished and self.running:
+                await asyncio.shield(self.interrupt())
+
+    async def close(self) -> None:
+        """Stop following the command (it may keep running) and release the stream."""
+        for task in (self._timer_task, self._pump_task):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._stream is not None:
+            await self._stream.close()
+        await self.buffer.close()
+
+
+class ProcessTable:
+    """All live process sessions of the daemon, capped at ``settings.max_sessions``.
+
+    Eviction (seed 000): an exited session first (oldest first), else the least
+    recently used idle one, whose whole tree is killed. An evicted id stays known
+    so that later calls get NOT_FOUND saying it was evicted.
+    """
+
+    def __init__(self, backend: Backend, settings: Settings) -> None:
+        """Create an empty table."""
+        self.backend = backend
+        self.settings = settings
+        self._sessions: dict[str, ProcessSession] = {}
+        self._evicted: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._lock = asyncio.Lock()
+
+    def get(self, process_id: str) -> ProcessSession:
+        """Return a session.
+
+        Raises:
+            ProcessNotFoundError: unknown id, or evicted (the message says which).
+        """
+        session = self._sessions.get(process_id)
+        if session is not None:
+            return session
+        if process_id in self._evicted:
+            msg = f"process {process_id} was evicted: {self._evicted[process_id]}"
+            raise ProcessNotFoundError(msg)
+        msg = f"process {process_id!r} not found"
+        raise ProcessNotFoundError(msg)
+
+    def list(self, workspace_id: str) -> list[ProcessSession]:
+        """Return the sessions of one workspace, oldest first."""
+        return [s for s in self._sessions.values() if s.context.workspace_id == workspace_id]
+
+    async def start(self, context: ExecContext, spec: ExecSpec) -> tuple[ProcessSession, ExecStarted]:
+        """Start a command as a new session, evicting one first when the table is full."""
+        if spec.timeout_s is not None and not 0 < spec.timeout_s <= self.settings.max_exec_timeout_s:
+            msg = f"timeout must be between 0 and {self.settings.max_exec_timeout_s:g} s, got {spec.timeout_s:g} s"
+            raise InvalidSpecError(msg)
+        if not spec.command.strip():
+            msg = "command must not be empty"
+            raise InvalidSpecError(msg)
+        if "\0" in spec.command or "\0" in spec.workdir:
+            msg = "command and workdir must not contain NUL characters"
+            raise InvalidSpecError(msg)
+        check_env(spec.env, "env")
+        async with self._lock:
+            while len(self._sessions) >= self.settings.max_sessions:
+                await self._evict_one()
+            process_id = f"p-{secrets.token_hex(6)}"
+            session = ProcessSession(
+                backend=self.backend, context=context, spec=spec, settings=self.settings, process_id=process_id
+            )
+            self._sessions[process_id] = session
+        try:
+            started = await session.start()
+        except BaseException:
+            self._sessions.pop(process_id, None)
+            raise
+        return session, started
+
+    async def _evict_one(self) -> None:
+        sessions = list(self._sessions.values())
+        exited = [s for s in sessions if not s.running]
+        idle = sorted((s for s in sessions if s.running and s.idle), key=lambda s: s.last_used)
+        if exited:
+            victim, why = min(exited, key=lambda s: s.last_used), "it had exited and the session table was full"
+        elif idle:
+            victim, why = idle[0], "it was the least recently used idle session when the table was full"
+        else:
+            msg = f"all {len(sessions)} process sessions are in use by active calls"
+            raise QuotaExceededError(msg)
+        if victim.running:
+            await victim.kill(reason=StopReason.KILLED)
+        await victim.close()
+        self._sessions.pop(victim.process_id, None)
+        self._remember_evicted(victim.process_id, why)
+        log.info("process.evicted", process_id=victim.process_id, reason=why)
+
+    def _remember_evicted(self, process_id: str, why: str) -> None:
+        self._evicted[process_id] = why
+        while len(self._evicted) > 4096:
+            self._evicted.popitem(last=False)
+
+    async def forget_workspace(self, workspace_id: str, why: str) -> None:
+        """Drop every session of a workspace (its container is going away)."""
+        for session in self.list(workspace_id):
+            await session.close()
+            self._sessions.pop(session.process_id, None)
+            self._remember_evicted(session.process_id, why)
+
+    async def close(self) -> None:
+        """Release every session's stream; the commands themselves keep running."""
+        for session in list(self._sessions.values()):
+            await session.close()
+        self._sessions.clear()
+
+    def sessions(self) -> Mapping[str, ProcessSession]:
+        """Read-only view of all sessions."""
+        return dict(self._sessions)

@@ -1,0 +1,141 @@
+"""Daemon configuration: one frozen dataclass, read from a mapping, never at import time."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Literal, get_args, get_origin, get_type_hints
+
+from sandboxd_client import default_socket_path
+
+from .errors import InvalidSpecError
+
+__all__ = ["ImageRoute", "Settings"]
+
+ImageRoute = Literal["auto", "registry", "offline"]
+LogFormat = Literal["auto", "json", "console"]
+
+_GIB = 1024**3
+_MIB = 1024**2
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything the daemon can be told. Every field maps to ``SANDBOXD_<FIELD>``."""
+
+    socket_path: str = ""
+    """Unix socket to listen on (mode 0600); empty means ``default_socket_path()``."""
+
+    listen_address: str = ""
+    """Optional ``HOST:PORT`` to listen on over TCP in addition to the socket."""
+
+    docker_host: str = "unix:///var/run/docker.sock"
+    """Docker engine address (``unix://`` or ``tcp://``); ``DOCKER_HOST`` also sets it."""
+
+    instance: str = "default"
+    """Label value that marks this daemon's containers; two daemons on one engine differ here."""
+
+    default_image: str = "sandboxd/base:bookworm"
+    """Image for workspaces that name none."""
+
+    build_default_image: bool = True
+    """Build the default image on start when it is missing or its recipe changed."""
+
+    image_route: ImageRoute = "auto"
+    """How to get the Debian base: a registry pull, an offline debootstrap, or try both."""
+
+    default_memory_bytes: int = 1 * _GIB
+    """Memory limit of a workspace that sets none, in bytes."""
+
+    default_cpu_millis: int = 1000
+    """CPU quota of a workspace that sets none, in thousandths of a CPU."""
+
+    default_pids: int = 512
+    """Process/thread limit of a workspace that sets none."""
+
+    max_memory_bytes: int = 16 * _GIB
+    """Largest memory limit a caller may ask for, in bytes."""
+
+    exec_timeout_s: float = 1800.0
+    """Timeout of a command that sets none, in seconds."""
+
+    max_exec_timeout_s: float = 86400.0
+    """Longest timeout a caller may ask for, in seconds."""
+
+    output_buffer_bytes: int = 1 * _MIB
+    """Undelivered output held per process before dropping, in bytes."""
+
+    max_sessions: int = 64
+    """Live process sessions per daemon before eviction."""
+
+    kill_grace_s: float = 2.0
+    """Time between SIGTERM and SIGKILL when a command is killed, in seconds."""
+
+    heartbeat_interval_s: float = 15.0
+    """Longest silence on an Exec/Input stream before a heartbeat event, in seconds."""
+
+    shutdown_grace_s: float = 5.0
+    """Time in-flight calls get to finish on SIGTERM, in seconds."""
+
+    docker_timeout_s: float = 60.0
+    """Timeout of a single Docker API call, in seconds."""
+
+    docker_retries: bool = True
+    """Retry idempotent Docker calls on transient failures (tests may turn it off)."""
+
+    log_level: str = "info"
+    """Lowest log level written."""
+
+    log_format: LogFormat = "auto"
+    """``json`` off a terminal and ``console`` on one when ``auto``."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], **overrides: object) -> Settings:
+        """Build settings from ``SANDBOXD_*`` variables in ``environ``, then ``overrides``.
+
+        Args:
+            environ: the environment mapping (pass ``os.environ`` explicitly).
+            **overrides: field values that win over the environment (e.g. CLI flags);
+                ``None`` values are ignored.
+
+        Returns:
+            The settings, with ``socket_path`` resolved.
+
+        Raises:
+            InvalidSpecError: a value does not parse as its field's type.
+        """
+        hints = get_type_hints(cls)
+        values: dict[str, object] = {}
+        if "DOCKER_HOST" in environ:
+            values["docker_host"] = environ["DOCKER_HOST"]
+        for field in dataclasses.fields(cls):
+            raw = environ.get(f"SANDBOXD_{field.name.upper()}")
+            if raw is not None:
+                values[field.name] = _parse(field.name, hints[field.name], raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)  # type: ignore[arg-type]
+        if not settings.socket_path:
+            settings = dataclasses.replace(settings, socket_path=default_socket_path(environ))
+        return settings
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _parse(name: str, kind: object, raw: str) -> object:
+    value: object = raw
+    if kind is bool:
+        lowered = raw.strip().lower()
+        value = True if lowered in _TRUE else False if lowered in _FALSE else None
+    elif kind in (int, float):
+        try:
+            value = kind(raw)
+        except ValueError:
+            value = None
+    elif get_origin(kind) is Literal and raw not in get_args(kind):
+        value = None
+    if value is None:
+        msg = f"SANDBOXD_{name.upper()}={raw!r} is not a valid value"
+        raise InvalidSpecError(msg)
+    return value

@@ -1,0 +1,537 @@
+"""In-container process supervisor (stdlib only, Python >= 3.6).
+
+The daemon never runs a user's command directly through ``docker exec``: it runs
+this file as ``python3 -I -S -c SOURCE CONFIG_JSON`` and the supervisor starts
+the command. That buys what a bare exec cannot give:
+
+* the command is its own session and process-group leader with default signal
+  dispositions, so Ctrl-C reaches its whole group (SPEC §2.3);
+* the supervisor is a child subreaper, so every descendant -- even one that
+  called ``setsid`` or double-forked -- stays in its tree and can be killed;
+* the exact wait status of the top-level command (signal vs. exit code) and
+  whether the cgroup OOM killer struck while it ran;
+* the call ends when the top-level command exits even if ``server &`` still
+  holds the output pipes, which the supervisor keeps draining (SPEC §6).
+
+It is a module of the daemon package only so that it is linted and tested; it
+must import nothing outside the standard library and must keep working on the
+oldest Python 3 a workspace image may carry.
+
+Wire protocol over the exec's stdin/stdout: frames of one type byte, a 4-byte
+big-endian payload length, then the payload.
+
+Supervisor -> daemon (stdout):
+    ``P`` started ``{"pid": int}``; ``F`` failed to start
+    ``{"stage": str, "errno": int, "message": str}``; ``1`` stdout bytes;
+    ``2`` stderr bytes; ``X`` exited ``{"exit_code": int, "signal": int,
+    "oom_kills": int}`` (always the last frame).
+Daemon -> supervisor (stdin):
+    ``I`` bytes for the command's stdin; ``C`` close its stdin; ``S`` signal the
+    process group ``{"signal": int, "interrupt": bool}``; ``K`` kill the whole
+    tree ``{"grace_s": float}``; ``W`` terminal size ``{"columns", "rows"}``.
+
+A second mode, ``{"mode": "reap", ...}``, kills every process carrying a
+marker environment entry; the daemon uses it when the supervisor of a command
+is gone (the command exited, or the supervisor itself was killed).
+"""
+
+import errno
+import json
+import os
+import select
+import signal
+import struct
+import sys
+import time
+
+HEADER = struct.Struct(">cI")
+READ_SIZE = 65536
+PR_SET_CHILD_SUBREAPER = 36
+_CATCHABLE = [s for s in range(1, 65) if s not in (signal.SIGKILL, signal.SIGSTOP)]
+_OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
+
+
+def oom_kill_count():
+    """Return the container's cgroup OOM-kill counter (v1 or v2), or 0."""
+    for path in _OOM_FILES:
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def set_subreaper():
+    """Make orphaned descendants reparent to this process; best effort."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - no ctypes or no prctl: marker scan still works
+        pass
+
+
+def process_table():
+    """Return ``{pid: (state, ppid, pgid, sid)}`` for every visible process."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        table[int(name)] = (fields[0], int(fields[1]), int(fields[2]), int(fields[3]))
+    return table
+
+
+def has_marker(pid, marker):
+    """Whether process ``pid`` carries the ``marker`` (``NAME=value``) in its environment."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as fh:
+            env = fh.read()
+    except OSError:
+        return False
+    return (b"\0" + env).find(b"\0" + marker + b"\0") >= 0 or env.endswith(b"\0" + marker)
+
+
+def tree(root, leader, marker):
+    """Return the live pids a command started, excluding this process.
+
+    Args:
+        root: pid of this supervisor (the subreaper every orphan reparents to).
+        leader: pid of the command's session leader, or 0.
+        marker: ``NAME=value`` bytes inherited through the environment, or b"".
+    """
+    table = process_table()
+    children = {}
+    for pid, (_state, ppid, _pgid, _sid) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    for pid, (_state, _ppid, pgid, sid) in table.items():
+        if leader and leader in (pgid, sid):
+            found.add(pid)
+        elif marker and pid not in found and has_marker(pid, marker):
+            found.add(pid)
+    me = os.getpid()
+    return sorted(p for p in found if p != me and table.get(p, (b"Z",))[0] != b"Z")
+
+
+def signal_all(pids, sig):
+    """Send ``sig`` to each pid, ignoring ones that are already gone."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def reap_children(statuses):
+    """Collect every exited child without blocking, recording their wait statuses."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        statuses[pid] = status
+
+
+def hard_kill(root, leader, marker, reap=None):
+    """Freeze then SIGKILL the tree until nothing of it is left (fork bombs included)."""
+    for _ in range(200):
+        pids = tree(root, leader, marker)
+        if not pids:
+            return True
+        signal_all(pids, signal.SIGSTOP)
+        signal_all(pids, signal.SIGKILL)
+        if reap is not None:
+            reap()
+        time.sleep(0.005)
+    return not tree(root, leader, marker)
+
+
+def write_all(fd, data):
+    """Write all of ``data`` to a blocking fd."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class Supervisor:
+    """Runs one command and relays it over the frame protocol."""
+
+    def __init__(self, config):
+        self.command = config["command"]
+        self.cwd = config.get("cwd") or "/"
+        self.tty = bool(config.get("tty"))
+        self.columns = int(config.get("columns") or 80)
+        self.rows = int(config.get("rows") or 24)
+        self.marker = config.get("marker", "").encode()
+        self.shell = config.get("shell") or ""
+        self.pid = 0
+        self.statuses = {}
+        self.out_fds = {}  # fd -> frame type
+        self.stdin_fd = -1
+        self.stdin_pending = b""
+        self.stdin_close = False
+        self.in_buf = b""
+        self.in_open = True
+        self.out_ok = True
+        self.interrupted = False
+        self.kill_deadline = None
+        self.oom_before = oom_kill_count()
+
+    # -- frames -----------------------------------------------------------
+    def send(self, kind, payload):
+        if not self.out_ok:
+            return
+        try:
+            write_all(1, HEADER.pack(kind, len(payload)) + payload)
+        except OSError:
+            # The daemon went away: keep running the command, stop reporting.
+            self.out_ok = False
+
+    def send_json(self, kind, obj):
+        self.send(kind, json.dumps(obj).encode())
+
+    # -- start ------------------------------------------------------------
+    def argv(self):
+        """Return ``(program, argv)``: ``bash -lc CMD``, or ``sh -c CMD`` without bash."""
+        if self.shell:
+            return self.shell, [os.path.basename(self.shell), "-c", self.command]
+        for directory in os.environ.get("PATH", "/usr/bin:/bin").split(":"):
+            candidate = os.path.join(directory or ".", "bash")
+            if os.access(candidate, os.X_OK):
+                return candidate, ["bash", "-lc", self.command]
+        return "/bin/sh", ["sh", "-c", self.command]
+
+    def start(self):
+        program, argv = self.argv()
+        err_r, err_w = os.pipe()
+        if self.tty:
+            import pty
+
+            master, slave = pty.openpty()
+            self.set_winsize(slave)
+            child_fds = (slave, slave, slave)
+            self.out_fds = {master: b"1"}
+            self.stdin_fd = master
+            close_in_parent = [slave]
+        else:
+            in_r, in_w = os.pipe()
+            out_r, out_w = os.pipe()
+            errs_r, errs_w = os.pipe()
+            child_fds = (in_r, out_w, errs_w)
+            self.out_fds = {out_r: b"1", errs_r: b"2"}
+            self.stdin_fd = in_w
+            close_in_parent = [in_r, out_w, errs_w]
+        pid = os.fork()
+        if pid == 0:  # child: never returns
+            self.exec_child(program, argv, child_fds, err_r, err_w)
+        self.pid = pid
+        for fd in close_in_parent + [err_w]:
+            os.close(fd)
+        failure = b""
+        while True:
+            chunk = os.read(err_r, 4096)
+            if not chunk:
+                break
+            failure += chunk
+        os.close(err_r)
+        if failure:
+            os.waitpid(pid, 0)
+            self.send(b"F", failure)
+            return False
+        for fd in list(self.out_fds) + [self.stdin_fd]:
+            os.set_blocking(fd, False)
+        self.send_json(b"P", {"pid": pid})
+        return True
+
+    def exec_child(self, program, argv, child_fds, err_r, err_w):
+        stage = "setsid"
+        try:
+            os.close(err_r)
+            os.setsid()
+            for target, fd in enumerate(child_fds):
+                os.dup2(fd, target)
+            if self.tty:
+                import fcntl
+                import termios
+
+                stage = "controlling terminal"
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            for fd in set(child_fds):
+                if fd > 2:
+                    os.close(fd)
+            stage = "signals"
+            for sig in _CATCHABLE:
+                try:
+                    signal.signal(sig, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            try:
+                # Under memory pressure the kernel should pick the command, not us.
+                with open("/proc/self/oom_score_adj", "w") as fh:
+                    fh.write("500")
+            except OSError:
+                pass
+            stage = "chdir"
+            os.chdir(self.cwd)
+            stage = "exec"
+            os.execv(program, argv)
+        except OSError as exc:
+            message = "%s: %s" % (stage, exc.strerror or exc)
+            if stage == "chdir":
+                message = "working directory %s: %s" % (self.cwd, exc.strerror)
+            report = {"stage": stage, "errno": exc.errno or 0, "message": message}
+            os.write(err_w, json.dumps(report).encode())
+        finally:
+            os._exit(127)
+
+    def set_winsize(self, fd):
+        import fcntl
+        import termios
+
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", self.rows, self.columns, 0, 0))
+
+    # -- commands from the daemon ------------------------------------------
+    def handle_frames(self):
+        while len(self.in_buf) >= HEADER.size:
+            kind, length = HEADER.unpack_from(self.in_buf)
+            if len(self.in_buf) < HEADER.size + length:
+                return
+            payload = self.in_buf[HEADER.size : HEADER.size + length]
+            self.in_buf = self.in_buf[HEADER.size + length :]
+            self.handle(kind, payload)
+
+    def handle(self, kind, payload):
+        if kind == b"I":
+            self.stdin_pending += payload
+            self.flush_stdin()
+        elif kind == b"C":
+            self.stdin_close = True
+            if self.tty:
+                self.stdin_pending += b"\x04"
+            self.flush_stdin()
+        elif kind == b"S":
+            request = json.loads(payload.decode())
+            self.interrupted = self.interrupted or bool(request.get("interrupt"))
+            try:
+                os.killpg(self.pid, int(request["signal"]))
+            except OSError:
+                pass
+        elif kind == b"K":
+            request = json.loads(payload.decode())
+            if self.kill_deadline is None:
+                self.kill_deadline = time.monotonic() + float(request.get("grace_s", 2.0))
+                signal_all(tree(os.getpid(), self.pid, self.marker), signal.SIGTERM)
+        elif kind == b"W":
+            request = json.loads(payload.decode())
+            self.columns, self.rows = int(request["columns"]), int(request["rows"])
+            if self.tty:
+                self.set_winsize(self.stdin_fd)
+                try:
+                    os.killpg(self.pid, signal.SIGWINCH)
+                except OSError:
+                    pass
+
+    def flush_stdin(self):
+        if self.stdin_fd < 0:
+            return
+        while self.stdin_pending:
+            try:
+                written = os.write(self.stdin_fd, self.stdin_pending)
+            except BlockingIOError:
+                return
+            except OSError:
+                # The command closed its stdin: what it did not read is gone.
+                self.stdin_pending = b""
+                break
+            self.stdin_pending = self.stdin_pending[written:]
+        if self.stdin_close and not self.tty:
+            os.close(self.stdin_fd)
+            self.stdin_fd = -1
+
+    # -- output -----------------------------------------------------------
+    def read_output(self, fd, forward):
+        """Read one chunk from ``fd``; return False once it is at end of file."""
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EIO:  # EIO: the pty's last holder closed it
+                raise
+            data = b""
+        if not data:
+            kind = self.out_fds.pop(fd)
+            if not (self.tty and kind == b"1" and fd == self.stdin_fd):
+                os.close(fd)
+            return False
+        if forward:
+            self.send(self.out_fds[fd], data)
+        return True
+
+    def drain_ready(self):
+        """Forward everything already buffered in the pipes, without waiting for more."""
+        for fd in list(self.out_fds):
+            for _ in range(64):  # bounded: a background writer may never stop
+                try:
+                    data = os.read(fd, READ_SIZE)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    break
+                if not data:
+                    break
+                self.send(self.out_fds[fd], data)
+
+    # -- main loop ----------------------------------------------------------
+    def run(self):
+        set_subreaper()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
+        # A SIGCHLD wakes select() at once, so an exit is seen without polling.
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda _sig, _frame: None)
+        os.set_blocking(0, False)
+        if not self.start():
+            return 0
+        status = self.loop()
+        self.drain_ready()
+        if self.kill_deadline is not None:
+            # The rest of the tree gets the remainder of its grace to exit on SIGTERM.
+            while time.monotonic() < self.kill_deadline and self.remaining():
+                time.sleep(0.02)
+                self.drain_ready()
+        if self.interrupted or self.kill_deadline is not None:
+            # The command as a whole was stopped: nothing it started may outlive it.
+            hard_kill(os.getpid(), self.pid, self.marker, lambda: reap_children(self.statuses))
+        exit_code, sig = decode_status(status)
+        oom = max(0, oom_kill_count() - self.oom_before)
+        self.send_json(b"X", {"exit_code": exit_code, "signal": sig, "oom_kills": oom})
+        self.finish()
+        return 0
+
+    def remaining(self):
+        reap_children(self.statuses)
+        return tree(os.getpid(), self.pid, self.marker)
+
+    def loop(self):
+        """Relay until the top-level command has exited; return its wait status."""
+        while True:
+            reap_children(self.statuses)
+            if self.pid in self.statuses:
+                return self.statuses.pop(self.pid)
+            if self.kill_deadline is not None and time.monotonic() >= self.kill_deadline:
+                hard_kill(os.getpid(), self.pid, self.marker, lambda: reap_children(self.statuses))
+                continue
+            rlist = [self.wake_r, *self.out_fds]
+            if self.in_open:
+                rlist.append(0)
+            wlist = [self.stdin_fd] if self.stdin_pending and self.stdin_fd >= 0 else []
+            timeout = 1.0
+            if self.kill_deadline is not None:
+                timeout = max(0.0, min(0.05, self.kill_deadline - time.monotonic()))
+            try:
+                readable, writable, _ = select.select(rlist, wlist, [], timeout)
+            except InterruptedError:
+                continue
+            if writable:
+                self.flush_stdin()
+            for fd in readable:
+                if fd == self.wake_r:
+                    while True:
+                        try:
+                            if not os.read(fd, 4096):
+                                break
+                        except BlockingIOError:
+                            break
+                elif fd == 0:
+                    self.read_commands()
+                elif fd in self.out_fds:
+                    self.read_output(fd, forward=True)
+
+    def read_commands(self):
+        try:
+            data = os.read(0, READ_SIZE)
+        except BlockingIOError:
+            return
+        if not data:
+            # The daemon hung up: the command keeps running unobserved.
+            self.in_open = False
+            self.out_ok = False
+            return
+        self.in_buf += data
+        self.handle_frames()
+
+    def finish(self):
+        """After the exit report: stop talking and keep draining background writers."""
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        self.out_ok = False
+        if self.stdin_fd >= 0 and self.stdin_fd not in self.out_fds:
+            os.close(self.stdin_fd)
+        while self.out_fds:
+            try:
+                readable, _, _ = select.select(list(self.out_fds), [], [], 1.0)
+            except InterruptedError:
+                continue
+            for fd in readable:
+                self.read_output(fd, forward=False)
+            reap_children(self.statuses)
+
+
+def decode_status(status):
+    """Turn a wait status into ``(exit_code, signal_number)``; a signal N gives 128+N."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return 128 + sig, sig
+    return os.WEXITSTATUS(status), 0
+
+
+def reap_marked(config):
+    """Reap mode: SIGTERM every process carrying the marker, wait, then SIGKILL the rest."""
+    marker = config["marker"].encode()
+    me = os.getpid()
+    found = tree(me, 0, marker)
+    signal_all(found, signal.SIGTERM)
+    deadline = time.monotonic() + float(config.get("grace_s", 2.0))
+    pids = found
+    while pids and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pids = tree(me, 0, marker)
+    hard_kill(me, 0, marker)
+    sys.stdout.write(json.dumps({"killed": len(found)}))
+    return 0
+
+
+def main(argv):
+    config = json.loads(argv[1])
+    if config.get("mode") == "reap":
+        return reap_marked(config)
+    return Supervisor(config).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,328 @@
+"""Workspace life cycle: validate a spec, apply the hardened defaults, and keep it in labels.
+
+The daemon keeps no state the engine does not: a workspace's resolved spec is
+stored as JSON in its container's ``sandboxd.spec`` label, so ``get`` and
+``list`` read it back from Docker and a restarted daemon sees the same thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import posixpath
+import re
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from .backend.base import Backend, ContainerInfo, ContainerSpec
+from .errors import ImageNotFoundError, InvalidSpecError, WorkspaceNotRunningError
+from .models import (
+    NetworkPolicy,
+    ResourceLimits,
+    Runtime,
+    SecurityOptions,
+    Workspace,
+    WorkspaceSpec,
+    WorkspaceState,
+)
+from .processes import ExecContext, ProcessTable, check_env
+from .settings import Settings
+
+__all__ = [
+    "CAPABILITIES",
+    "LABEL_SPEC",
+    "RESERVED_LABEL_PREFIX",
+    "WorkspaceManager",
+    "spec_from_json",
+    "spec_to_json",
+]
+
+log = structlog.get_logger(__name__)
+
+RESERVED_LABEL_PREFIX = "sandboxd."
+LABEL_SPEC = "sandboxd.spec"
+WORKSPACE_ROOT = "/workspace"
+FALLBACK_USER = "1000:1000"
+"""User for images whose own user is root or unset: commands never run as root by default."""
+
+MIN_MEMORY_BYTES = 16 * 1024**2
+MIN_CPU_MILLIS = 10
+MIN_PIDS = 16
+"""Below this the supervisor, the shell and a command cannot all run."""
+
+CAPABILITIES = frozenset(
+    [
+        "AUDIT_CONTROL",
+        "AUDIT_READ",
+        "AUDIT_WRITE",
+        "BLOCK_SUSPEND",
+        "BPF",
+        "CHECKPOINT_RESTORE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "DAC_READ_SEARCH",
+        "FOWNER",
+        "FSETID",
+        "IPC_LOCK",
+        "IPC_OWNER",
+        "KILL",
+        "LEASE",
+        "LINUX_IMMUTABLE",
+        "MAC_ADMIN",
+        "MAC_OVERRIDE",
+        "MKNOD",
+        "NET_ADMIN",
+        "NET_BIND_SERVICE",
+        "NET_BROADCAST",
+        "NET_RAW",
+        "PERFMON",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYSLOG",
+        "SYS_ADMIN",
+        "SYS_BOOT",
+        "SYS_CHROOT",
+        "SYS_MODULE",
+        "SYS_NICE",
+        "SYS_PACCT",
+        "SYS_PTRACE",
+        "SYS_RAWIO",
+        "SYS_RESOURCE",
+        "SYS_TIME",
+        "SYS_TTY_CONFIG",
+        "WAKE_ALARM",
+    ]
+)
+"""Linux capability names a caller may add back (SPEC §2.2: all are dropped by default)."""
+
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+_LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$")
+
+
+def spec_to_json(spec: WorkspaceSpec) -> str:
+    """Serialise a resolved spec for the ``sandboxd.spec`` label."""
+    data = dataclasses.asdict(spec)
+    data["env"] = dict(spec.env)
+    data["labels"] = dict(spec.labels)
+    data["security"]["added_capabilities"] = list(spec.security.added_capabilities)
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def spec_from_json(text: str) -> WorkspaceSpec:
+    """Read a spec written by :func:`spec_to_json`."""
+    data: dict[str, Any] = json.loads(text)
+    return WorkspaceSpec(
+        image=data["image"],
+        env=dict(data["env"]),
+        working_dir=data["working_dir"],
+        labels=dict(data["labels"]),
+        limits=ResourceLimits(**data["limits"]),
+        network=NetworkPolicy(data["network"]),
+        runtime=Runtime(data["runtime"]) if data.get("runtime") else None,
+        idle_ttl_s=data.get("idle_ttl_s"),
+        security=SecurityOptions(
+            added_capabilities=tuple(data["security"]["added_capabilities"]),
+            allow_new_privileges=bool(data["security"]["allow_new_privileges"]),
+            user=data["security"]["user"],
+        ),
+    )
+
+
+class WorkspaceManager:
+    """Creates, finds and removes workspaces over a :class:`Backend`.
+
+    Args:
+        backend: the container engine.
+        settings: daemon defaults and caps.
+        processes: the process table, told when a workspace goes away.
+    """
+
+    def __init__(self, backend: Backend, settings: Settings, processes: ProcessTable) -> None:
+        """Wire the manager."""
+        self.backend = backend
+        self.settings = settings
+        self.processes = processes
+        self._contexts: dict[str, ExecContext] = {}
+
+    # -- validation --------------------------------------------------------------------------------
+    def resolve(self, spec: WorkspaceSpec) -> WorkspaceSpec:
+        """Validate ``spec`` and fill in every default except the user.
+
+        Raises:
+            InvalidSpecError: with a message naming the offending field.
+        """
+        s = self.settings
+        for key in spec.labels:
+            if key.lower().startswith(RESERVED_LABEL_PREFIX):
+                msg = f"label {key!r} is in the reserved 'sandboxd.' namespace"
+                raise InvalidSpecError(msg)
+            if not _LABEL_KEY_RE.match(key):
+                msg = f"label key {key!r} is not valid (letters, digits, '.', '_', '/', '-'; at most 128)"
+                raise InvalidSpecError(msg)
+        check_env(spec.env, "env")
+        limits = spec.limits
+        for name, value in (
+            ("memory_bytes", limits.memory_bytes),
+            ("cpu_millis", limits.cpu_millis),
+            ("pids", limits.pids),
+        ):
+            if value < 0:
+                msg = f"limits.{name} must not be negative, got {value}"
+                raise InvalidSpecError(msg)
+        memory = limits.memory_bytes or s.default_memory_bytes
+        if not MIN_MEMORY_BYTES <= memory <= s.max_memory_bytes:
+            msg = f"limits.memory_bytes must be between {MIN_MEMORY_BYTES} and {s.max_memory_bytes}, got {memory}"
+            raise InvalidSpecError(msg)
+        cpu = limits.cpu_millis or s.default_cpu_millis
+        if cpu < MIN_CPU_MILLIS:
+            msg = f"limits.cpu_millis must be at least {MIN_CPU_MILLIS}, got {cpu}"
+            raise InvalidSpecError(msg)
+        pids = limits.pids or s.default_pids
+        if pids < MIN_PIDS:
+            msg = f"limits.pids must be at least {MIN_PIDS}, got {pids}"
+            raise InvalidSpecError(msg)
+        working_dir = spec.working_dir or WORKSPACE_ROOT
+        if not working_dir.startswith("/") or "\0" in working_dir:
+            msg = f"working_dir must be an absolute path, got {working_dir!r}"
+            raise InvalidSpecError(msg)
+        capabilities = []
+        for cap in spec.security.added_capabilities:
+            name = cap.upper().removeprefix("CAP_")
+            if name not in CAPABILITIES:
+                msg = f"unknown capability {cap!r}"
+                raise InvalidSpecError(msg)
+            capabilities.append(name)
+        if spec.security.user and not _USER_RE.match(spec.security.user):
+            msg = f"security.user {spec.security.user!r} is not a user name, uid or uid:gid"
+            raise InvalidSpecError(msg)
+        if spec.idle_ttl_s is not None and spec.idle_ttl_s < 0:
+            msg = "idle_ttl must not be negative"
+            raise InvalidSpecError(msg)
+        if spec.image and (spec.image != spec.image.strip() or not spec.image.isprintable()):
+            msg = f"image {spec.image!r} is not a valid image reference"
+            raise InvalidSpecError(msg)
+        return dataclasses.replace(
+            spec,
+            image=spec.image or s.default_image,
+            env=dict(spec.env),
+            labels=dict(spec.labels),
+            working_dir=posixpath.normpath(working_dir),
+            limits=ResourceLimits(memory_bytes=memory, cpu_millis=cpu, pids=pids),
+            runtime=spec.runtime or Runtime.RUNC,
+            security=dataclasses.replace(spec.security, added_capabilities=tuple(sorted(set(capabilities)))),
+        )
+
+    # -- life cycle ----------------------------------------------------------------------------------
+    async def create(self, spec: WorkspaceSpec, *, workspace_id: str = "") -> Workspace:
+        """Create and start a workspace.
+
+        Args:
+            spec: the caller's spec; defaults are filled in.
+            workspace_id: optional caller-chosen id; empty generates ``ws-<12 hex>``.
+
+        Raises:
+            InvalidSpecError: a field is out of range or malformed.
+            WorkspaceExistsError: the id is taken.
+            ImageNotFoundError: the image is missing and cannot be pulled.
+            DockerUnavailableError: the engine is down.
+        """
+        if workspace_id and not _ID_RE.match(workspace_id):
+            msg = f"workspace_id {workspace_id!r} must be 1-40 lowercase letters, digits or dashes"
+            raise InvalidSpecError(msg)
+        resolved = self.resolve(spec)
+        image = await self.backend.image_info(resolved.image)
+        if image is None:
+            if resolved.image == self.settings.default_image:
+                msg = (
+                    f"the default workspace image {resolved.image!r} is not built yet; "
+                    "run `sandboxd images build` (or start the daemon without --no-build)"
+                )
+                raise ImageNotFoundError(msg)
+            image = await self.backend.pull_image(resolved.image)
+        if image.os != "linux":
+            msg = f"image {resolved.image!r} is a {image.os} image; this daemon runs Linux workspaces"
+            raise InvalidSpecError(msg)
+        user = resolved.security.user or (
+            image.user if image.user.split(":")[0] not in {"", "root", "0"} else FALLBACK_USER
+        )
+        resolved = dataclasses.replace(resolved, security=dataclasses.replace(resolved.security, user=user))
+        workspace_id = workspace_id or f"ws-{secrets.token_hex(6)}"
+        info = await self.backend.create_container(
+            ContainerSpec(
+                workspace_id=workspace_id,
+                image=resolved.image,
+                env=resolved.env,
+                working_dir=resolved.working_dir,
+                labels={**resolved.labels, LABEL_SPEC: spec_to_json(resolved)},
+                memory_bytes=resolved.limits.memory_bytes,
+                cpu_millis=resolved.limits.cpu_millis,
+                pids=resolved.limits.pids,
+                network=str(resolved.network),
+                runtime=str(resolved.runtime),
+                added_capabilities=resolved.security.added_capabilities,
+                no_new_privileges=not resolved.security.allow_new_privileges,
+            )
+        )
+        workspace = self._workspace(info)
+        log.info("workspace.created", workspace_id=workspace_id, image=resolved.image, user=user)
+        return workspace
+
+    async def get(self, workspace_id: str) -> Workspace:
+        """Return a workspace; WorkspaceNotFoundError when there is none."""
+        return self._workspace(await self.backend.inspect_container(workspace_id))
+
+    async def list(self, label_selector: Mapping[str, str]) -> list[Workspace]:
+        """Return the workspaces carrying every label in ``label_selector``, oldest first."""
+        for key in label_selector:
+            if key.lower().startswith(RESERVED_LABEL_PREFIX):
+                msg = f"label selector key {key!r} is in the reserved 'sandboxd.' namespace"
+                raise InvalidSpecError(msg)
+        return [self._workspace(info) for info in await self.backend.list_containers(label_selector)]
+
+    async def delete(self, workspace_id: str) -> None:
+        """Remove a workspace's container and volume; WorkspaceNotFoundError when there is none."""
+        await self.backend.inspect_container(workspace_id)
+        self._contexts.pop(workspace_id, None)
+        await self.processes.forget_workspace(workspace_id, "its workspace was deleted")
+        await self.backend.remove_container(workspace_id)
+        log.info("workspace.deleted", workspace_id=workspace_id)
+
+    async def exec_context(self, workspace_id: str) -> ExecContext:
+        """Return what a process needs to run in the workspace.
+
+        Raises:
+            WorkspaceNotFoundError: no such workspace.
+            WorkspaceNotRunningError: its container is not running.
+        """
+        context = self._contexts.get(workspace_id)
+        if context is not None:
+            return context
+        workspace = await self.get(workspace_id)
+        if workspace.state is not WorkspaceState.RUNNING:
+            msg = f"workspace {workspace_id!r} is not running"
+            raise WorkspaceNotRunningError(msg)
+        context = ExecContext(
+            workspace_id=workspace_id,
+            user=workspace.spec.security.user,
+            working_dir=workspace.spec.working_dir,
+            memory_limit_bytes=workspace.spec.limits.memory_bytes,
+        )
+        self._contexts[workspace_id] = context
+        return context
+
+    def _workspace(self, info: ContainerInfo) -> Workspace:
+        spec = spec_from_json(info.labels[LABEL_SPEC])
+        return Workspace(
+            workspace_id=info.workspace_id,
+            spec=spec,
+            state=WorkspaceState.RUNNING if info.running else WorkspaceState.STOPPED,
+            create_time=info.create_time,
+            container_id=info.container_id,
+            volume_name=info.volume_name,
+        )
