@@ -1,0 +1,340 @@
+"""SandboxClient: an async connection to a sandboxd daemon, and Workspace handles."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+import grpc
+import tenacity
+from google.protobuf import duration_pb2
+
+from ._exec import ExecHandle, Exited, exited_from_proto
+from ._paths import default_socket_path
+from ._pb.sandboxd.v1 import process_service_pb2 as ppb
+from ._pb.sandboxd.v1 import process_service_pb2_grpc as pgrpc
+from ._pb.sandboxd.v1 import workspace_service_pb2 as wpb
+from ._pb.sandboxd.v1 import workspace_service_pb2_grpc as wgrpc
+from .errors import UnavailableError, from_rpc_error
+
+__all__ = ["ProcessInfo", "SandboxClient", "Workspace", "WorkspaceInfo"]
+
+T = TypeVar("T")
+NetworkName = Literal["none", "bridge"]
+
+_NETWORK = {"": wpb.NETWORK_POLICY_UNSPECIFIED, "none": wpb.NETWORK_POLICY_NONE, "bridge": wpb.NETWORK_POLICY_BRIDGE}
+_RUNTIME = {"": wpb.RUNTIME_UNSPECIFIED, "runc": wpb.RUNTIME_RUNC, "runsc": wpb.RUNTIME_RUNSC}
+_STATE = {wpb.WORKSPACE_STATE_RUNNING: "running", wpb.WORKSPACE_STATE_STOPPED: "stopped"}
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    result = duration_pb2.Duration()
+    result.FromNanoseconds(round(seconds * 1e9))
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkspaceInfo:
+    """A workspace as the daemon reports it, every default resolved."""
+
+    workspace_id: str
+    state: str
+    """``running`` or ``stopped``."""
+    image: str
+    user: str
+    working_dir: str
+    env: Mapping[str, str]
+    labels: Mapping[str, str]
+    memory_bytes: int
+    cpu_millis: int
+    pids: int
+    network: str
+    runtime: str
+    create_time: datetime.datetime
+    container_id: str
+    volume_name: str
+
+    @classmethod
+    def from_proto(cls, message: wpb.Workspace) -> WorkspaceInfo:
+        """Return the client form of a ``Workspace`` message."""
+        spec = message.spec
+        return cls(
+            workspace_id=message.workspace_id,
+            state=_STATE.get(message.state, "unknown"),
+            image=spec.image,
+            user=spec.security.user,
+            working_dir=spec.working_dir,
+            env=dict(spec.env),
+            labels=dict(spec.labels),
+            memory_bytes=spec.limits.memory_bytes,
+            cpu_millis=spec.limits.cpu_millis,
+            pids=spec.limits.pids,
+            network={v: k for k, v in _NETWORK.items() if k}.get(spec.network, ""),
+            runtime={v: k for k, v in _RUNTIME.items() if k}.get(spec.runtime, ""),
+            create_time=message.create_time.ToDatetime(tzinfo=datetime.UTC),
+            container_id=message.container_id,
+            volume_name=message.volume_name,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+    """A process session of a workspace."""
+
+    process_id: str
+    command: str
+    pid: int
+    running: bool
+    tty: bool
+    exited: Exited | None
+
+
+class SandboxClient:
+    """Async client of one daemon; use as ``async with SandboxClient() as client``.
+
+    Args:
+        address: ``HOST:PORT`` for TCP, or ``unix:/path``; None means the default
+            Unix socket (``SANDBOXD_SOCKET`` or the per-user default).
+        socket_path: Unix socket path (alternative to ``address``).
+        retries: retry idempotent calls (get/list/delete) on UNAVAILABLE with
+            jittered backoff, at most 4 attempts within 10 s.
+        environ: environment used to find the default socket (``os.environ`` if None).
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        socket_path: str | None = None,
+        retries: bool = True,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        """Open the channel (lazily connected)."""
+        if address is None:
+            address = f"unix:{socket_path or default_socket_path(os.environ if environ is None else environ)}"
+        self.address = address
+        self._channel = grpc.aio.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        )
+        self._workspaces = wgrpc.WorkspaceServiceStub(self._channel)
+        self._processes = pgrpc.ProcessServiceStub(self._channel)
+        self._retries = retries
+
+    async def __aenter__(self) -> SandboxClient:
+        """Return the client."""
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close the channel."""
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel; streams in flight are cancelled."""
+        await self._channel.close()
+
+    async def _unary(self, call: Callable[[], Awaitable[T]], *, idempotent: bool = False) -> T:
+        async def attempt() -> T:
+            try:
+                return await call()
+            except grpc.RpcError as error:
+                raise from_rpc_error(error) from None
+
+        if not (idempotent and self._retries):
+            return await attempt()
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(UnavailableError),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.1, exp_base=2, max=5.0, jitter=1.0),
+            stop=tenacity.stop_after_attempt(4) | tenacity.stop_after_delay(10.0),
+            reraise=True,
+        )
+        return await retrying(attempt)
+
+    # -- workspaces -----------------------------------------------------------------------------
+    async def create_workspace(
+        self,
+        *,
+        image: str = "",
+        env: Mapping[str, str] | None = None,
+        working_dir: str = "",
+        labels: Mapping[str, str] | None = None,
+        memory_bytes: int = 0,
+        cpu_millis: int = 0,
+        pids: int = 0,
+        network: NetworkName | Literal[""] = "",
+        runtime: Literal["", "runc", "runsc"] = "",
+        idle_ttl_s: float | None = None,
+        user: str = "",
+        added_capabilities: Sequence[str] = (),
+        allow_new_privileges: bool = False,
+        workspace_id: str = "",
+    ) -> Workspace:
+        """Create and start a workspace; zero/empty arguments take the daemon's defaults.
+
+        Raises:
+            InvalidArgumentError: a value is out of range.
+            AlreadyExistsError: ``workspace_id`` is taken.
+            NotFoundError: the image is not present.
+            UnavailableError: the daemon or Docker is down.
+        """
+        spec = wpb.WorkspaceSpec(
+            image=image,
+            env=dict(env or {}),
+            working_dir=working_dir,
+            labels=dict(labels or {}),
+            limits=wpb.ResourceLimits(memory_bytes=memory_bytes, cpu_millis=cpu_millis, pids=pids),
+            network=_NETWORK[network],
+            runtime=_RUNTIME[runtime],
+            security=wpb.SecurityOptions(
+                added_capabilities=list(added_capabilities), allow_new_privileges=allow_new_privileges, user=user
+            ),
+        )
+        if idle_ttl_s is not None:
+            spec.idle_ttl.CopyFrom(_duration(idle_ttl_s))
+        request = wpb.CreateWorkspaceRequest(spec=spec, workspace_id=workspace_id)
+        response = await self._unary(lambda: self._workspaces.CreateWorkspace(request))
+        return Workspace(self, WorkspaceInfo.from_proto(response.workspace))
+
+    async def get_workspace(self, workspace_id: str) -> Workspace:
+        """Return a handle to an existing workspace; NotFoundError when there is none."""
+        request = wpb.GetWorkspaceRequest(workspace_id=workspace_id)
+        response = await self._unary(lambda: self._workspaces.GetWorkspace(request), idempotent=True)
+        return Workspace(self, WorkspaceInfo.from_proto(response.workspace))
+
+    async def list_workspaces(self, labels: Mapping[str, str] | None = None) -> list[WorkspaceInfo]:
+        """Return every workspace carrying all of ``labels``, oldest first."""
+        request = wpb.ListWorkspacesRequest(label_selector=dict(labels or {}))
+        response = await self._unary(lambda: self._workspaces.ListWorkspaces(request), idempotent=True)
+        return [WorkspaceInfo.from_proto(w) for w in response.workspaces]
+
+    async def delete_workspace(self, workspace_id: str) -> None:
+        """Remove a workspace and its volume; NotFoundError when there is none."""
+        request = wpb.DeleteWorkspaceRequest(workspace_id=workspace_id)
+        await self._unary(lambda: self._workspaces.DeleteWorkspace(request))
+
+    # -- processes -------------------------------------------------------------------------------
+    def exec(
+        self,
+        workspace_id: str,
+        command: str,
+        *,
+        workdir: str = "",
+        env: Mapping[str, str] | None = None,
+        yield_after_s: float | None = None,
+        timeout_s: float | None = None,
+        max_output_bytes: int = 0,
+        tty: bool = False,
+        follow: bool = False,
+    ) -> ExecHandle:
+        """Run ``bash -lc command``; iterate the handle for events or ``await handle.wait()``.
+
+        Args:
+            workspace_id: where to run.
+            command: the shell command line.
+            workdir: working directory (relative to the workspace's).
+            env: extra environment variables for this command.
+            yield_after_s: stream this long before yielding (daemon default 60 s).
+            timeout_s: kill the command after this long (daemon default 30 min).
+            max_output_bytes: daemon-side buffer for unread output (default 1 MiB).
+            tty: run under a pseudo-terminal.
+            follow: keep polling after a yield until the command exits.
+        """
+        request = ppb.ExecRequest(
+            workspace_id=workspace_id,
+            command=command,
+            workdir=workdir,
+            env=dict(env or {}),
+            max_output_bytes=max_output_bytes,
+            tty=tty,
+        )
+        if yield_after_s is not None:
+            request.yield_after.CopyFrom(_duration(yield_after_s))
+        if timeout_s is not None:
+            request.timeout.CopyFrom(_duration(timeout_s))
+        return ExecHandle(
+            lambda: self._processes.Exec(request),
+            lambda process_id: self._processes.Input(ppb.InputRequest(process_id=process_id)),
+            follow=follow,
+        )
+
+    def input(
+        self,
+        process_id: str,
+        chars: str = "",
+        *,
+        yield_after_s: float | None = None,
+        close_stdin: bool = False,
+        follow: bool = False,
+    ) -> ExecHandle:
+        """Write ``chars`` to a process's stdin (``"\u0003"`` alone is Ctrl-C; empty polls)."""
+        request = ppb.InputRequest(process_id=process_id, chars=chars, close_stdin=close_stdin)
+        if yield_after_s is not None:
+            request.yield_after.CopyFrom(_duration(yield_after_s))
+        return ExecHandle(
+            lambda: self._processes.Input(request),
+            lambda pid: self._processes.Input(ppb.InputRequest(process_id=pid)),
+            follow=follow,
+            process_id=process_id,
+        )
+
+    async def signal(self, process_id: str, signal: str) -> None:
+        """Send ``signal`` (e.g. ``"SIGTERM"``) to the command's process group."""
+        request = ppb.SignalRequest(process_id=process_id, signal=signal)
+        await self._unary(lambda: self._processes.Signal(request))
+
+    async def kill(self, process_id: str, *, grace_s: float | None = None) -> Exited:
+        """SIGTERM the command's whole tree, wait ``grace_s``, SIGKILL; return how it ended."""
+        request = ppb.KillRequest(process_id=process_id)
+        if grace_s is not None:
+            request.grace.CopyFrom(_duration(grace_s))
+        response = await self._unary(lambda: self._processes.Kill(request))
+        return exited_from_proto(response.exited)
+
+    async def list_processes(self, workspace_id: str) -> list[ProcessInfo]:
+        """Return the process sessions of a workspace, oldest first."""
+        request = ppb.ListProcessesRequest(workspace_id=workspace_id)
+        response = await self._unary(lambda: self._processes.ListProcesses(request), idempotent=True)
+        return [
+            ProcessInfo(
+                process_id=p.process_id,
+                command=p.command,
+                pid=p.pid,
+                running=p.state == ppb.PROCESS_STATE_RUNNING,
+                tty=p.tty,
+                exited=exited_from_proto(p.exited) if p.HasField("exited") else None,
+            )
+            for p in response.processes
+        ]
+
+
+class Workspace:
+    """A handle to one workspace; ``info`` is its state when the handle was made."""
+
+    def __init__(self, client: SandboxClient, info: WorkspaceInfo) -> None:
+        """Bind ``info`` to ``client``."""
+        self.client = client
+        self.info = info
+
+    @property
+    def workspace_id(self) -> str:
+        """The workspace id."""
+        return self.info.workspace_id
+
+    def exec(self, command: str, **options: Any) -> ExecHandle:
+        """Run a command here; see :meth:`SandboxClient.exec` for the options."""
+        return self.client.exec(self.workspace_id, command, **options)
+
+    async def refresh(self) -> WorkspaceInfo:
+        """Fetch the current state."""
+        self.info = (await self.client.get_workspace(self.workspace_id)).info
+        return self.info
+
+    async def delete(self) -> None:
+        """Remove the workspace and its volume."""
+        await self.client.delete_workspace(self.workspace_id)
+
+    def __repr__(self) -> str:
+        """Show the id and state."""
+        return f"<Workspace {self.workspace_id} {self.info.state}>"

@@ -1,0 +1,314 @@
+"""Exec and Input streams as async iterators of typed events, and their results.
+
+Output arrives as raw bytes (the daemon never decodes); the client keeps one
+incremental UTF-8 decoder per stream, so a character split across chunks is
+never turned into U+FFFD, and flushes both decoders before the terminal event.
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
+
+import grpc
+
+from ._pb.sandboxd.v1 import process_service_pb2 as ppb
+from .errors import SandboxError, from_rpc_error
+
+__all__ = [
+    "CommandFailedError",
+    "Dropped",
+    "ExecEvent",
+    "ExecHandle",
+    "ExecResult",
+    "Exited",
+    "Heartbeat",
+    "Output",
+    "Started",
+    "Yielded",
+]
+
+StreamName = Literal["stdout", "stderr"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """The command runs; ``process_id`` drives it later."""
+
+    process_id: str
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """A chunk of output: the raw ``data`` and the ``text`` it completes (UTF-8, incremental)."""
+
+    stream: StreamName
+    data: bytes
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Dropped:
+    """The daemon's buffer was full while nobody read: ``dropped_bytes`` are missing here."""
+
+    dropped_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Exited:
+    """The command ended (always the last event of its stream)."""
+
+    exit_code: int
+    signal: str
+    stop_reason: str
+    """``exited``, ``interrupted``, ``timeout``, ``failed`` or ``killed``."""
+    oom_killed: bool
+    memory_limit_bytes: int
+    dropped_bytes: int
+    elapsed_s: float
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Yielded:
+    """The command still runs; the stream ended because the yield window closed."""
+
+    process_id: str
+    elapsed_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeat:
+    """The stream is alive (sent after a long silence)."""
+
+    elapsed_s: float
+
+
+ExecEvent = Started | Output | Dropped | Exited | Yielded | Heartbeat
+
+_STOP_REASONS = {
+    ppb.STOP_REASON_UNSPECIFIED: "",
+    ppb.STOP_REASON_EXITED: "exited",
+    ppb.STOP_REASON_INTERRUPTED: "interrupted",
+    ppb.STOP_REASON_TIMEOUT: "timeout",
+    ppb.STOP_REASON_FAILED: "failed",
+    ppb.STOP_REASON_KILLED: "killed",
+}
+
+
+def exited_from_proto(message: ppb.ExecExited) -> Exited:
+    """Return the client form of an ``ExecExited`` message."""
+    return Exited(
+        exit_code=message.exit_code,
+        signal=message.signal,
+        stop_reason=_STOP_REASONS.get(message.stop_reason, ""),
+        oom_killed=message.oom_killed,
+        memory_limit_bytes=message.memory_limit_bytes,
+        dropped_bytes=message.dropped_bytes,
+        elapsed_s=message.elapsed.ToNanoseconds() / 1e9,
+        message=message.message,
+    )
+
+
+@dataclasses.dataclass(eq=True)
+class ExecResult:
+    """Everything a finished (or yielded) exec produced.
+
+    A non-zero exit code is data, not an error; ``wait(check=True)`` raises
+    :class:`CommandFailedError` instead.
+    """
+
+    exit_code: int | None
+    """None when the command was still running when the stream ended (yielded)."""
+    stdout: str = ""
+    stderr: str = ""
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    signal: str = ""
+    stop_reason: str = ""
+    oom_killed: bool = False
+    dropped_bytes: int = 0
+    process_id: str = ""
+    message: str = ""
+
+    @property
+    def running(self) -> bool:
+        """Whether the command was still running when the result was taken."""
+        return self.exit_code is None
+
+
+class CommandFailedError(SandboxError, ExecResult):
+    """A command exited non-zero under ``check=True``; it is also the :class:`ExecResult`."""
+
+    def __init__(self, result: ExecResult) -> None:
+        """Wrap ``result``."""
+        detail = f" ({result.signal})" if result.signal else ""
+        SandboxError.__init__(self, f"command exited with code {result.exit_code}{detail}")
+        ExecResult.__init__(self, **{f.name: getattr(result, f.name) for f in dataclasses.fields(ExecResult)})
+
+    __hash__ = Exception.__hash__
+
+
+class _Decoders:
+    def __init__(self) -> None:
+        self.by_stream = {
+            "stdout": codecs.getincrementaldecoder("utf-8")("replace"),
+            "stderr": codecs.getincrementaldecoder("utf-8")("replace"),
+        }
+
+    def output(self, stream: StreamName, data: bytes) -> Output:
+        return Output(stream=stream, data=data, text=self.by_stream[stream].decode(data))
+
+    def flush(self) -> list[Output]:
+        tails = []
+        for name, decoder in self.by_stream.items():
+            text = decoder.decode(b"", final=True)
+            if text:
+                tails.append(Output(stream=name, data=b"", text=text))  # type: ignore[arg-type]
+        return tails
+
+
+def _event(response: Any, decoders: _Decoders) -> ExecEvent | None:
+    match response.WhichOneof("event"):
+        case "started":
+            return Started(process_id=response.started.process_id, pid=response.started.pid)
+        case "output":
+            which = response.output.WhichOneof("data")
+            if which is None:
+                return None
+            return decoders.output(which, getattr(response.output, which))
+        case "dropped":
+            return Dropped(dropped_bytes=response.dropped.dropped_bytes)
+        case "exited":
+            return exited_from_proto(response.exited)
+        case "yielded":
+            return Yielded(
+                process_id=response.yielded.process_id, elapsed_s=response.yielded.elapsed.ToNanoseconds() / 1e9
+            )
+        case "heartbeat":
+            return Heartbeat(elapsed_s=response.heartbeat.elapsed.ToNanoseconds() / 1e9)
+    return None
+
+
+class ExecHandle:
+    """One Exec (or Input) call: iterate it for events, or ``await wait()`` for the result.
+
+    Events come in order: at most one ``Started`` (Exec only) first, output,
+    then exactly one ``Exited`` or ``Yielded``, always last. With ``follow``,
+    a ``Yielded`` is not surfaced: the handle keeps polling with Input until the
+    command exits, so one iteration covers the whole command.
+    """
+
+    def __init__(
+        self,
+        open_stream: Callable[[], Any],
+        poll: Callable[[str], Any],
+        *,
+        follow: bool,
+        process_id: str = "",
+    ) -> None:
+        """Prepare the call; nothing is sent until iteration starts."""
+        self._open_stream = open_stream
+        self._poll = poll
+        self._follow = follow
+        self._decoders = _Decoders()
+        self._consumed = False
+        self.process_id = process_id
+        """Set once the command has started (or given for an Input call)."""
+        self.result: ExecResult | None = None
+        """Set when the stream has ended."""
+        self._stdout = bytearray()
+        self._stderr = bytearray()
+        self._stdout_text: list[str] = []
+        self._stderr_text: list[str] = []
+        self._dropped = 0
+
+    def __aiter__(self) -> AsyncIterator[ExecEvent]:
+        """Iterate the events; a handle can be iterated once."""
+        if self._consumed:
+            msg = "an ExecHandle can be iterated only once"
+            raise RuntimeError(msg)
+        self._consumed = True
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[ExecEvent]:
+        call = self._open_stream()
+        try:
+            while True:
+                terminal: Exited | Yielded | None = None
+                async for response in call:
+                    event = _event(response, self._decoders)
+                    if event is None:
+                        continue
+                    if isinstance(event, Exited | Yielded):
+                        terminal = event
+                        break
+                    self._record(event)
+                    yield event
+                if terminal is None:
+                    msg = "the daemon ended the stream without an exited or yielded event"
+                    raise SandboxError(msg)
+                if isinstance(terminal, Yielded) and self._follow:
+                    call = self._poll(terminal.process_id)
+                    continue
+                for tail in self._decoders.flush():
+                    self._record(tail)
+                    yield tail
+                self._finish(terminal)
+                yield terminal
+                return
+        except grpc.RpcError as error:
+            for tail in self._decoders.flush():
+                self._record(tail)
+            raise from_rpc_error(error) from None
+
+    def _record(self, event: ExecEvent) -> None:
+        if isinstance(event, Started):
+            self.process_id = event.process_id
+        elif isinstance(event, Output):
+            if event.stream == "stdout":
+                self._stdout += event.data
+                self._stdout_text.append(event.text)
+            else:
+                self._stderr += event.data
+                self._stderr_text.append(event.text)
+        elif isinstance(event, Dropped):
+            self._dropped += event.dropped_bytes
+
+    def _finish(self, terminal: Exited | Yielded) -> None:
+        common = {
+            "stdout": "".join(self._stdout_text),
+            "stderr": "".join(self._stderr_text),
+            "stdout_bytes": bytes(self._stdout),
+            "stderr_bytes": bytes(self._stderr),
+            "process_id": self.process_id,
+        }
+        if isinstance(terminal, Exited):
+            self.result = ExecResult(
+                exit_code=terminal.exit_code,
+                signal=terminal.signal,
+                stop_reason=terminal.stop_reason,
+                oom_killed=terminal.oom_killed,
+                dropped_bytes=terminal.dropped_bytes,
+                message=terminal.message,
+                **common,  # type: ignore[arg-type]
+            )
+        else:
+            self.result = ExecResult(exit_code=None, dropped_bytes=self._dropped, **common)  # type: ignore[arg-type]
+
+    async def wait(self, *, check: bool = False) -> ExecResult:
+        """Consume the stream and return the result.
+
+        Raises:
+            CommandFailedError: ``check`` is set and the command exited non-zero.
+        """
+        if not self._consumed:
+            async for _ in self:
+                pass
+        assert self.result is not None
+        if check and self.result.exit_code not in (0, None):
+            raise CommandFailedError(self.result)
+        return self.result

@@ -1,0 +1,173 @@
+"""``sandboxctl``: the command line for a running sandboxd daemon.
+
+Exit status: the command's own exit code for ``exec``; 0 on success otherwise;
+1 with one ``sandboxctl: ...`` line on standard error when the daemon refuses
+or cannot be reached; 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+
+from . import Output, SandboxClient
+from ._client import WorkspaceInfo
+from .errors import SandboxError
+
+__all__ = ["main"]
+
+
+def _size(text: str) -> int:
+    """Parse ``512m``, ``2g``, ``1048576`` (bytes; k/m/g are binary multiples)."""
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    text = text.strip().lower().removesuffix("b").removesuffix("i")
+    try:
+        if text and text[-1] in units:
+            return int(float(text[:-1]) * units[text[-1]])
+        return int(text)
+    except ValueError:
+        msg = f"not a size: {text!r} (use e.g. 512m or 2g)"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sandboxctl", description="Drive a sandboxd daemon.")
+    parser.add_argument("--socket", help="daemon Unix socket (env SANDBOXD_SOCKET)")
+    parser.add_argument("--address", help="daemon HOST:PORT instead of the Unix socket")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    create = commands.add_parser("create", help="create a workspace and print its id")
+    create.add_argument("--image", default="", help="image (default: the daemon's)")
+    create.add_argument("--memory", type=_size, default=0, help="memory limit, e.g. 512m")
+    create.add_argument("--cpus", type=float, default=0, help="CPU quota in CPUs, e.g. 0.5")
+    create.add_argument("--pids", type=int, default=0, help="process limit")
+    create.add_argument("--network", choices=["none", "bridge"], default="", help="network (default none)")
+    create.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="add a label")
+    create.add_argument("--name", default="", help="workspace id to use instead of a generated one")
+
+    run = commands.add_parser("exec", help="run a command, streaming its output; exits with its code")
+    run.add_argument("workspace")
+    run.add_argument("--workdir", "-w", default="")
+    run.add_argument("--env", "-e", action="append", default=[], metavar="NAME=VALUE")
+    run.add_argument("--timeout", type=float, default=None, help="seconds before the command is killed")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    ls = commands.add_parser("ls", help="list workspaces")
+    ls.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="filter by label")
+    ls.add_argument("-q", "--quiet", action="store_true", help="print ids only")
+
+    rm = commands.add_parser("rm", help="delete workspaces")
+    rm.add_argument("workspaces", nargs="+")
+    return parser
+
+
+def _pairs(items: Sequence[str], what: str) -> dict[str, str]:
+    result = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            msg = f"{what} must look like KEY=VALUE, got {item!r}"
+            raise SandboxError(msg)
+        result[key] = value
+    return result
+
+
+def _command_line(argv: Sequence[str]) -> str:
+    words = list(argv)
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        msg = "exec needs a command: sandboxctl exec WS -- COMMAND [ARGS...]"
+        raise SandboxError(msg)
+    if len(words) == 1:
+        return words[0]  # one word is a shell command line as typed
+    import shlex
+
+    return shlex.join(words)
+
+
+async def _run(opts: argparse.Namespace) -> int:
+    address = opts.address
+    socket_path = opts.socket or os.environ.get("SANDBOXD_SOCKET") or None
+    async with SandboxClient(address, socket_path=socket_path) as client:
+        if opts.command == "create":
+            workspace = await client.create_workspace(
+                image=opts.image,
+                memory_bytes=opts.memory,
+                cpu_millis=round(opts.cpus * 1000),
+                pids=opts.pids,
+                network=opts.network,
+                labels=_pairs(opts.label, "--label"),
+                workspace_id=opts.name,
+            )
+            print(workspace.workspace_id)
+            return 0
+        if opts.command == "exec":
+            handle = client.exec(
+                opts.workspace,
+                _command_line(opts.argv),
+                workdir=opts.workdir,
+                env=_pairs(opts.env, "--env"),
+                timeout_s=opts.timeout,
+                follow=True,
+            )
+            async for event in handle:
+                if isinstance(event, Output) and event.data:
+                    stream = sys.stdout.buffer if event.stream == "stdout" else sys.stderr.buffer
+                    stream.write(event.data)
+                    stream.flush()
+            result = await handle.wait()
+            if result.stop_reason == "failed" and result.message:
+                print(f"sandboxctl: {result.message}", file=sys.stderr)
+            return result.exit_code if result.exit_code is not None else 1
+        if opts.command == "ls":
+            infos = await client.list_workspaces(_pairs(opts.label, "--label"))
+            _print_workspaces(infos, quiet=opts.quiet)
+            return 0
+        if opts.command == "rm":
+            for workspace_id in opts.workspaces:
+                await client.delete_workspace(workspace_id)
+                print(workspace_id)
+            return 0
+    return 2
+
+
+def _print_workspaces(infos: Sequence[WorkspaceInfo], *, quiet: bool) -> None:
+    if quiet:
+        for info in infos:
+            print(info.workspace_id)
+        return
+    rows = [("WORKSPACE", "STATE", "IMAGE", "MEMORY", "NETWORK", "CREATED")]
+    for info in infos:
+        rows.append(
+            (
+                info.workspace_id,
+                info.state,
+                info.image,
+                f"{info.memory_bytes // 1024**2}MiB",
+                info.network,
+                info.create_time.strftime("%Y-%m-%d %H:%M:%S"),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``sandboxctl``; return its exit status."""
+    opts = _parser().parse_args(argv)
+    try:
+        return asyncio.run(_run(opts))
+    except SandboxError as exc:
+        print(f"sandboxctl: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Client-side errors and the one table that maps gRPC status codes onto them.
+
+::
+
+    SandboxError
+    ├── InvalidArgumentError        INVALID_ARGUMENT
+    ├── NotFoundError               NOT_FOUND
+    ├── AlreadyExistsError          ALREADY_EXISTS
+    ├── FailedPreconditionError     FAILED_PRECONDITION
+    ├── ResourceExhaustedError      RESOURCE_EXHAUSTED
+    ├── UnavailableError            UNAVAILABLE
+    ├── UnauthenticatedError        UNAUTHENTICATED
+    ├── PermissionDeniedError       PERMISSION_DENIED
+    ├── DeadlineExceededError       DEADLINE_EXCEEDED
+    ├── InternalError               INTERNAL, UNKNOWN and anything unlisted
+    └── CommandFailedError          (a non-zero exit with check=True; also an ExecResult)
+
+A cancelled call comes back as ``asyncio.CancelledError``, not as an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+__all__ = [
+    "AlreadyExistsError",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+    "InternalError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "ResourceExhaustedError",
+    "SandboxError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "from_rpc_error",
+]
+
+
+class SandboxError(Exception):
+    """Root of every error the client raises."""
+
+    def __init__(self, message: str, *, code: grpc.StatusCode | None = None) -> None:
+        """Create the error with the daemon's ``message`` and status ``code``."""
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class InvalidArgumentError(SandboxError):
+    """The daemon rejected a request field."""
+
+
+class NotFoundError(SandboxError):
+    """No such workspace or process (or it was evicted or lost)."""
+
+
+class AlreadyExistsError(SandboxError):
+    """A workspace with that id exists."""
+
+
+class FailedPreconditionError(SandboxError):
+    """The object is not in a state that allows the call."""
+
+
+class ResourceExhaustedError(SandboxError):
+    """A cap or quota is reached."""
+
+
+class UnavailableError(SandboxError):
+    """The daemon, or the Docker engine behind it, cannot be reached."""
+
+
+class UnauthenticatedError(SandboxError):
+    """Missing or bad credentials."""
+
+
+class PermissionDeniedError(SandboxError):
+    """The caller may not do this."""
+
+
+class DeadlineExceededError(SandboxError):
+    """The call outlived its deadline."""
+
+
+class InternalError(SandboxError):
+    """The daemon failed unexpectedly; its log has the details."""
+
+
+_ERRORS: dict[grpc.StatusCode, type[SandboxError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
+    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+}
+
+
+def from_rpc_error(error: grpc.RpcError) -> BaseException:
+    """Return the exception to raise for a failed call (``CancelledError`` for a cancel)."""
+    code = error.code() if hasattr(error, "code") else None
+    details = (error.details() if hasattr(error, "details") else None) or str(code)
+    if code == grpc.StatusCode.CANCELLED:
+        return asyncio.CancelledError(details)
+    cls = _ERRORS.get(code, InternalError) if code is not None else InternalError
+    return cls(details, code=code)

@@ -1,0 +1,1 @@
+"""Workspace image recipes, shipped inside the daemon distribution as ``sandboxd_images``."""
