@@ -1,0 +1,165 @@
+"""Shared fixtures: a real daemon over the real Docker engine, and cleanup by label.
+
+Every container and volume the suite creates carries ``sandboxd.instance=<this
+session's id>``; the session finalizer removes whatever carries it and fails
+the run if anything is left behind after that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import secrets
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from sandboxd.settings import Settings
+
+TEST_INSTANCE = f"test-{secrets.token_hex(4)}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Send the daemon's JSON logs to a file next to the test run, not into every test's output."""
+    from sandboxd.logging import configure_logging
+
+    log_path = Path(config.rootpath) / ".pytest_cache" / "sandboxd-test.log"
+    log_path.parent.mkdir(exist_ok=True)
+    config._sandboxd_log = log_path.open("w")  # type: ignore[attr-defined]
+    configure_logging(level="info", fmt="json", stream=config._sandboxd_log, cache=False)  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Close the log file."""
+    import logging
+
+    stream = getattr(config, "_sandboxd_log", None)
+    if stream is not None:
+        logging.getLogger().handlers.clear()
+        stream.close()
+
+
+class DaemonThread:
+    """A sandboxd daemon serving on its own event loop in a background thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="sandboxd-test-daemon", daemon=True)
+        self.daemon = None
+
+    def start(self) -> DaemonThread:
+        from sandboxd.api.server import start
+        from sandboxd.backend.docker import DockerBackend
+
+        self.thread.start()
+        backend = DockerBackend(
+            docker_host=self.settings.docker_host,
+            instance=self.settings.instance,
+            retries=self.settings.docker_retries,
+        )
+        self.daemon = asyncio.run_coroutine_threadsafe(start(self.settings, backend), self.loop).result(60)
+        return self
+
+    def run(self, coro, timeout: float = 120):  # type: ignore[no-untyped-def]
+        """Run ``coro`` on the daemon's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self.daemon is not None:
+            self.run(self.daemon.stop(1.0), timeout=60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+        self.loop.close()
+
+    @property
+    def socket_path(self) -> str:
+        return self.settings.socket_path
+
+
+def make_settings(tmp_dir: Path, **overrides: object) -> Settings:
+    """Settings for a test daemon: private socket, this session's instance label, no retries."""
+    base = Settings.from_env(
+        {k: v for k, v in os.environ.items() if k == "DOCKER_HOST"},
+        socket_path=str(tmp_dir / "sandboxd.sock"),
+        instance=TEST_INSTANCE,
+        docker_retries=False,
+        kill_grace_s=1.0,
+    )
+    return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def docker_client():  # type: ignore[no-untyped-def]
+    """The Docker SDK client the suite uses to check and clean up; fails (never skips) without an engine."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.ping()
+    except Exception as exc:
+        pytest.fail(f"these tests need a running Docker engine: {exc}")
+    yield client
+    _remove_labelled(client)
+    leftovers = client.containers.list(all=True, filters={"label": f"sandboxd.instance={TEST_INSTANCE}"})
+    volumes = client.volumes.list(filters={"label": f"sandboxd.instance={TEST_INSTANCE}"})
+    client.close()
+    assert not leftovers and not volumes, f"left behind: {leftovers} {volumes}"
+
+
+def _remove_labelled(client) -> None:  # type: ignore[no-untyped-def]
+    selector = {"label": f"sandboxd.instance={TEST_INSTANCE}"}
+    for container in client.containers.list(all=True, filters=selector):
+        container.remove(force=True, v=True)
+    for volume in client.volumes.list(filters=selector):
+        volume.remove(force=True)
+
+
+@pytest.fixture(scope="session")
+def default_image(docker_client) -> str:  # type: ignore[no-untyped-def]
+    """The default workspace image, built once if missing (offline route when no registry)."""
+    from sandboxd.backend.docker import DockerBackend
+    from sandboxd.images import ensure_default_image
+
+    settings = Settings.from_env(os.environ)
+
+    async def ensure() -> str:
+        backend = DockerBackend(docker_host=settings.docker_host, instance=TEST_INSTANCE)
+        try:
+            return await ensure_default_image(
+                backend, settings.default_image, route=settings.image_route, progress=lambda _line: None
+            )
+        finally:
+            await backend.close()
+
+    return asyncio.run(ensure())
+
+
+@pytest.fixture(scope="session")
+def daemon(default_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonThread]:
+    """One daemon for the whole session, on a private Unix socket."""
+    thread = DaemonThread(make_settings(tmp_path_factory.mktemp("daemon"))).start()
+    yield thread
+    thread.stop()
+
+
+@pytest.fixture
+async def client(daemon: DaemonThread):  # type: ignore[no-untyped-def]
+    """A connected async client (one per test, on the test's event loop)."""
+    from sandboxd_client import SandboxClient
+
+    async with SandboxClient(socket_path=daemon.socket_path, retries=False) as connected:
+        yield connected
+
+
+@pytest.fixture
+async def workspace(client, request: pytest.FixtureRequest) -> AsyncIterator[object]:  # type: ignore[no-untyped-def]
+    """A fresh default workspace per test, deleted afterwards."""
+    marker = request.node.get_closest_marker("workspace")
+    options = dict(marker.kwargs) if marker else {}
+    created = await client.create_workspace(labels={"test": request.node.name}, **options)
+    yield created
+    await client.delete_workspace(created.workspace_id)

@@ -1,0 +1,87 @@
+"""Exit status, stop reason and yield-window rules (SPEC §6; no Docker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandboxd.models import StopReason, signal_name
+from sandboxd.processes import clamp_yield, exit_status
+
+
+def _status(**overrides):  # type: ignore[no-untyped-def]
+    values = {
+        "exit_code": 0,
+        "signal_number": 0,
+        "oom_kills": 0,
+        "memory_limit_bytes": 256 * 1024**2,
+        "requested": set(),
+        "dropped_bytes": 0,
+        "elapsed_s": 1.0,
+    }
+    values.update(overrides)
+    return exit_status(**values)
+
+
+class TestExitStatus:
+    def test_plain_exit(self) -> None:
+        """An ordinary exit keeps its code and names no signal."""
+        status = _status(exit_code=2)
+        assert (status.exit_code, status.signal, status.stop_reason) == (2, "", StopReason.EXITED)
+
+    @pytest.mark.parametrize(
+        ("number", "code", "name"), [(2, 130, "SIGINT"), (9, 137, "SIGKILL"), (15, 143, "SIGTERM")]
+    )
+    def test_death_by_signal(self, number: int, code: int, name: str) -> None:
+        """A death by signal N is 128+N with the signal's name."""
+        status = _status(exit_code=code, signal_number=number)
+        assert (status.exit_code, status.signal) == (code, name)
+
+    def test_shell_reported_signal(self) -> None:
+        """A shell's 128+N exit (its child died by signal N) names the signal too."""
+        assert _status(exit_code=139).signal == "SIGSEGV"
+
+    def test_own_code_kept(self) -> None:
+        """A trap that exits 42 keeps 42 and names no signal."""
+        status = _status(exit_code=42, requested={StopReason.INTERRUPTED})
+        assert (status.exit_code, status.signal, status.stop_reason) == (42, "", StopReason.INTERRUPTED)
+
+    def test_oom_needs_sigkill_and_a_count(self) -> None:
+        """OOM is claimed only for a SIGKILL death while the cgroup counted an OOM kill."""
+        assert _status(exit_code=137, signal_number=9, oom_kills=1).oom_killed
+        status = _status(exit_code=137, signal_number=9, oom_kills=1)
+        assert status.memory_limit_bytes == 256 * 1024**2
+        assert "OOM" in status.message
+        assert not _status(exit_code=137, signal_number=9).oom_killed
+        assert not _status(exit_code=1, oom_kills=1).oom_killed
+
+    def test_stop_reason_priority(self) -> None:
+        """interrupted > timeout > failed > killed > exited."""
+        everything = {StopReason.KILLED, StopReason.FAILED, StopReason.TIMEOUT, StopReason.INTERRUPTED}
+        assert _status(requested=everything).stop_reason == StopReason.INTERRUPTED
+        assert _status(requested=everything - {StopReason.INTERRUPTED}).stop_reason == StopReason.TIMEOUT
+        assert _status(requested={StopReason.FAILED, StopReason.KILLED}).stop_reason == StopReason.FAILED
+        assert _status(requested={StopReason.KILLED}).stop_reason == StopReason.KILLED
+
+    def test_unknown_signal_number_has_a_name(self) -> None:
+        """A realtime signal without a Python name still gets a readable name."""
+        assert signal_name(2) == "SIGINT"
+        assert signal_name(99) == "SIG99"
+
+
+class TestClampYield:
+    def test_default_is_60_s(self) -> None:
+        """No request means 60 s (seed 000) when the timeout allows it."""
+        assert clamp_yield(None, 1800) == 60
+
+    def test_minimum_250_ms(self) -> None:
+        """Windows below 250 ms are raised to 250 ms."""
+        assert clamp_yield(0.0, 1800) == 0.25
+
+    def test_never_beyond_timeout_minus_one_second(self) -> None:
+        """The window ends a second before the timeout."""
+        assert clamp_yield(60, 10) == 9
+        assert clamp_yield(None, 2) == 1
+
+    def test_tiny_timeout_keeps_the_minimum(self) -> None:
+        """Even a sub-second timeout keeps the 250 ms floor."""
+        assert clamp_yield(5, 0.5) == 0.25

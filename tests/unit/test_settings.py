@@ -1,0 +1,55 @@
+"""Settings come from a mapping, never from import-time os.environ (no Docker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandboxd.errors import InvalidSpecError
+from sandboxd.settings import Settings
+
+
+class TestFromEnv:
+    def test_defaults(self) -> None:
+        """With an empty environment every default holds (seed 000 and SPEC values)."""
+        settings = Settings.from_env({})
+        assert settings.max_sessions == 64
+        assert settings.exec_timeout_s == 1800
+        assert settings.output_buffer_bytes == 1024**2
+        assert settings.kill_grace_s == 2.0
+        assert settings.socket_path.endswith("sandboxd.sock")
+
+    def test_env_values_are_parsed(self) -> None:
+        """SANDBOXD_* variables are parsed by field type."""
+        settings = Settings.from_env(
+            {
+                "SANDBOXD_MAX_SESSIONS": "8",
+                "SANDBOXD_KILL_GRACE_S": "0.5",
+                "SANDBOXD_DOCKER_RETRIES": "off",
+                "SANDBOXD_IMAGE_ROUTE": "offline",
+                "SANDBOXD_SOCKET": "/tmp/x.sock",
+                "DOCKER_HOST": "tcp://127.0.0.1:2375",
+            }
+        )
+        assert (settings.max_sessions, settings.kill_grace_s, settings.docker_retries) == (8, 0.5, False)
+        assert settings.image_route == "offline"
+        assert settings.socket_path == "/tmp/x.sock"
+        assert settings.docker_host == "tcp://127.0.0.1:2375"
+
+    def test_overrides_win(self) -> None:
+        """Explicit overrides (CLI flags) beat the environment; None overrides are ignored."""
+        settings = Settings.from_env({"SANDBOXD_INSTANCE": "env"}, instance="flag", listen_address=None)
+        assert settings.instance == "flag"
+        assert settings.listen_address == ""
+
+    @pytest.mark.parametrize(
+        ("name", "value"),
+        [("SANDBOXD_MAX_SESSIONS", "many"), ("SANDBOXD_DOCKER_RETRIES", "maybe"), ("SANDBOXD_IMAGE_ROUTE", "ftp")],
+    )
+    def test_bad_values_name_the_variable(self, name: str, value: str) -> None:
+        """A value that does not parse is an error naming the variable."""
+        with pytest.raises(InvalidSpecError, match=name):
+            Settings.from_env({name: value})
+
+    def test_xdg_runtime_dir(self) -> None:
+        """Without SANDBOXD_SOCKET the socket lives under XDG_RUNTIME_DIR when set."""
+        assert Settings.from_env({"XDG_RUNTIME_DIR": "/run/user/7"}).socket_path == "/run/user/7/sandboxd/sandboxd.sock"
