@@ -71,10 +71,11 @@ async def _serve(settings: Settings, opts: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    opts = _parser().parse_args(argv)
-    command = opts.command or "serve"
-    if command == "serve" and opts.command is None:
-        opts = _parser().parse_args(["serve", *(argv or [])])
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in {"serve", "images", "-h", "--help"}:
+        args = ["serve", *args]  # `sandboxd --socket X` and `python -m sandboxd` mean serve
+    opts = _parser().parse_args(args)
+    command = opts.command
     try:
         settings = Settings.from_env(
             os.environ,

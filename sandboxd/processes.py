@@ -284,12 +284,18 @@ class ProcessSession:
     async def _pump(self) -> None:
         assert self._stream is not None
         decoder = frames.FrameDecoder()
+        first = True
         try:
             while (chunk := await self._stream.read()) is not None:
                 fd, data = chunk
                 if fd != 1:
                     self._stderr_tail = (self._stderr_tail + data)[-_STDERR_TAIL_BYTES:]
                     continue
+                if first and data[:1] not in (frames.STARTED, frames.FAILED):
+                    # Not the supervisor speaking: the engine's own error text (e.g. no python3).
+                    await self._engine_refused(data)
+                    return
+                first = False
                 for kind, payload in decoder.feed(data):
                     if await self._on_frame(kind, payload):
                         return
@@ -335,10 +341,20 @@ class ProcessSession:
             return True
         return False
 
+    async def _engine_refused(self, head: bytes) -> None:
+        assert self._stream is not None
+        text = head
+        while len(text) < _STDERR_TAIL_BYTES and (chunk := await self._stream.read()) is not None:
+            text += chunk[1]
+        detail = text.decode("utf-8", "replace").strip().splitlines()[0][:300] if text.strip() else "no detail"
+        if "python3" in detail and ("not found" in detail or "no such file" in detail.lower()):
+            message = f"the workspace image has no python3, which sandboxd needs to supervise commands ({detail})"
+        else:
+            message = f"the container engine could not start the command: {detail}"
+        self._fail_start(FailedPreconditionError(message))
+
     def _lost_message(self) -> str:
         tail = self._stderr_tail.decode("utf-8", "replace").strip()
-        if "python3" in tail and ("not found" in tail or "no such file" in tail.lower()):
-            return "the workspace image has no python3, which sandboxd needs to supervise commands"
         if tail:
             return f"the command's supervisor ended without an exit status: {tail.splitlines()[-1][:500]}"
         return "the command's supervisor ended without an exit status (was it killed?)"

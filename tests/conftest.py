@@ -138,6 +138,27 @@ def default_image(docker_client) -> str:  # type: ignore[no-untyped-def]
     return asyncio.run(ensure())
 
 
+_DERIVED_IMAGES = {
+    # The default image without bash: commands must fall back to `sh -c`.
+    "sandboxd-test/nobash:1": "USER root\nRUN rm -f /usr/bin/bash /bin/bash\nUSER sandbox\n",
+    # The default image without Python: Exec must refuse clearly (the supervisor needs it).
+    "sandboxd-test/nopython:1": "USER root\nRUN rm -f /usr/bin/python3* /usr/bin/python\nUSER sandbox\n",
+}
+
+
+@pytest.fixture(scope="session")
+def derived_images(docker_client, default_image: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Small images derived from the default one, built once (the build cache makes reruns instant)."""
+    import io
+
+    built = {}
+    for tag, steps in _DERIVED_IMAGES.items():
+        dockerfile = f"FROM {default_image}\n{steps}".encode()
+        docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True, forcerm=True)
+        built[tag.split("/")[1].split(":")[0]] = tag
+    return built
+
+
 @pytest.fixture(scope="session")
 def daemon(default_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonThread]:
     """One daemon for the whole session, on a private Unix socket."""

@@ -64,6 +64,43 @@ class TestServer:
             thread.stop()
 
 
+class TestProcess:
+    def test_serve_and_graceful_sigterm(self, tmp_path, default_image) -> None:
+        """`python -m sandboxd` serves on its socket, answers health, and on SIGTERM stops cleanly."""
+        import json
+        import signal
+        import time
+
+        from tests.conftest import TEST_INSTANCE
+
+        socket_path = tmp_path / "run" / "sandboxd.sock"
+        env = {**os.environ, "SANDBOXD_LOG_FORMAT": "json"}
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "sandboxd", "--socket", str(socket_path), "--instance", TEST_INSTANCE, "--no-build"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not socket_path.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+                response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert response.status == health_pb2.HealthCheckResponse.SERVING
+            daemon.send_signal(signal.SIGTERM)
+            _, stderr = daemon.communicate(timeout=30)
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
+        assert daemon.returncode == 0
+        assert not socket_path.exists()
+        events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
+        assert events[0] == "daemon.listening"
+        assert events[-2:] == ["daemon.stopping", "daemon.stopped"]
+
+
 class TestCli:
     def _ctl(self, daemon, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -142,6 +142,30 @@ class TestEnvironmentAndWorkdir:
         assert result.stdout == "login\nbash\n"
 
 
+class TestImagesWithoutTools:
+    async def test_without_bash_falls_back_to_sh(self, client, derived_images) -> None:
+        """In an image without bash, commands run under sh -c with the same exit rules."""
+        ws = await client.create_workspace(image=derived_images["nobash"])
+        try:
+            result = await ws.exec("echo $0; echo hello").wait()
+            assert (result.stdout, result.exit_code) == ("sh\nhello\n", 0)
+            result = await ws.exec("kill -9 $$").wait()
+            assert (result.exit_code, result.signal) == (137, "SIGKILL")
+        finally:
+            await ws.delete()
+
+    async def test_without_python_is_a_clear_precondition(self, client, derived_images) -> None:
+        """In an image without python3, Exec is FAILED_PRECONDITION saying python3 is needed."""
+        from sandboxd_client import FailedPreconditionError
+
+        ws = await client.create_workspace(image=derived_images["nopython"])
+        try:
+            with pytest.raises(FailedPreconditionError, match="no python3"):
+                await ws.exec("echo hi").wait()
+        finally:
+            await ws.delete()
+
+
 def _quote(text: str) -> str:
     import shlex
 
