@@ -34,7 +34,10 @@ def configure_logging(
     if use_console:
         renderer = structlog.dev.ConsoleRenderer()
     else:
-        shared.append(structlog.processors.dict_tracebacks)
+        # Tracebacks as data, without local variables: those can hold commands, env and output.
+        shared.append(
+            structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False))
+        )
         renderer = structlog.processors.JSONRenderer()
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],

@@ -43,6 +43,8 @@ from .models import (
     ExecStarted,
     ExitStatus,
     Heartbeat,
+    OutputChunk,
+    OutputDropped,
     StopReason,
     Yielded,
     signal_name,
@@ -54,11 +56,13 @@ __all__ = [
     "MARKER_ENV",
     "MIN_YIELD_S",
     "ExecContext",
+    "InterruptPlan",
     "ProcessSession",
     "ProcessTable",
     "check_env",
     "clamp_yield",
     "exit_status",
+    "interrupt_plan",
 ]
 
 log = structlog.get_logger(__name__)
@@ -161,6 +165,56 @@ def check_env(env: Mapping[str, str], field: str) -> None:
             raise InvalidSpecError(msg)
 
 
+class InterruptPlan(enum.Enum):
+    """How Ctrl-C reaches a POSIX command."""
+
+    PROCESS_GROUP = "SIGINT to the command's process group"
+    TERMINAL = "ETX written to the terminal; the line discipline signals the foreground group"
+
+
+def interrupt_plan(os_name: str, *, pid: int, tty: bool) -> InterruptPlan | list[str]:
+    """Choose how Ctrl-C is delivered, from the container's OS (seed 000).
+
+    Returns:
+        An :class:`InterruptPlan` for Linux containers; for Windows containers,
+        where console signals cannot reach piped processes, the argv of a tree
+        kill of the command: ``taskkill /T /F /PID <pid>``.
+    """
+    if os_name.lower() == "windows":
+        return ["taskkill", "/T", "/F", "/PID", str(pid)]
+    return InterruptPlan.TERMINAL if tty else InterruptPlan.PROCESS_GROUP
+
+
+MAX_CHUNK_BYTES = 1024 * 1024
+"""Largest output chunk sent as one event; adjacent chunks of a stream are merged up to it."""
+
+
+def coalesce(items: list[OutputChunk | OutputDropped]) -> list[OutputChunk | OutputDropped]:
+    """Merge adjacent chunks of the same stream (order kept) into chunks of at most 1 MiB.
+
+    Fewer, larger messages are what lets a fast producer stream at full speed.
+    """
+    merged: list[OutputChunk | OutputDropped] = []
+    pending: list[bytes] = []
+    size = 0
+    stream = ""
+    for item in items:
+        if isinstance(item, OutputChunk) and item.stream == stream and size + len(item.data) <= MAX_CHUNK_BYTES:
+            pending.append(item.data)
+            size += len(item.data)
+            continue
+        if pending:
+            merged.append(OutputChunk(stream=stream, data=b"".join(pending)))
+        pending, size, stream = [], 0, ""
+        if isinstance(item, OutputChunk):
+            pending, size, stream = [item.data], len(item.data), item.stream
+        else:
+            merged.append(item)
+    if pending:
+        merged.append(OutputChunk(stream=stream, data=b"".join(pending)))
+    return merged
+
+
 class ExecContext:
     """What a session needs to know about its workspace.
 
@@ -169,14 +223,18 @@ class ExecContext:
         user: user commands run as.
         working_dir: default working directory (relative workdirs resolve against it).
         memory_limit_bytes: the workspace's memory limit, reported with OOM kills.
+        os: the container's OS (``linux`` or ``windows``), which decides how Ctrl-C is delivered.
     """
 
-    def __init__(self, *, workspace_id: str, user: str, working_dir: str, memory_limit_bytes: int) -> None:
+    def __init__(
+        self, *, workspace_id: str, user: str, working_dir: str, memory_limit_bytes: int, os: str = "linux"
+    ) -> None:
         """Bundle the workspace facts."""
         self.workspace_id = workspace_id
         self.user = user
         self.working_dir = working_dir
         self.memory_limit_bytes = memory_limit_bytes
+        self.os = os
 
 
 class _State(enum.Enum):
@@ -222,6 +280,8 @@ class ProcessSession:
         self._exited = asyncio.Event()
         self._requested: set[StopReason] = set()
         self._stderr_tail = b""
+        self.leftovers = 0
+        """Processes of the command still alive when it exited (its supervisor bounds them)."""
         self._write_lock = asyncio.Lock()
         self._attached = 0
 
@@ -249,6 +309,8 @@ class ProcessSession:
             "columns": self.spec.columns,
             "rows": self.spec.rows,
             "marker": f"{MARKER_ENV}={self.process_id}",
+            "timeout_s": self.timeout_s,
+            "grace_s": self.settings.kill_grace_s,
         }
         return ["python3", "-I", "-S", "-c", supervisor_source(), json.dumps(config)]
 
@@ -327,6 +389,9 @@ class ProcessSession:
             return True
         elif kind == frames.EXITED:
             report = json.loads(payload)
+            if report.get("timed_out"):
+                self._requested.add(StopReason.TIMEOUT)
+            self.leftovers = int(report.get("leftovers", 0))
             self._finish(
                 exit_status(
                     exit_code=int(report["exit_code"]),
@@ -407,13 +472,20 @@ class ProcessSession:
             stop_reason=str(status.stop_reason),
             oom_killed=status.oom_killed,
             dropped_bytes=status.dropped_bytes,
+            leftovers=self.leftovers,
             duration_s=round(status.elapsed_s, 3),
         )
 
     async def _timeout(self) -> None:
-        await asyncio.sleep(max(0.0, self.timeout_s - self.elapsed_s))
+        """Backstop for the supervisor, which enforces the timeout itself in the container.
+
+        Fires only if the supervisor has not reported an exit well after the
+        deadline (say it was killed): then the daemon kills the tree itself.
+        """
+        backstop_s = self.timeout_s + self.settings.kill_grace_s + 5.0
+        await asyncio.sleep(max(0.0, backstop_s - self.elapsed_s))
         if self.running:
-            log.info("process.timeout", process_id=self.process_id, timeout_s=self.timeout_s)
+            log.warning("process.timeout_backstop", process_id=self.process_id, timeout_s=self.timeout_s)
             await self.kill(reason=StopReason.TIMEOUT)
 
     # -- driving ----------------------------------------------------------------------------------------
@@ -445,17 +517,31 @@ class ProcessSession:
             raise FailedPreconditionError(msg)
 
     async def interrupt(self) -> None:
-        """Ctrl-C: SIGINT to the process group, or ETX (0x03) through the terminal in tty mode.
+        """Ctrl-C, as :func:`interrupt_plan` chooses for the container's OS.
 
-        Never escalates by itself (SPEC §6): a command that catches SIGINT keeps running.
+        POSIX: SIGINT to the command's process group, or ETX (0x03) written to the
+        terminal in tty mode so the line discipline delivers it. Windows: a tree
+        kill. Never escalates by itself (SPEC §6): a command that catches SIGINT
+        keeps running.
         """
         self.last_used = time.monotonic()
         if not self.running:
             return
         self._requested.add(StopReason.INTERRUPTED)
+        plan = interrupt_plan(self.context.os, pid=self.pid, tty=self.spec.tty)
+        match plan:
+            case InterruptPlan.TERMINAL:
+                await self._send(frames.encode(frames.STDIN, b"\x03"))
+            case InterruptPlan.PROCESS_GROUP:
+                await self._send(frames.encode_json(frames.SIGNAL, {"signal": int(signal.SIGINT), "interrupt": True}))
+            case list():
+                await self.backend.exec_run(self.context.workspace_id, plan, user=self.context.user)
+
+    async def resize(self, columns: int, rows: int) -> None:
+        """Set the terminal size of a tty command (its foreground group gets SIGWINCH)."""
+        self.last_used = time.monotonic()
         if self.spec.tty:
-            await self._send(frames.encode(frames.STDIN, b"\x03"))
-        await self._send(frames.encode_json(frames.SIGNAL, {"signal": int(signal.SIGINT), "interrupt": True}))
+            await self._send(frames.encode_json(frames.RESIZE, {"columns": columns, "rows": rows}))
 
     async def send_signal(self, number: int) -> None:
         """Send signal ``number`` to the command's process group."""
@@ -504,8 +590,14 @@ class ProcessSession:
         Returns as soon as the command exits; never sits out the window. Emits a
         ``Heartbeat`` after ``heartbeat_interval_s`` without any event. If the
         caller goes away before the terminal event, the command is interrupted
-        (SPEC §2.3: a cancel counts as Ctrl-C).
+        (SPEC §2.3: a cancel counts as Ctrl-C). While one call streams the
+        output, another gets only a terminal event at once: output is never
+        split between two readers.
         """
+        if self._attached:
+            # Another call is streaming this output; this one only delivered its input.
+            yield self.exit or Yielded(process_id=self.process_id, elapsed_s=self.elapsed_s)
+            return
         self._attached += 1
         await self.buffer.attach()
         finished = False
@@ -514,7 +606,7 @@ class ProcessSession:
             last_event = time.monotonic()
             while True:
                 items = await self.buffer.take()
-                for item in items:
+                for item in coalesce(items):
                     yield item
                 if items:
                     last_event = time.monotonic()

@@ -11,7 +11,10 @@ the command. That buys what a bare exec cannot give:
 * the exact wait status of the top-level command (signal vs. exit code) and
   whether the cgroup OOM killer struck while it ran;
 * the call ends when the top-level command exits even if ``server &`` still
-  holds the output pipes, which the supervisor keeps draining (SPEC §6).
+  holds the output pipes, which the supervisor keeps draining (SPEC §6);
+* the command's timeout (config ``timeout_s``) is enforced here, in the
+  container, over everything the command started -- also what outlives the
+  top-level shell -- and even if the daemon goes away.
 
 It is a module of the daemon package only so that it is linted and tested; it
 must import nothing outside the standard library and must keep working on the
@@ -24,7 +27,8 @@ Supervisor -> daemon (stdout):
     ``P`` started ``{"pid": int}``; ``F`` failed to start
     ``{"stage": str, "errno": int, "message": str}``; ``1`` stdout bytes;
     ``2`` stderr bytes; ``X`` exited ``{"exit_code": int, "signal": int,
-    "oom_kills": int}`` (always the last frame).
+    "oom_kills": int, "timed_out": bool, "leftovers": int}`` (always the last
+    frame; ``leftovers`` counts processes of the command still alive).
 Daemon -> supervisor (stdin):
     ``I`` bytes for the command's stdin; ``C`` close its stdin; ``S`` signal the
     process group ``{"signal": int, "interrupt": bool}``; ``K`` kill the whole
@@ -183,6 +187,12 @@ class Supervisor:
         self.rows = int(config.get("rows") or 24)
         self.marker = config.get("marker", "").encode()
         self.shell = config.get("shell") or ""
+        # The timeout bounds everything the command started, even what outlives the
+        # top-level shell (a fork bomb's `:|:&` returns at once); 0 means none.
+        timeout_s = float(config.get("timeout_s") or 0)
+        self.deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+        self.grace_s = float(config.get("grace_s", 2.0))
+        self.timed_out = False
         self.pid = 0
         self.statuses = {}
         self.out_fds = {}  # fd -> frame type
@@ -338,9 +348,7 @@ class Supervisor:
                 pass
         elif kind == b"K":
             request = json.loads(payload.decode())
-            if self.kill_deadline is None:
-                self.kill_deadline = time.monotonic() + float(request.get("grace_s", 2.0))
-                signal_all(tree(os.getpid(), self.pid, self.marker), signal.SIGTERM)
+            self.start_kill(float(request.get("grace_s", self.grace_s)))
         elif kind == b"W":
             request = json.loads(payload.decode())
             self.columns, self.rows = int(request["columns"]), int(request["rows"])
@@ -350,6 +358,17 @@ class Supervisor:
                     os.killpg(self.pid, signal.SIGWINCH)
                 except OSError:
                     pass
+
+    def start_kill(self, grace_s):
+        """First rung of the ladder: SIGTERM to the whole tree; SIGKILL after ``grace_s``."""
+        if self.kill_deadline is None:
+            self.kill_deadline = time.monotonic() + grace_s
+            signal_all(tree(os.getpid(), self.pid, self.marker), signal.SIGTERM)
+
+    def check_deadline(self):
+        if self.deadline is not None and not self.timed_out and time.monotonic() >= self.deadline:
+            self.timed_out = True
+            self.start_kill(self.grace_s)
 
     def flush_stdin(self):
         if self.stdin_fd < 0:
@@ -428,7 +447,14 @@ class Supervisor:
             hard_kill(os.getpid(), self.pid, self.marker, lambda: reap_children(self.statuses))
         exit_code, sig = decode_status(status)
         oom = max(0, oom_kill_count() - self.oom_before)
-        self.send_json(b"X", {"exit_code": exit_code, "signal": sig, "oom_kills": oom})
+        report = {
+            "exit_code": exit_code,
+            "signal": sig,
+            "oom_kills": oom,
+            "timed_out": self.timed_out,
+            "leftovers": len(self.remaining()),
+        }
+        self.send_json(b"X", report)
         self.finish()
         return 0
 
@@ -442,6 +468,7 @@ class Supervisor:
             reap_children(self.statuses)
             if self.pid in self.statuses:
                 return self.statuses.pop(self.pid)
+            self.check_deadline()
             if self.kill_deadline is not None and time.monotonic() >= self.kill_deadline:
                 hard_kill(os.getpid(), self.pid, self.marker, lambda: reap_children(self.statuses))
                 continue
@@ -449,7 +476,7 @@ class Supervisor:
             if self.in_open:
                 rlist.append(0)
             wlist = [self.stdin_fd] if self.stdin_pending and self.stdin_fd >= 0 else []
-            timeout = 1.0
+            timeout = self.wait_s()
             if self.kill_deadline is not None:
                 timeout = max(0.0, min(0.05, self.kill_deadline - time.monotonic()))
             try:
@@ -460,12 +487,7 @@ class Supervisor:
                 self.flush_stdin()
             for fd in readable:
                 if fd == self.wake_r:
-                    while True:
-                        try:
-                            if not os.read(fd, 4096):
-                                break
-                        except BlockingIOError:
-                            break
+                    self.drain_wakeups()
                 elif fd == 0:
                     self.read_commands()
                 elif fd in self.out_fds:
@@ -492,14 +514,46 @@ class Supervisor:
         self.out_ok = False
         if self.stdin_fd >= 0 and self.stdin_fd not in self.out_fds:
             os.close(self.stdin_fd)
-        while self.out_fds:
+        next_scan = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_scan:
+                # Stay while anything of the command lives: as its subreaper, and to
+                # enforce its timeout on what outlived the top-level shell.
+                alive = bool(self.remaining())
+                next_scan = now + 1.0
+                if not alive and not self.out_fds:
+                    return
+            self.check_deadline()
+            if self.kill_deadline is not None and now >= self.kill_deadline:
+                hard_kill(os.getpid(), self.pid, self.marker, lambda: reap_children(self.statuses))
+                self.kill_deadline = None
             try:
-                readable, _, _ = select.select(list(self.out_fds), [], [], 1.0)
+                readable, _, _ = select.select(list(self.out_fds) + [self.wake_r], [], [], self.wait_s())
             except InterruptedError:
                 continue
             for fd in readable:
-                self.read_output(fd, forward=False)
+                if fd == self.wake_r:
+                    self.drain_wakeups()
+                else:
+                    self.read_output(fd, forward=False)
             reap_children(self.statuses)
+
+    def wait_s(self):
+        """How long select() may sleep: until the next deadline, at most a second."""
+        wait = 1.0
+        for moment in (self.deadline if not self.timed_out else None, self.kill_deadline):
+            if moment is not None:
+                wait = min(wait, max(0.0, moment - time.monotonic()))
+        return wait
+
+    def drain_wakeups(self):
+        while True:
+            try:
+                if not os.read(self.wake_r, 4096):
+                    return
+            except BlockingIOError:
+                return
 
 
 def decode_status(status):

@@ -303,7 +303,8 @@ class WorkspaceManager:
         context = self._contexts.get(workspace_id)
         if context is not None:
             return context
-        workspace = await self.get(workspace_id)
+        info = await self.backend.inspect_container(workspace_id)
+        workspace = self._workspace(info)
         if workspace.state is not WorkspaceState.RUNNING:
             msg = f"workspace {workspace_id!r} is not running"
             raise WorkspaceNotRunningError(msg)
@@ -312,6 +313,7 @@ class WorkspaceManager:
             user=workspace.spec.security.user,
             working_dir=workspace.spec.working_dir,
             memory_limit_bytes=workspace.spec.limits.memory_bytes,
+            os=info.os,
         )
         self._contexts[workspace_id] = context
         return context

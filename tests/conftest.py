@@ -8,10 +8,14 @@ the run if anything is left behind after that.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import secrets
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -90,6 +94,44 @@ def make_settings(tmp_dir: Path, **overrides: object) -> Settings:
         kill_grace_s=1.0,
     )
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def spawned_daemon(tmp_dir: Path, **env: str) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """Run `python -m sandboxd` as its own process (for RSS and signal tests).
+
+    Yields the process, its socket path and the file its log goes to.
+    """
+    socket_path = str(tmp_dir / "run" / "sandboxd.sock")
+    log_path = tmp_dir / "daemon.log"
+    full_env = {**os.environ, "SANDBOXD_LOG_FORMAT": "json", **env}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sandboxd", "--socket", socket_path, "--instance", TEST_INSTANCE, "--no-build"],
+            env=full_env,
+            stderr=log,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(socket_path):
+            if time.monotonic() > deadline or process.poll() is not None:
+                pytest.fail(f"the daemon did not start: {log_path.read_text()}")
+            time.sleep(0.05)
+        yield process, socket_path, log_path
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process, from /proc."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    msg = f"no VmRSS for {pid}"
+    raise AssertionError(msg)
 
 
 @pytest.fixture(scope="session")

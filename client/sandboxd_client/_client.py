@@ -226,6 +226,7 @@ class SandboxClient:
         timeout_s: float | None = None,
         max_output_bytes: int = 0,
         tty: bool = False,
+        terminal_size: tuple[int, int] | None = None,
         follow: bool = False,
     ) -> ExecHandle:
         """Run ``bash -lc command``; iterate the handle for events or ``await handle.wait()``.
@@ -238,7 +239,8 @@ class SandboxClient:
             yield_after_s: stream this long before yielding (daemon default 60 s).
             timeout_s: kill the command after this long (daemon default 30 min).
             max_output_bytes: daemon-side buffer for unread output (default 1 MiB).
-            tty: run under a pseudo-terminal.
+            tty: run under a pseudo-terminal (stdout and stderr merge).
+            terminal_size: ``(columns, rows)`` of that terminal (default 80x24).
             follow: keep polling after a yield until the command exits.
         """
         request = ppb.ExecRequest(
@@ -253,6 +255,8 @@ class SandboxClient:
             request.yield_after.CopyFrom(_duration(yield_after_s))
         if timeout_s is not None:
             request.timeout.CopyFrom(_duration(timeout_s))
+        if terminal_size is not None:
+            request.terminal_size.columns, request.terminal_size.rows = terminal_size
         return ExecHandle(
             lambda: self._processes.Exec(request),
             lambda process_id: self._processes.Input(ppb.InputRequest(process_id=process_id)),
@@ -266,10 +270,19 @@ class SandboxClient:
         *,
         yield_after_s: float | None = None,
         close_stdin: bool = False,
+        terminal_size: tuple[int, int] | None = None,
         follow: bool = False,
     ) -> ExecHandle:
-        """Write ``chars`` to a process's stdin (``"\u0003"`` alone is Ctrl-C; empty polls)."""
+        """Write ``chars`` to a process's stdin and stream what it prints next.
+
+        ``"\u0003"`` alone is Ctrl-C; empty ``chars`` only polls. The window
+        defaults to 250 ms after a write and 5 s for a poll (seed 000). While
+        another call streams the process's output, this one returns at once.
+        ``terminal_size`` resizes a tty process's terminal.
+        """
         request = ppb.InputRequest(process_id=process_id, chars=chars, close_stdin=close_stdin)
+        if terminal_size is not None:
+            request.terminal_size.columns, request.terminal_size.rows = terminal_size
         if yield_after_s is not None:
             request.yield_after.CopyFrom(_duration(yield_after_s))
         return ExecHandle(

@@ -200,6 +200,10 @@ class ExecHandle:
     then exactly one ``Exited`` or ``Yielded``, always last. With ``follow``,
     a ``Yielded`` is not surfaced: the handle keeps polling with Input until the
     command exits, so one iteration covers the whole command.
+
+    Iterating keeps no output in memory (stream gigabytes through it);
+    ``wait()`` collects it into the :class:`ExecResult`. After a plain
+    iteration, ``result`` carries the exit status with empty output fields.
     """
 
     def __init__(
@@ -220,6 +224,7 @@ class ExecHandle:
         """Set once the command has started (or given for an Input call)."""
         self.result: ExecResult | None = None
         """Set when the stream has ended."""
+        self._collect = False
         self._stdout = bytearray()
         self._stderr = bytearray()
         self._stdout_text: list[str] = []
@@ -268,7 +273,7 @@ class ExecHandle:
     def _record(self, event: ExecEvent) -> None:
         if isinstance(event, Started):
             self.process_id = event.process_id
-        elif isinstance(event, Output):
+        elif isinstance(event, Output) and self._collect:
             if event.stream == "stdout":
                 self._stdout += event.data
                 self._stdout_text.append(event.text)
@@ -306,6 +311,7 @@ class ExecHandle:
             CommandFailedError: ``check`` is set and the command exited non-zero.
         """
         if not self._consumed:
+            self._collect = True
             async for _ in self:
                 pass
         assert self.result is not None

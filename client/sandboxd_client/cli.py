@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import os
+import shutil
+import signal
 import sys
+import termios
+import threading
+import tty as ttymode
 from collections.abc import Sequence
 
-from . import Output, SandboxClient
-from ._client import WorkspaceInfo
+from . import ExecHandle, Output, SandboxClient, Started
+from ._client import ProcessInfo, WorkspaceInfo
 from .errors import SandboxError
 
 __all__ = ["main"]
@@ -53,7 +59,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workdir", "-w", default="")
     run.add_argument("--env", "-e", action="append", default=[], metavar="NAME=VALUE")
     run.add_argument("--timeout", type=float, default=None, help="seconds before the command is killed")
+    run.add_argument("-i", "--interactive", action="store_true", help="forward standard input to the command")
+    run.add_argument("-t", "--tty", action="store_true", help="run under a terminal; your terminal goes raw")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+    ps = commands.add_parser("ps", help="list a workspace's process sessions")
+    ps.add_argument("workspace")
+
+    kill = commands.add_parser("kill", help="end a process and everything it started (SIGTERM, grace, SIGKILL)")
+    kill.add_argument("workspace")
+    kill.add_argument("process_id")
+    kill.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (default 2)")
 
     ls = commands.add_parser("ls", help="list workspaces")
     ls.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="filter by label")
@@ -106,23 +122,17 @@ async def _run(opts: argparse.Namespace) -> int:
             print(workspace.workspace_id)
             return 0
         if opts.command == "exec":
-            handle = client.exec(
-                opts.workspace,
-                _command_line(opts.argv),
-                workdir=opts.workdir,
-                env=_pairs(opts.env, "--env"),
-                timeout_s=opts.timeout,
-                follow=True,
-            )
-            async for event in handle:
-                if isinstance(event, Output) and event.data:
-                    stream = sys.stdout.buffer if event.stream == "stdout" else sys.stderr.buffer
-                    stream.write(event.data)
-                    stream.flush()
-            result = await handle.wait()
-            if result.stop_reason == "failed" and result.message:
-                print(f"sandboxctl: {result.message}", file=sys.stderr)
-            return result.exit_code if result.exit_code is not None else 1
+            return await _exec(client, opts)
+        if opts.command == "ps":
+            _print_processes(await client.list_processes(opts.workspace))
+            return 0
+        if opts.command == "kill":
+            if opts.process_id not in {p.process_id for p in await client.list_processes(opts.workspace)}:
+                msg = f"process {opts.process_id!r} not found in workspace {opts.workspace!r}"
+                raise SandboxError(msg)
+            exited = await client.kill(opts.process_id, grace_s=opts.grace)
+            print(f"{opts.process_id} exited {exited.exit_code}" + (f" ({exited.signal})" if exited.signal else ""))
+            return 0
         if opts.command == "ls":
             infos = await client.list_workspaces(_pairs(opts.label, "--label"))
             _print_workspaces(infos, quiet=opts.quiet)
@@ -135,12 +145,113 @@ async def _run(opts: argparse.Namespace) -> int:
     return 2
 
 
+def _terminal_size() -> tuple[int, int]:
+    size = shutil.get_terminal_size()
+    return size.columns, size.lines
+
+
+def _stdin_reader(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[bytes]) -> None:
+    """Read standard input in a daemon thread (works for ttys, pipes and files alike)."""
+    fd = sys.stdin.fileno()
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            data = b""
+        loop.call_soon_threadsafe(queue.put_nowait, data)
+        if not data:
+            return
+
+
+async def _forward_stdin(client: SandboxClient, handle: ExecHandle, started: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+    threading.Thread(target=_stdin_reader, args=(loop, queue), daemon=True).start()
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    await started.wait()
+    while True:
+        data = await queue.get()
+        chars = decoder.decode(data, final=not data)
+        if chars or not data:
+            await client.input(handle.process_id, chars, close_stdin=not data).wait()
+        if not data:
+            return
+
+
+async def _exec(client: SandboxClient, opts: argparse.Namespace) -> int:
+    """Stream a command; forward Ctrl-C (and with -i/-t stdin and window size) to it."""
+    tty = bool(opts.tty)
+    handle = client.exec(
+        opts.workspace,
+        _command_line(opts.argv),
+        workdir=opts.workdir,
+        env=_pairs(opts.env, "--env"),
+        timeout_s=opts.timeout,
+        tty=tty,
+        terminal_size=_terminal_size() if tty else None,
+        follow=True,
+    )
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    background: set[asyncio.Task[object]] = set()
+
+    def send(**options: object) -> None:
+        if handle.process_id:
+            task = loop.create_task(client.input(handle.process_id, **options).wait())  # type: ignore[arg-type]
+            background.add(task)
+            task.add_done_callback(background.discard)
+
+    saved_mode = None
+    stdin_is_tty = sys.stdin.isatty()
+    if tty and stdin_is_tty:
+        saved_mode = termios.tcgetattr(sys.stdin.fileno())
+        ttymode.setraw(sys.stdin.fileno())  # Ctrl-C now arrives as a byte and is forwarded as one
+        loop.add_signal_handler(signal.SIGWINCH, lambda: send(terminal_size=_terminal_size()))
+    loop.add_signal_handler(signal.SIGINT, lambda: send(chars="\u0003"))
+    forwarder = loop.create_task(_forward_stdin(client, handle, started)) if (opts.interactive or tty) else None
+    try:
+        async for event in handle:
+            if isinstance(event, Started):
+                started.set()
+            elif isinstance(event, Output) and event.data:
+                stream = sys.stdout.buffer if event.stream == "stdout" else sys.stderr.buffer
+                stream.write(event.data)
+                stream.flush()
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        if saved_mode is not None:
+            loop.remove_signal_handler(signal.SIGWINCH)
+            termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved_mode)
+        if forwarder is not None:
+            forwarder.cancel()
+    result = await handle.wait()
+    if result.stop_reason == "failed" and result.message:
+        print(f"sandboxctl: {result.message}", file=sys.stderr)
+    return result.exit_code if result.exit_code is not None else 1
+
+
+def _print_processes(processes: Sequence[ProcessInfo]) -> None:
+    rows: list[Sequence[str]] = [("PROCESS", "PID", "STATE", "EXIT", "COMMAND")]
+    for p in processes:
+        exit_text = ""
+        if p.exited is not None:
+            exit_text = str(p.exited.exit_code) + (f" {p.exited.signal}" if p.exited.signal else "")
+        rows.append((p.process_id, str(p.pid), "running" if p.running else "exited", exit_text, p.command))
+    _print_table(rows)
+
+
+def _print_table(rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
 def _print_workspaces(infos: Sequence[WorkspaceInfo], *, quiet: bool) -> None:
     if quiet:
         for info in infos:
             print(info.workspace_id)
         return
-    rows = [("WORKSPACE", "STATE", "IMAGE", "MEMORY", "NETWORK", "CREATED")]
+    rows: list[Sequence[str]] = [("WORKSPACE", "STATE", "IMAGE", "MEMORY", "NETWORK", "CREATED")]
     for info in infos:
         rows.append(
             (
@@ -152,9 +263,7 @@ def _print_workspaces(infos: Sequence[WorkspaceInfo], *, quiet: bool) -> None:
                 info.create_time.strftime("%Y-%m-%d %H:%M:%S"),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    _print_table(rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -182,12 +182,6 @@ def exit_to_proto(status: ExitStatus) -> ppb.ExecExited:
     )
 
 
-def _output(chunk: OutputChunk) -> ppb.ExecOutput:
-    if chunk.stream == "stderr":
-        return ppb.ExecOutput(stderr=chunk.data)
-    return ppb.ExecOutput(stdout=chunk.data)
-
-
 def exec_response(event: ExecEvent) -> ppb.ExecResponse:
     """Return the ExecResponse carrying ``event``."""
     match event:
@@ -198,7 +192,13 @@ def exec_response(event: ExecEvent) -> ppb.ExecResponse:
                 )
             )
         case OutputChunk():
-            return ppb.ExecResponse(output=_output(event))
+            # Set the bytes in place: building ExecOutput first would copy each chunk twice.
+            response = ppb.ExecResponse()
+            if event.stream == "stderr":
+                response.output.stderr = event.data
+            else:
+                response.output.stdout = event.data
+            return response
         case OutputDropped():
             return ppb.ExecResponse(dropped=ppb.ExecOutputDropped(dropped_bytes=event.dropped_bytes))
         case ExitStatus():

@@ -49,6 +49,9 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
             requested = convert.duration_s(request.yield_after)
         else:
             requested = INPUT_WRITE_YIELD_S if request.chars else INPUT_POLL_YIELD_S
+        if request.HasField("terminal_size"):
+            size = request.terminal_size
+            await session.resize(size.columns or 80, size.rows or 24)
         if request.chars == CTRL_C:
             await session.interrupt()
         elif request.chars or request.close_stdin:

@@ -48,6 +48,8 @@ class ContainerInfo:
     labels: Mapping[str, str]
     running: bool
     create_time: datetime.datetime
+    os: str = "linux"
+    """The container's platform: ``linux`` or ``windows``."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -54,6 +54,7 @@ WORKSPACE_MOUNT = "/workspace"
 KEEPALIVE = ["tail", "-f", "/dev/null"]
 KEEPALIVE_USER = "0:0"
 _MUX_HEADER = struct.Struct(">BxxxI")
+_STREAM_LIMIT = 4 * 1024 * 1024
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -157,6 +158,7 @@ class DockerBackend:
             labels=labels,
             running=bool(attrs["State"].get("Running")) and not attrs["State"].get("Paused"),
             create_time=_parse_time(attrs["Created"]),
+            os=attrs.get("Platform") or "linux",
         )
 
     # -- engine and images ------------------------------------------------------------
@@ -408,10 +410,11 @@ class DockerBackend:
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         url = urlparse(self.docker_host)
         try:
+            # A large reader limit: a fast command's output must not pause the transport every 128 KiB.
             if url.scheme == "unix":
-                return await asyncio.open_unix_connection(url.path)
+                return await asyncio.open_unix_connection(url.path, limit=_STREAM_LIMIT)
             if url.scheme in {"tcp", "http"}:
-                return await asyncio.open_connection(url.hostname, url.port or 2375)
+                return await asyncio.open_connection(url.hostname, url.port or 2375, limit=_STREAM_LIMIT)
         except OSError as exc:
             msg = f"Docker engine unreachable at {self.docker_host}: {_reason(exc)}"
             raise DockerUnavailableError(msg) from exc

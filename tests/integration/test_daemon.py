@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sandboxd_client import SandboxClient, UnavailableError
 
-from tests.conftest import DaemonThread, make_settings
+from tests.conftest import DaemonThread, make_settings, rss_bytes, spawned_daemon
 
 pytestmark = pytest.mark.docker
 
@@ -69,36 +70,42 @@ class TestProcess:
         """`python -m sandboxd` serves on its socket, answers health, and on SIGTERM stops cleanly."""
         import json
         import signal
-        import time
 
-        from tests.conftest import TEST_INSTANCE
-
-        socket_path = tmp_path / "run" / "sandboxd.sock"
-        env = {**os.environ, "SANDBOXD_LOG_FORMAT": "json"}
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "sandboxd", "--socket", str(socket_path), "--instance", TEST_INSTANCE, "--no-build"],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while not socket_path.exists() and time.monotonic() < deadline:
-                time.sleep(0.1)
+        with spawned_daemon(tmp_path) as (daemon, socket_path, log_path):
             with grpc.insecure_channel(f"unix:{socket_path}") as channel:
                 response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert response.status == health_pb2.HealthCheckResponse.SERVING
             daemon.send_signal(signal.SIGTERM)
-            _, stderr = daemon.communicate(timeout=30)
-        finally:
-            if daemon.poll() is None:
-                daemon.kill()
-                daemon.wait()
+            daemon.wait(timeout=30)
+        stderr = log_path.read_text()
         assert daemon.returncode == 0
-        assert not socket_path.exists()
+        assert not os.path.exists(socket_path)
         events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
         assert events[0] == "daemon.listening"
         assert events[-2:] == ["daemon.stopping", "daemon.stopped"]
+
+    async def test_output_flood_keeps_daemon_memory_bounded(self, tmp_path, default_image) -> None:
+        """`yes` for 10 s with nobody reading and a 1 MiB buffer: daemon RSS grows < 64 MiB, drops counted."""
+        from sandboxd_client import Dropped, Output
+
+        with spawned_daemon(tmp_path, SANDBOXD_LOG_LEVEL="warning") as (daemon, socket_path, _log):
+            async with SandboxClient(socket_path=socket_path, retries=False) as client:
+                ws = await client.create_workspace(labels={"test": "flood"})
+                try:
+                    handle = ws.exec("yes", yield_after_s=0.25, max_output_bytes=1024 * 1024)
+                    events = [event async for event in handle]
+                    first = next(e for e in events if isinstance(e, Output))
+                    assert first.data.startswith(b"y\ny\n")
+                    before = rss_bytes(daemon.pid)
+                    await asyncio.sleep(10)
+                    grown = rss_bytes(daemon.pid) - before
+                    assert grown < 64 * 1024 * 1024, f"daemon RSS grew by {grown} bytes"
+                    polled = [event async for event in client.input(handle.process_id, yield_after_s=0.25)]
+                    assert sum(e.dropped_bytes for e in polled if isinstance(e, Dropped)) > 0
+                    exited = await client.kill(handle.process_id)
+                    assert exited.dropped_bytes > 0
+                finally:
+                    await ws.delete()
 
 
 class TestCli:
@@ -143,3 +150,126 @@ class TestCli:
         assert run.returncode == 1
         assert len(run.stderr.splitlines()) == 1
         assert run.stderr.startswith("sandboxctl: ")
+
+    def test_exec_interactive_stdin(self, daemon, workspace_id) -> None:
+        """`exec -i` forwards standard input and closes it at end of file."""
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sandboxd_client.cli",
+                "--socket",
+                daemon.socket_path,
+                "exec",
+                "-i",
+                workspace_id,
+                "--",
+                "wc -c",
+            ],
+            input="hello\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (run.stdout.strip(), run.returncode) == ("6", 0)
+
+    def test_terminal_ctrl_c_is_forwarded(self, daemon, workspace_id) -> None:
+        """SIGINT to sandboxctl (a terminal's Ctrl-C) interrupts the remote command: exit 130."""
+        import signal
+        import time
+
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sandboxd_client.cli",
+                "--socket",
+                daemon.socket_path,
+                "exec",
+                workspace_id,
+                "--",
+                "trap 'echo interrupted; exit 130' INT; echo ready; while :; do sleep 0.1; done",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert (out, proc.returncode) == ("interrupted\n", 130)
+        assert time.monotonic() - start < 5
+
+    def test_tty_mode_and_raw_ctrl_c(self, daemon, workspace_id) -> None:
+        """`exec -t` from a terminal: the command sees a tty, and a typed Ctrl-C (byte 3) interrupts it."""
+        import os
+        import pty
+        import time
+
+        controller, terminal = pty.openpty()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sandboxd_client.cli",
+                "--socket",
+                daemon.socket_path,
+                "exec",
+                "-t",
+                workspace_id,
+                "--",
+                "tty; echo ready; sleep 30",
+            ],
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+            close_fds=True,
+        )
+        os.close(terminal)
+        seen = b""
+        deadline = time.monotonic() + 30
+        while b"ready" not in seen and time.monotonic() < deadline:
+            seen += os.read(controller, 4096)
+        assert b"/dev/pts/" in seen
+        os.write(controller, b"\x03")
+        assert proc.wait(timeout=30) == 130
+        os.close(controller)
+
+    def test_ps_and_kill(self, daemon, workspace_id) -> None:
+        """`ps` lists sessions; `kill WS PID` ends one and says with which signal."""
+        import asyncio
+
+        async def start() -> str:
+            async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
+                handle = client.exec(workspace_id, "sleep 77", yield_after_s=0.25)
+                await handle.wait()
+                return handle.process_id
+
+        process_id = asyncio.run(start())
+        listed = self._ctl(daemon, "ps", workspace_id, check=True).stdout
+        assert process_id in listed
+        assert "sleep 77" in listed
+        killed = self._ctl(daemon, "kill", workspace_id, process_id, check=True)
+        assert killed.stdout == f"{process_id} exited 143 (SIGTERM)\n"
+        wrong = self._ctl(daemon, "kill", "ws-other", process_id)
+        assert wrong.returncode == 1
+
+
+@pytest.fixture
+def workspace_id(daemon):  # type: ignore[no-untyped-def]
+    """A workspace for CLI tests, made and removed through the sync-free client API."""
+    import asyncio
+
+    async def create() -> str:
+        async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
+            return (await client.create_workspace(labels={"test": "cli"})).workspace_id
+
+    async def delete(workspace: str) -> None:
+        async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
+            await client.delete_workspace(workspace)
+
+    created = asyncio.run(create())
+    yield created
+    asyncio.run(delete(created))

@@ -147,16 +147,18 @@ class ExecResponse(_message.Message):
     def __init__(self, started: _Optional[_Union[ExecStarted, _Mapping]] = ..., output: _Optional[_Union[ExecOutput, _Mapping]] = ..., exited: _Optional[_Union[ExecExited, _Mapping]] = ..., yielded: _Optional[_Union[ExecYielded, _Mapping]] = ..., heartbeat: _Optional[_Union[ExecHeartbeat, _Mapping]] = ..., dropped: _Optional[_Union[ExecOutputDropped, _Mapping]] = ...) -> None: ...
 
 class InputRequest(_message.Message):
-    __slots__ = ("process_id", "chars", "yield_after", "close_stdin")
+    __slots__ = ("process_id", "chars", "yield_after", "close_stdin", "terminal_size")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     CHARS_FIELD_NUMBER: _ClassVar[int]
     YIELD_AFTER_FIELD_NUMBER: _ClassVar[int]
     CLOSE_STDIN_FIELD_NUMBER: _ClassVar[int]
+    TERMINAL_SIZE_FIELD_NUMBER: _ClassVar[int]
     process_id: str
     chars: str
     yield_after: _duration_pb2.Duration
     close_stdin: bool
-    def __init__(self, process_id: _Optional[str] = ..., chars: _Optional[str] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., close_stdin: _Optional[bool] = ...) -> None: ...
+    terminal_size: TerminalSize
+    def __init__(self, process_id: _Optional[str] = ..., chars: _Optional[str] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., close_stdin: _Optional[bool] = ..., terminal_size: _Optional[_Union[TerminalSize, _Mapping]] = ...) -> None: ...
 
 class InputResponse(_message.Message):
     __slots__ = ("output", "exited", "yielded", "heartbeat", "dropped")

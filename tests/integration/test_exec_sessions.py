@@ -1,0 +1,388 @@
+"""Exec sessions against the real engine: yield, input, Ctrl-C, kill, timeouts, caps (issue 3)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+from sandboxd_client import (
+    Exited,
+    Heartbeat,
+    NotFoundError,
+    Output,
+    SandboxClient,
+    Started,
+    Yielded,
+)
+
+from tests.conftest import DaemonThread, make_settings
+
+pytestmark = pytest.mark.docker
+
+
+async def collect(handle) -> tuple[list[object], str, str]:  # type: ignore[no-untyped-def]
+    """All events of a handle, with stdout and stderr text."""
+    events = [event async for event in handle]
+    out = "".join(e.text for e in events if isinstance(e, Output) and e.stream == "stdout")
+    err = "".join(e.text for e in events if isinstance(e, Output) and e.stream == "stderr")
+    return events, out, err
+
+
+async def ps(workspace, pattern: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """Command lines of live (non-zombie) processes in the workspace that fully match ``pattern``."""
+    result = await workspace.exec("ps -eo stat=,args=").wait()
+    lines = [line.strip().split(None, 1) for line in result.stdout.splitlines() if line.strip()]
+    return [
+        args
+        for stat, args in (x for x in lines if len(x) == 2)
+        if not stat.startswith("Z") and re.fullmatch(pattern, args)
+    ]
+
+
+async def start_yielded(workspace, command: str, **options):  # type: ignore[no-untyped-def]
+    """Exec ``command`` with a 250 ms window; return its process id once it has yielded."""
+    events, _, _ = await collect(workspace.exec(command, yield_after_s=0.25, **options))
+    assert isinstance(events[-1], Yielded), events[-1]
+    return events[-1].process_id
+
+
+class TestYieldAndPoll:
+    async def test_sleep_yields_polls_and_ctrl_c(self, client, workspace) -> None:
+        """`sleep 30` yields after ~0.5 s, a poll says running, Ctrl-C ends it with 130 quickly."""
+        start = time.monotonic()
+        events, _, _ = await collect(workspace.exec("sleep 30", yield_after_s=0.5))
+        assert isinstance(events[0], Started)
+        assert isinstance(events[-1], Yielded)
+        assert 0.4 < time.monotonic() - start < 5
+        process_id = events[-1].process_id
+        poll, _, _ = await collect(client.input(process_id, yield_after_s=0.3))
+        assert isinstance(poll[-1], Yielded)
+        start = time.monotonic()
+        stopped, _, _ = await collect(client.input(process_id, "\u0003"))
+        assert isinstance(stopped[-1], Exited)
+        assert (stopped[-1].exit_code, stopped[-1].signal, stopped[-1].stop_reason) == (130, "SIGINT", "interrupted")
+        assert time.monotonic() - start < 3
+
+    async def test_returns_as_soon_as_the_command_exits(self, workspace) -> None:
+        """A quick command never sits out a long yield window."""
+        start = time.monotonic()
+        result = await workspace.exec("sleep 0.2; echo done", yield_after_s=60).wait()
+        assert result.stdout == "done\n"
+        assert time.monotonic() - start < 5
+
+    async def test_python_keyboard_interrupt(self, client, workspace) -> None:
+        """Ctrl-C to a sleeping Python gives 130 and KeyboardInterrupt on stderr."""
+        process_id = await start_yielded(workspace, "python3 -c 'import time; time.sleep(60)'")
+        await asyncio.sleep(0.3)
+        events, _, err = await collect(client.input(process_id, "\u0003", yield_after_s=5))
+        assert isinstance(events[-1], Exited)
+        assert events[-1].exit_code == 130
+        assert "KeyboardInterrupt" in err
+
+    async def test_trap_exits_with_its_own_code(self, client, workspace) -> None:
+        """A trap on INT runs and its exit code is kept (no signal reported)."""
+        process_id = await start_yielded(workspace, "trap 'echo got INT; exit 42' INT; while :; do sleep 0.1; done")
+        events, out, _ = await collect(client.input(process_id, "\u0003", yield_after_s=5))
+        assert out == "got INT\n"
+        assert (events[-1].exit_code, events[-1].signal, events[-1].stop_reason) == (42, "", "interrupted")
+
+    async def test_yielded_command_starts_with_default_sigint(self, client, workspace) -> None:
+        """A backgrounded (yielded) command still has Python's default SIGINT handler."""
+        process_id = await start_yielded(
+            workspace, "sleep 0.5; python3 -c 'import signal; print(signal.getsignal(signal.SIGINT))'"
+        )
+        events, out, _ = await collect(client.input(process_id, yield_after_s=5))
+        assert isinstance(events[-1], Exited)
+        assert out == "<built-in function default_int_handler>\n"
+
+    async def test_ctrl_c_reaches_background_job_too(self, client, workspace) -> None:
+        """`sleep 1000 & sleep 1001` then Ctrl-C: neither sleep is left."""
+        process_id = await start_yielded(workspace, "sleep 1000 & sleep 1001")
+        assert len(await ps(workspace, "sleep 100[01]")) == 2
+        events, _, _ = await collect(client.input(process_id, "\u0003", yield_after_s=5))
+        assert events[-1].exit_code == 130
+        assert await ps(workspace, "sleep 100[01]") == []
+
+
+class TestInput:
+    async def test_cat_echoes_then_ctrl_c(self, client, workspace) -> None:
+        """`cat`: input hello\\n comes back, cat keeps running, Ctrl-C gives 130."""
+        process_id = await start_yielded(workspace, "cat")
+        events, out, _ = await collect(client.input(process_id, "hello\n", yield_after_s=1))
+        assert out == "hello\n"
+        assert isinstance(events[-1], Yielded)
+        events, _, _ = await collect(client.input(process_id, "\u0003"))
+        assert events[-1].exit_code == 130
+
+    async def test_close_stdin_ends_cat(self, client, workspace) -> None:
+        """Closing stdin is end of input: `wc -c` counts what was written and exits 0."""
+        process_id = await start_yielded(workspace, "wc -c")
+        events, out, _ = await collect(client.input(process_id, "12345", close_stdin=True, yield_after_s=5))
+        assert out.strip() == "5"
+        assert events[-1].exit_code == 0
+
+    async def test_input_after_exit_returns_the_rest(self, client, workspace) -> None:
+        """Input on an exited process returns its unread output and exit status."""
+        process_id = await start_yielded(workspace, "sleep 0.5; echo late; exit 4")
+        await asyncio.sleep(1.5)
+        events, out, _ = await collect(client.input(process_id))
+        assert out == "late\n"
+        assert events[-1].exit_code == 4
+
+    async def test_unknown_process_is_not_found(self, client) -> None:
+        """Input, Kill and Signal on an unknown id are NOT_FOUND."""
+        with pytest.raises(NotFoundError, match="p-nonexistent"):
+            await client.input("p-nonexistent").wait()
+        with pytest.raises(NotFoundError, match="p-nonexistent"):
+            await client.kill("p-nonexistent")
+        with pytest.raises(NotFoundError, match="p-nonexistent"):
+            await client.signal("p-nonexistent", "SIGTERM")
+
+    async def test_signal_rpc(self, client, workspace) -> None:
+        """Signal delivers a named signal to the process group."""
+        process_id = await start_yielded(workspace, "trap 'echo usr1; exit 3' USR1; while :; do sleep 0.1; done")
+        await client.signal(process_id, "SIGUSR1")
+        events, out, _ = await collect(client.input(process_id, yield_after_s=5))
+        assert (out, events[-1].exit_code) == ("usr1\n", 3)
+
+    async def test_input_while_another_call_streams(self, client, workspace) -> None:
+        """Input while an Exec stream is attached writes and returns at once; output stays with the stream."""
+        handle = workspace.exec("cat", yield_after_s=5)
+        events: list[object] = []
+
+        async def consume() -> None:
+            async for event in handle:
+                events.append(event)
+
+        task = asyncio.create_task(consume())
+        while not handle.process_id:  # noqa: ASYNC110 - the handle exposes no event for this
+            await asyncio.sleep(0.05)
+        side, side_out, _ = await collect(client.input(handle.process_id, "ping\n", yield_after_s=3))
+        assert isinstance(side[-1], Yielded)
+        assert side_out == ""
+        await task
+        assert "".join(e.text for e in events if isinstance(e, Output)) == "ping\n"
+        await client.kill(handle.process_id)
+
+
+class TestKillAndTimeout:
+    async def test_ignoring_sigint_and_sigterm(self, client, workspace) -> None:
+        """Ctrl-C leaves an INT/TERM-ignoring loop running; Kill ends it with 137/SIGKILL, nothing left."""
+        process_id = await start_yielded(workspace, "trap '' INT TERM; while :; do sleep 0.1; done")
+        events, _, _ = await collect(client.input(process_id, "\u0003", yield_after_s=1))
+        assert isinstance(events[-1], Yielded), "Ctrl-C must never escalate by itself"
+        poll, _, _ = await collect(client.input(process_id, yield_after_s=0.3))
+        assert isinstance(poll[-1], Yielded)
+        exited = await client.kill(process_id, grace_s=1)
+        assert (exited.exit_code, exited.signal, exited.stop_reason) == (137, "SIGKILL", "interrupted")
+        assert await ps(workspace, r"sleep 0\.1|bash -lc trap.*") == []
+
+    async def test_kill_reports_sigterm_when_obeyed(self, client, workspace) -> None:
+        """Kill of a command that obeys SIGTERM reports 143/SIGTERM and stop reason killed."""
+        process_id = await start_yielded(workspace, "sleep 1000")
+        exited = await client.kill(process_id)
+        assert (exited.exit_code, exited.signal, exited.stop_reason) == (143, "SIGTERM", "killed")
+
+    async def test_timeout_kills_the_whole_tree(self, workspace) -> None:
+        """A 2 s timeout ends sleep &, setsid sleep & and a busy loop within 5 s; none is left."""
+        start = time.monotonic()
+        events, _, _ = await collect(
+            workspace.exec("sleep 1000 & setsid sleep 1001 & python3 -c 'while True: pass'", timeout_s=2, follow=True)
+        )
+        elapsed = time.monotonic() - start
+        exited = events[-1]
+        assert isinstance(exited, Exited)
+        assert exited.stop_reason == "timeout"
+        # The ladder reports the signal that actually ended the command (SPEC §6): all three obey SIGTERM.
+        assert (exited.exit_code, exited.signal) == (143, "SIGTERM")
+        assert elapsed < 5
+        assert await ps(workspace, r"sleep 100[01]|python3 -c while True: pass") == []
+
+    async def test_timeout_escalates_to_sigkill(self, workspace) -> None:
+        """A command ignoring SIGTERM is SIGKILLed after the grace: 137/SIGKILL, stop reason timeout."""
+        events, _, _ = await collect(
+            workspace.exec("trap '' TERM; setsid sleep 1002 & while :; do sleep 0.1; done", timeout_s=2, follow=True)
+        )
+        exited = events[-1]
+        assert (exited.exit_code, exited.signal, exited.stop_reason) == (137, "SIGKILL", "timeout")
+        assert await ps(workspace, "sleep 1002") == []
+
+    async def test_output_before_timeout_is_kept(self, workspace) -> None:
+        """Output produced before a timeout is delivered with the timeout status."""
+        events, out, _ = await collect(workspace.exec("echo before; sleep 100", timeout_s=1.5, follow=True))
+        assert out == "before\n"
+        assert events[-1].stop_reason == "timeout"
+
+    async def test_normal_completion_kills_nothing(self, workspace) -> None:
+        """`server &` returns at once with exit 0; the server keeps answering 2000 requests."""
+        start = time.monotonic()
+        result = await workspace.exec("python3 -m http.server 8123 --bind 127.0.0.1 &", yield_after_s=30).wait()
+        assert time.monotonic() - start < 2
+        assert result.exit_code == 0
+        script = (
+            "import urllib.request, time\n"
+            "for _ in range(50):\n"
+            "    try:\n"
+            "        urllib.request.urlopen('http://127.0.0.1:8123/'); break\n"
+            "    except OSError: time.sleep(0.1)\n"
+            "codes = [urllib.request.urlopen('http://127.0.0.1:8123/').status for _ in range(2000)]\n"
+            "print(len(codes), set(codes))\n"
+        )
+        import shlex
+
+        result = await workspace.exec(f"python3 -c {shlex.quote(script)}", timeout_s=120, yield_after_s=119).wait()
+        assert result.stdout == "2000 {200}\n"
+
+
+class TestOutputCaps:
+    async def test_attached_reader_loses_nothing(self, workspace) -> None:
+        """A reader that keeps up gets every byte even far past the buffer size."""
+        result = await workspace.exec("head -c 20000000 /dev/zero", max_output_bytes=65536).wait()
+        assert len(result.stdout_bytes) == 20_000_000
+        assert result.dropped_bytes == 0
+
+
+class TestEnvironment:
+    async def test_non_interactive_defaults(self, workspace) -> None:
+        """Without a terminal: TERM=dumb, PAGER=cat, GIT_PAGER=cat, NO_COLOR=1, LANG=C.UTF-8."""
+        result = await workspace.exec("echo $TERM $PAGER $GIT_PAGER $NO_COLOR $LANG; test -t 0 || echo notty").wait()
+        assert result.stdout == "dumb cat cat 1 C.UTF-8\nnotty\n"
+
+    async def test_caller_overrides_defaults(self, workspace) -> None:
+        """The caller's env wins over the defaults."""
+        result = await workspace.exec("echo $TERM $PAGER", env={"TERM": "xterm", "PAGER": "less"}).wait()
+        assert result.stdout == "xterm less\n"
+
+
+class TestPty:
+    async def test_python_repl_survives_ctrl_c(self, client, workspace) -> None:
+        """A tty Python REPL: Ctrl-C interrupts a busy loop, the REPL lives on and answers 42."""
+        process_id = await start_yielded(workspace, "python3 -q", tty=True)
+        await collect(client.input(process_id, "while True: pass\n", yield_after_s=0.5))
+        events, out, _ = await collect(client.input(process_id, "\u0003", yield_after_s=1.5))
+        assert "KeyboardInterrupt" in out
+        assert isinstance(events[-1], Yielded)
+        _, out, _ = await collect(client.input(process_id, "print(6*7)\n", yield_after_s=1.5))
+        assert "42" in out.split("print(6*7)", 1)[-1]
+        exited = await client.kill(process_id)
+        assert exited.stop_reason in {"killed", "interrupted"}
+
+    async def test_tty_merges_streams_and_is_a_terminal(self, workspace) -> None:
+        """Under a tty both streams arrive on stdout, and the terminal has the asked size."""
+        result = await workspace.exec("test -t 1 && stty size; echo err >&2", tty=True).wait()
+        assert result.stdout.replace("\r\n", "\n") == "24 80\nerr\n"
+        assert result.stderr == ""
+
+
+class TestHostile:
+    async def test_zombies_are_reaped(self, workspace) -> None:
+        """300 orphaned `(sleep 0.01 &)` leave no zombie behind."""
+        await workspace.exec("for i in $(seq 300); do (sleep 0.01 &); done; sleep 1").wait(check=True)
+        result = await workspace.exec("ps -eo stat= | grep -c '^Z' || true").wait()
+        assert result.stdout.strip() == "0"
+
+    @pytest.mark.workspace(memory_bytes=256 * 1024**2)
+    async def test_oom_is_reported_and_workspace_survives(self, workspace) -> None:
+        """A memory bomb in 256 MiB is oom_killed with the limit; the workspace and its files survive."""
+        await workspace.exec("echo precious > keep.txt").wait(check=True)
+        result = await workspace.exec("""python3 -c "a=[b'x'*10**7 for _ in range(10**6)]" """).wait()
+        assert (result.exit_code, result.signal, result.oom_killed) == (137, "SIGKILL", True)
+        assert str(256 * 1024**2) in result.message
+        after = await workspace.exec("echo alive; cat keep.txt").wait()
+        assert after.stdout == "alive\nprecious\n"
+
+    @pytest.mark.workspace(pids=128)
+    async def test_fork_bomb_is_contained(self, client, workspace) -> None:
+        """A fork bomb hits the pids limit, a neighbour stays responsive, and its timeout ends all of it."""
+        baseline = int((await workspace.exec("ps -e --no-headers | wc -l").wait()).stdout)
+        neighbour = await client.create_workspace(labels={"test": "fork-bomb-neighbour"})
+        try:
+            start = time.monotonic()
+            # The top-level shell returns at once; the bomb lives on in the background.
+            bomb = await workspace.exec(":(){ :|:& };:", timeout_s=10, follow=True).wait()
+            assert bomb.exit_code == 0
+            await asyncio.sleep(3)
+            other_start = time.monotonic()
+            other = await neighbour.exec("echo other").wait()
+            assert other.stdout == "other\n"
+            assert time.monotonic() - other_start < 2
+        finally:
+            await neighbour.delete()
+        after = None
+        while time.monotonic() - start < 40:
+            try:
+                after = await workspace.exec("echo ok; ps -e --no-headers | wc -l").wait()
+            except Exception:  # while the bomb holds every pid, exec itself fails
+                after = None
+            if after is not None and after.stdout.split()[0] == "ok" and int(after.stdout.split()[1]) <= baseline:
+                break
+            await asyncio.sleep(1)
+        assert after is not None
+        assert after.stdout.split()[0] == "ok"
+        assert int(after.stdout.split()[1]) <= baseline
+        assert time.monotonic() - start < 10 + 15
+
+
+class TestSessions:
+    async def test_eviction_lru_then_exited_first(self, tmp_path, docker_client) -> None:
+        """65 yielded sleeps: the oldest idle is evicted (killed, NOT_FOUND saying evicted); exited go first."""
+
+        def sleeps(container_id: str) -> set[str]:
+            # Read the process list with the SDK: an exec through sandboxd would itself take a session.
+            out = docker_client.containers.get(container_id).exec_run(["ps", "-eo", "args="]).output.decode()
+            return {line.split()[1] for line in out.splitlines() if re.fullmatch(r"sleep 100\.\d+", line.strip())}
+
+        thread = DaemonThread(make_settings(tmp_path)).start()
+        try:
+            async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+                ws = await client.create_workspace(labels={"test": "eviction"})
+                try:
+                    ids = [await start_yielded(ws, f"sleep 100.{i:03d}") for i in range(64)]
+                    newest = await start_yielded(ws, "sleep 100.064")
+                    with pytest.raises(NotFoundError, match="evicted"):
+                        await client.input(ids[0]).wait()
+                    alive = sleeps(ws.info.container_id)
+                    assert "100.000" not in alive, "an evicted session's process must be killed"
+                    assert len(alive) == 64
+                    # One session exits: it is evicted before any idle running one.
+                    await client.kill(ids[5])
+                    await start_yielded(ws, "sleep 100.065")
+                    with pytest.raises(NotFoundError, match="evicted"):
+                        await client.input(ids[5]).wait()
+                    poll, _, _ = await collect(client.input(ids[1], yield_after_s=0.25))
+                    assert isinstance(poll[-1], Yielded), "the oldest running session must survive this time"
+                    assert len(sleeps(ws.info.container_id)) == 64
+                    assert newest in {p.process_id for p in await client.list_processes(ws.workspace_id)}
+                finally:
+                    await ws.delete()
+        finally:
+            thread.stop()
+
+    async def test_heartbeat_on_a_silent_stream(self, tmp_path) -> None:
+        """A silent command's stream carries heartbeats at the configured interval."""
+        thread = DaemonThread(make_settings(tmp_path, heartbeat_interval_s=0.5)).start()
+        try:
+            async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+                ws = await client.create_workspace(labels={"test": "heartbeat"})
+                try:
+                    events, _, _ = await collect(ws.exec("sleep 2.2", yield_after_s=10))
+                    beats = [e for e in events if isinstance(e, Heartbeat)]
+                    assert len(beats) >= 3
+                    assert all(b.elapsed_s > 0 for b in beats)
+                    assert isinstance(events[-1], Exited)
+                finally:
+                    await ws.delete()
+        finally:
+            thread.stop()
+
+    async def test_list_processes(self, client, workspace) -> None:
+        """ListProcesses shows running and exited sessions with their commands."""
+        running = await start_yielded(workspace, "sleep 50")
+        await workspace.exec("true").wait()
+        listed = {p.process_id: p for p in await client.list_processes(workspace.workspace_id)}
+        assert listed[running].running
+        assert listed[running].command == "sleep 50"
+        assert any(not p.running and p.exited and p.exited.exit_code == 0 for p in listed.values())
+        await client.kill(running)
