@@ -269,6 +269,10 @@ class ExecHandle:
             for tail in self._decoders.flush():
                 self._record(tail)
             raise from_rpc_error(error) from None
+        finally:
+            # Leaving early (break, cancel) cancels the call; the daemon treats that as Ctrl-C.
+            if self.result is None:
+                call.cancel()
 
     def _record(self, event: ExecEvent) -> None:
         if isinstance(event, Started):

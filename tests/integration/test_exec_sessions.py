@@ -106,6 +106,23 @@ class TestYieldAndPoll:
         assert await ps(workspace, "sleep 100[01]") == []
 
 
+class TestCancel:
+    async def test_cancelled_stream_interrupts_the_command(self, workspace) -> None:
+        """Leaving an Exec stream before its end cancels the call, which the daemon delivers as Ctrl-C."""
+        command = "trap 'echo interrupted > /workspace/got-int; exit 5' INT; echo ready; while :; do sleep 0.1; done"
+        async for event in workspace.exec(command, yield_after_s=30):
+            if isinstance(event, Output) and "ready" in event.text:
+                break
+        result = None
+        for _ in range(50):
+            result = await workspace.exec("cat /workspace/got-int 2>/dev/null").wait()
+            if result.stdout:
+                break
+            await asyncio.sleep(0.1)
+        assert result is not None
+        assert result.stdout == "interrupted\n"
+
+
 class TestInput:
     async def test_cat_echoes_then_ctrl_c(self, client, workspace) -> None:
         """`cat`: input hello\\n comes back, cat keeps running, Ctrl-C gives 130."""
