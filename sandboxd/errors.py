@@ -7,8 +7,12 @@ The hierarchy::
     ├── NotFoundError                      NOT_FOUND
     │   ├── WorkspaceNotFoundError
     │   ├── ProcessNotFoundError
-    │   └── ImageNotFoundError
-    ├── WorkspaceExistsError               ALREADY_EXISTS
+    │   ├── ImageNotFoundError
+    │   └── PathNotFoundError
+    ├── AlreadyExistsError                 ALREADY_EXISTS
+    │   ├── WorkspaceExistsError
+    │   └── PathExistsError
+    ├── PermissionDeniedError              PERMISSION_DENIED
     ├── FailedPreconditionError            FAILED_PRECONDITION
     │   ├── WorkspaceNotRunningError
     │   └── ProcessExitedError
@@ -30,6 +34,7 @@ from typing import ClassVar
 import grpc
 
 __all__ = [
+    "AlreadyExistsError",
     "BackendError",
     "DockerUnavailableError",
     "ExecTimeoutError",
@@ -37,6 +42,9 @@ __all__ = [
     "ImageNotFoundError",
     "InvalidSpecError",
     "NotFoundError",
+    "PathExistsError",
+    "PathNotFoundError",
+    "PermissionDeniedError",
     "ProcessExitedError",
     "ProcessNotFoundError",
     "QuotaExceededError",
@@ -82,10 +90,28 @@ class ImageNotFoundError(NotFoundError):
     """The image is not present and could not be pulled."""
 
 
-class WorkspaceExistsError(SandboxdError):
-    """A workspace with the requested id already exists."""
+class PathNotFoundError(NotFoundError):
+    """No such file or directory in the workspace."""
+
+
+class AlreadyExistsError(SandboxdError):
+    """The object to create exists already."""
 
     grpc_code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class WorkspaceExistsError(AlreadyExistsError):
+    """A workspace with the requested id already exists."""
+
+
+class PathExistsError(AlreadyExistsError):
+    """The destination path exists and may not be replaced."""
+
+
+class PermissionDeniedError(SandboxdError):
+    """The workspace user may not do this (file permissions), or the caller may not."""
+
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class FailedPreconditionError(SandboxdError):

@@ -16,8 +16,6 @@ import collections
 import contextlib
 import datetime
 import enum
-import functools
-import importlib.resources
 import json
 import posixpath
 import re
@@ -37,6 +35,7 @@ from .errors import (
     QuotaExceededError,
     SandboxdError,
 )
+from .incontainer import engine_refusal, looks_like_frames, script_argv
 from .models import (
     ExecEvent,
     ExecSpec,
@@ -54,6 +53,7 @@ from .settings import Settings
 
 __all__ = [
     "MARKER_ENV",
+    "MAX_COMMAND_BYTES",
     "MIN_YIELD_S",
     "ExecContext",
     "InterruptPlan",
@@ -69,6 +69,9 @@ log = structlog.get_logger(__name__)
 
 MARKER_ENV = "SANDBOXD_PROCESS_ID"
 """Environment entry every process of a command inherits; teardown finds strays by it."""
+
+MAX_COMMAND_BYTES = 120 * 1024
+"""Longest command line: it travels as one argv string (Linux allows 128 KiB, JSON-escaped)."""
 
 MIN_YIELD_S = 0.25
 """Shortest yield window (seed 000: 250 ms)."""
@@ -91,10 +94,9 @@ _STOP_PRIORITY = (StopReason.INTERRUPTED, StopReason.TIMEOUT, StopReason.FAILED,
 _STDERR_TAIL_BYTES = 4096
 
 
-@functools.cache
 def supervisor_source() -> str:
     """Return the supervisor's source text, sent with every exec."""
-    return importlib.resources.files("sandboxd").joinpath("supervisor.py").read_text()
+    return script_argv("supervisor.py", {})[4]
 
 
 def clamp_yield(requested_s: float | None, timeout_s: float, default_s: float = DEFAULT_YIELD_S) -> float:
@@ -312,7 +314,7 @@ class ProcessSession:
             "timeout_s": self.timeout_s,
             "grace_s": self.settings.kill_grace_s,
         }
-        return ["python3", "-I", "-S", "-c", supervisor_source(), json.dumps(config)]
+        return script_argv("supervisor.py", config)
 
     def _workdir(self) -> str:
         workdir = self.spec.workdir or self.context.working_dir
@@ -353,7 +355,7 @@ class ProcessSession:
                 if fd != 1:
                     self._stderr_tail = (self._stderr_tail + data)[-_STDERR_TAIL_BYTES:]
                     continue
-                if first and data[:1] not in (frames.STARTED, frames.FAILED):
+                if first and not looks_like_frames(data, frames.STARTED + frames.FAILED):
                     # Not the supervisor speaking: the engine's own error text (e.g. no python3).
                     await self._engine_refused(data)
                     return
@@ -411,12 +413,7 @@ class ProcessSession:
         text = head
         while len(text) < _STDERR_TAIL_BYTES and (chunk := await self._stream.read()) is not None:
             text += chunk[1]
-        detail = text.decode("utf-8", "replace").strip().splitlines()[0][:300] if text.strip() else "no detail"
-        if "python3" in detail and ("not found" in detail or "no such file" in detail.lower()):
-            message = f"the workspace image has no python3, which sandboxd needs to supervise commands ({detail})"
-        else:
-            message = f"the container engine could not start the command: {detail}"
-        self._fail_start(FailedPreconditionError(message))
+        self._fail_start(engine_refusal(text))
 
     def _lost_message(self) -> str:
         tail = self._stderr_tail.decode("utf-8", "replace").strip()
@@ -573,12 +570,10 @@ class ProcessSession:
 
     async def reap(self, *, grace_s: float) -> None:
         """Kill every process still carrying this session's marker (best effort)."""
-        config = json.dumps({"mode": "reap", "marker": f"{MARKER_ENV}={self.process_id}", "grace_s": grace_s})
+        config = {"mode": "reap", "marker": f"{MARKER_ENV}={self.process_id}", "grace_s": grace_s}
         try:
             await self.backend.exec_run(
-                self.context.workspace_id,
-                ["python3", "-I", "-S", "-c", supervisor_source(), config],
-                user=self.context.user,
+                self.context.workspace_id, script_argv("supervisor.py", config), user=self.context.user
             )
         except SandboxdError as exc:
             log.warning("process.reap_failed", process_id=self.process_id, error=exc.message)
@@ -686,6 +681,12 @@ class ProcessTable:
             raise InvalidSpecError(msg)
         if not spec.command.strip():
             msg = "command must not be empty"
+            raise InvalidSpecError(msg)
+        if len(spec.command.encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES:
+            msg = (
+                f"command is {len(spec.command.encode('utf-8', 'surrogatepass'))} bytes; the limit is "
+                f"{MAX_COMMAND_BYTES} (one argument of `bash -lc`); write long scripts to a file first"
+            )
             raise InvalidSpecError(msg)
         if "\0" in spec.command or "\0" in spec.workdir:
             msg = "command and workdir must not contain NUL characters"

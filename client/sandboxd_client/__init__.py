@@ -5,7 +5,17 @@
 for an ``ExecResult``). Errors are the ``SandboxError`` tree in ``errors``.
 """
 
-from ._client import ProcessInfo, SandboxClient, Workspace, WorkspaceInfo
+from ._client import (
+    EditResult,
+    FileInfo,
+    ImageResult,
+    ProcessInfo,
+    ReadResult,
+    SandboxClient,
+    Workspace,
+    WorkspaceInfo,
+    WriteResult,
+)
 from ._exec import (
     CommandFailedError,
     Dropped,
@@ -38,18 +48,22 @@ __all__ = [
     "CommandFailedError",
     "DeadlineExceededError",
     "Dropped",
+    "EditResult",
     "ExecEvent",
     "ExecHandle",
     "ExecResult",
     "Exited",
     "FailedPreconditionError",
+    "FileInfo",
     "Heartbeat",
+    "ImageResult",
     "InternalError",
     "InvalidArgumentError",
     "NotFoundError",
     "Output",
     "PermissionDeniedError",
     "ProcessInfo",
+    "ReadResult",
     "ResourceExhaustedError",
     "SandboxClient",
     "SandboxError",
@@ -58,6 +72,7 @@ __all__ = [
     "UnavailableError",
     "Workspace",
     "WorkspaceInfo",
+    "WriteResult",
     "Yielded",
     "default_socket_path",
 ]

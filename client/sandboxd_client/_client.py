@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import grpc
@@ -14,13 +14,25 @@ from google.protobuf import duration_pb2
 
 from ._exec import ExecHandle, Exited, exited_from_proto
 from ._paths import default_socket_path
+from ._pb.sandboxd.v1 import file_service_pb2 as fpb
+from ._pb.sandboxd.v1 import file_service_pb2_grpc as fgrpc
 from ._pb.sandboxd.v1 import process_service_pb2 as ppb
 from ._pb.sandboxd.v1 import process_service_pb2_grpc as pgrpc
 from ._pb.sandboxd.v1 import workspace_service_pb2 as wpb
 from ._pb.sandboxd.v1 import workspace_service_pb2_grpc as wgrpc
 from .errors import UnavailableError, from_rpc_error
 
-__all__ = ["ProcessInfo", "SandboxClient", "Workspace", "WorkspaceInfo"]
+__all__ = [
+    "EditResult",
+    "FileInfo",
+    "ImageResult",
+    "ProcessInfo",
+    "ReadResult",
+    "SandboxClient",
+    "Workspace",
+    "WorkspaceInfo",
+    "WriteResult",
+]
 
 T = TypeVar("T")
 NetworkName = Literal["none", "bridge"]
@@ -92,6 +104,93 @@ class ProcessInfo:
     exited: Exited | None
 
 
+_FILE_TYPES = {
+    fpb.FILE_TYPE_FILE: "file",
+    fpb.FILE_TYPE_DIRECTORY: "directory",
+    fpb.FILE_TYPE_SYMLINK: "symlink",
+    fpb.FILE_TYPE_OTHER: "other",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class FileInfo:
+    """One path in a workspace."""
+
+    name: str
+    path: str
+    type: str
+    """``file``, ``directory``, ``symlink`` or ``other``."""
+    size_bytes: int
+    mode: int
+    modify_time: datetime.datetime
+    link_target: str
+
+    @classmethod
+    def from_proto(cls, message: fpb.FileInfo) -> FileInfo:
+        """Return the client form of a ``FileInfo`` message."""
+        return cls(
+            name=message.name,
+            path=message.path,
+            type=_FILE_TYPES.get(message.type, "other"),
+            size_bytes=message.size_bytes,
+            mode=message.mode,
+            modify_time=message.modify_time.ToDatetime(tzinfo=datetime.UTC),
+            link_target=message.link_target,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadResult:
+    """A page of a text file: ``content`` is ``cat -n`` text with any notices and trailer."""
+
+    content: str
+    path: str
+    total_lines: int
+    first_line: int
+    line_count: int
+    next_offset: int
+    """Offset for the next page; 0 when this page reaches the end of the file."""
+    lines_truncated: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class EditResult:
+    """An applied edit: ``message`` is "Replaced N occurrence(s) ..." with the diff."""
+
+    message: str
+    path: str
+    replacements: int
+    diff: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteResult:
+    """A write: ``message`` is "Created ..." or "Overwrote ..." with counts and a diff or summary."""
+
+    message: str
+    path: str
+    created: bool
+    size_bytes: int
+    line_count: int
+    diff: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageResult:
+    """An image read from the workspace or a URL."""
+
+    data: bytes
+    mime_type: str
+    width: int
+    height: int
+
+    def data_url(self) -> str:
+        """The image as a ``data:`` URL, as models take it."""
+        import base64
+
+        return f"data:{self.mime_type};base64,{base64.b64encode(self.data).decode()}"
+
+
 class SandboxClient:
     """Async client of one daemon; use as ``async with SandboxClient() as client``.
 
@@ -121,6 +220,7 @@ class SandboxClient:
         )
         self._workspaces = wgrpc.WorkspaceServiceStub(self._channel)
         self._processes = pgrpc.ProcessServiceStub(self._channel)
+        self._files = fgrpc.FileServiceStub(self._channel)
         self._retries = retries
 
     async def __aenter__(self) -> SandboxClient:
@@ -321,6 +421,107 @@ class SandboxClient:
             for p in response.processes
         ]
 
+    # -- files ----------------------------------------------------------------------------------
+    async def read_file(self, workspace_id: str, path: str, *, offset: int = 0, limit: int = 0) -> ReadResult:
+        """A page of a text file (defaults: from line 1, 2000 lines); relative paths are under /workspace.
+
+        Raises:
+            NotFoundError: no such file.
+            FailedPreconditionError: the file is binary (has NUL bytes).
+            InvalidArgumentError: a directory, or an offset past the end.
+        """
+        request = fpb.ReadFileRequest(workspace_id=workspace_id, path=path, offset=offset, limit=limit)
+        r = await self._unary(lambda: self._files.ReadFile(request), idempotent=True)
+        return ReadResult(
+            content=r.content,
+            path=r.path,
+            total_lines=r.total_lines,
+            first_line=r.first_line,
+            line_count=r.line_count,
+            next_offset=r.next_offset,
+            lines_truncated=r.lines_truncated,
+        )
+
+    async def edit_file(
+        self, workspace_id: str, path: str, old_string: str, new_string: str, *, replace_all: bool = False
+    ) -> EditResult:
+        """Replace ``old_string`` (exactly once, or everywhere) in an existing file.
+
+        Raises:
+            NotFoundError: the file does not exist.
+            InvalidArgumentError: not found, found several times, empty or unchanged strings.
+            PermissionDeniedError: the workspace user may not write the file.
+        """
+        request = fpb.EditFileRequest(
+            workspace_id=workspace_id, path=path, old_string=old_string, new_string=new_string, replace_all=replace_all
+        )
+        r = await self._unary(lambda: self._files.EditFile(request))
+        return EditResult(message=r.message, path=r.path, replacements=r.replacements, diff=r.diff)
+
+    async def write_file(self, workspace_id: str, path: str, content: str | bytes) -> WriteResult:
+        """Create or atomically overwrite a file (parents created); ``str`` content is written as UTF-8."""
+        data = content.encode() if isinstance(content, str) else content
+        request = fpb.WriteFileRequest(workspace_id=workspace_id, path=path, content=data)
+        r = await self._unary(lambda: self._files.WriteFile(request))
+        return WriteResult(
+            message=r.message,
+            path=r.path,
+            created=r.created,
+            size_bytes=r.size_bytes,
+            line_count=r.line_count,
+            diff=r.diff,
+        )
+
+    async def list_dir(self, workspace_id: str, path: str = "") -> list[FileInfo]:
+        """Entries of a directory (default /workspace), sorted by name."""
+        request = fpb.ListDirRequest(workspace_id=workspace_id, path=path)
+        r = await self._unary(lambda: self._files.ListDir(request), idempotent=True)
+        return [FileInfo.from_proto(e) for e in r.entries]
+
+    async def stat(self, workspace_id: str, path: str, *, follow_symlinks: bool = False) -> FileInfo:
+        """Describe one path; NotFoundError when there is nothing there."""
+        request = fpb.StatRequest(workspace_id=workspace_id, path=path, follow_symlinks=follow_symlinks)
+        r = await self._unary(lambda: self._files.Stat(request), idempotent=True)
+        return FileInfo.from_proto(r.info)
+
+    async def remove(self, workspace_id: str, path: str, *, recursive: bool = False) -> None:
+        """Delete a file, a symlink, or (recursive) a directory tree."""
+        request = fpb.RemoveRequest(workspace_id=workspace_id, path=path, recursive=recursive)
+        await self._unary(lambda: self._files.Remove(request))
+
+    async def move(self, workspace_id: str, source: str, destination: str, *, overwrite: bool = False) -> None:
+        """Rename a path; AlreadyExistsError when the destination exists and ``overwrite`` is off."""
+        request = fpb.MoveRequest(
+            workspace_id=workspace_id, source_path=source, destination_path=destination, overwrite=overwrite
+        )
+        await self._unary(lambda: self._files.Move(request))
+
+    async def upload(self, workspace_id: str, path: str, archive: AsyncIterable[bytes]) -> int:
+        """Extract a tar stream into directory ``path`` (created when missing); return the entry count."""
+
+        async def requests() -> AsyncIterator[fpb.UploadRequest]:
+            yield fpb.UploadRequest(target=fpb.UploadTarget(workspace_id=workspace_id, path=path))
+            async for chunk in archive:
+                yield fpb.UploadRequest(chunk=chunk)
+
+        r = await self._unary(lambda: self._files.Upload(requests()))
+        return int(r.entry_count)
+
+    async def download(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
+        """Stream a file or tree as a tar archive whose one top-level entry is the path's base name."""
+        call = self._files.Download(fpb.DownloadRequest(workspace_id=workspace_id, path=path))
+        try:
+            async for message in call:
+                yield message.chunk
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    async def read_image(self, workspace_id: str, source: str) -> ImageResult:
+        """A png/jpeg/gif/webp image of at most 5 MB, from a workspace path or an http(s) URL."""
+        request = fpb.ReadImageRequest(workspace_id=workspace_id, source=source)
+        r = await self._unary(lambda: self._files.ReadImage(request), idempotent=True)
+        return ImageResult(data=r.data, mime_type=r.mime_type, width=r.width, height=r.height)
+
 
 class Workspace:
     """A handle to one workspace; ``info`` is its state when the handle was made."""
@@ -338,6 +539,22 @@ class Workspace:
     def exec(self, command: str, **options: Any) -> ExecHandle:
         """Run a command here; see :meth:`SandboxClient.exec` for the options."""
         return self.client.exec(self.workspace_id, command, **options)
+
+    async def read_file(self, path: str, **options: Any) -> ReadResult:
+        """See :meth:`SandboxClient.read_file`."""
+        return await self.client.read_file(self.workspace_id, path, **options)
+
+    async def edit_file(self, path: str, old_string: str, new_string: str, **options: Any) -> EditResult:
+        """See :meth:`SandboxClient.edit_file`."""
+        return await self.client.edit_file(self.workspace_id, path, old_string, new_string, **options)
+
+    async def write_file(self, path: str, content: str | bytes) -> WriteResult:
+        """See :meth:`SandboxClient.write_file`."""
+        return await self.client.write_file(self.workspace_id, path, content)
+
+    async def read_image(self, source: str) -> ImageResult:
+        """See :meth:`SandboxClient.read_image`."""
+        return await self.client.read_image(self.workspace_id, source)
 
     async def refresh(self) -> WorkspaceInfo:
         """Fetch the current state."""

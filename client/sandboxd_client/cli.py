@@ -11,17 +11,20 @@ import argparse
 import asyncio
 import codecs
 import os
+import posixpath
 import shutil
 import signal
 import sys
+import tarfile
 import termios
 import threading
 import tty as ttymode
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 from . import ExecHandle, Output, SandboxClient, Started
 from ._client import ProcessInfo, WorkspaceInfo
-from .errors import SandboxError
+from .errors import NotFoundError, SandboxError
 
 __all__ = ["main"]
 
@@ -77,6 +80,14 @@ def _parser() -> argparse.ArgumentParser:
 
     rm = commands.add_parser("rm", help="delete workspaces")
     rm.add_argument("workspaces", nargs="+")
+
+    cp = commands.add_parser("cp", help="copy files or trees between here and a workspace (WS:/path)")
+    cp.add_argument("source", help="local path, or WS:/path")
+    cp.add_argument("destination", help="local path, or WS:/path")
+
+    cat = commands.add_parser("cat", help="print a file from a workspace, byte for byte")
+    cat.add_argument("workspace")
+    cat.add_argument("path")
     return parser
 
 
@@ -137,12 +148,121 @@ async def _run(opts: argparse.Namespace) -> int:
             infos = await client.list_workspaces(_pairs(opts.label, "--label"))
             _print_workspaces(infos, quiet=opts.quiet)
             return 0
+        if opts.command == "cp":
+            await _copy(client, opts.source, opts.destination)
+            return 0
+        if opts.command == "cat":
+            await _cat(client, opts.workspace, opts.path)
+            return 0
         if opts.command == "rm":
             for workspace_id in opts.workspaces:
                 await client.delete_workspace(workspace_id)
                 print(workspace_id)
             return 0
     return 2
+
+
+def _remote(spec: str) -> tuple[str, str] | None:
+    """``WS:/path`` -> ``(WS, /path)``; a local path (``./a:b`` included) -> None."""
+    head, sep, tail = spec.partition(":")
+    if not sep or not head or "/" in head or head.startswith("."):
+        return None
+    return head, tail or "/workspace"
+
+
+async def _tar_chunks(local: Path, arcname: str) -> AsyncIterator[bytes]:
+    """A tar archive of ``local`` named ``arcname``, produced in a thread and streamed."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=16)
+
+    class Sink:
+        """What tarfile writes its stream to: each block goes to the queue."""
+
+        def write(self, data: bytes) -> int:
+            asyncio.run_coroutine_threadsafe(queue.put(bytes(data)), loop).result()
+            return len(data)
+
+    def produce() -> None:
+        try:
+            with tarfile.open(fileobj=Sink(), mode="w|", bufsize=65536, format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+                tar.add(str(local), arcname=arcname)
+        finally:
+            asyncio.run_coroutine_threadsafe(queue.put(None), loop).result()
+
+    worker = loop.run_in_executor(None, produce)
+    while (chunk := await queue.get()) is not None:
+        yield chunk
+    await worker
+
+
+async def _copy(client: SandboxClient, source: str, destination: str) -> None:
+    """``docker cp`` semantics: into an existing directory, or to a new name."""
+    src, dst = _remote(source), _remote(destination)
+    if (src is None) == (dst is None):
+        msg = "cp copies between here and a workspace: exactly one side must be WS:/path"
+        raise SandboxError(msg)
+    if dst is not None:
+        local = Path(source)
+        if not await asyncio.to_thread(os.path.lexists, local):
+            msg = f"{source}: no such file or directory"
+            raise SandboxError(msg)
+        workspace, path = dst
+        try:
+            into_dir = (await client.stat(workspace, path, follow_symlinks=True)).type == "directory"
+        except NotFoundError:
+            into_dir = False
+        target, arcname = (path, local.name) if into_dir else (posixpath.dirname(path) or "/", posixpath.basename(path))
+        await client.upload(workspace, target, _tar_chunks(local, arcname))
+        return
+    assert src is not None
+    workspace, path = src
+    local = Path(destination)
+    into_dir = await asyncio.to_thread(local.is_dir)
+    base = local if into_dir else local.parent
+    rename = None if into_dir else local.name
+    reader, writer = os.pipe()
+    loop = asyncio.get_running_loop()
+
+    def extract() -> None:
+        with os.fdopen(reader, "rb") as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                if rename is not None:
+                    _, _, rest = member.name.partition("/")
+                    member.name = rename + ("/" + rest if rest else "")
+                tar.extract(member, base, filter="data")
+
+    worker = loop.run_in_executor(None, extract)
+    try:
+        with os.fdopen(writer, "wb") as sink:
+            async for chunk in client.download(workspace, path):
+                await loop.run_in_executor(None, sink.write, chunk)
+    finally:
+        await worker
+
+
+async def _cat(client: SandboxClient, workspace: str, path: str) -> None:
+    reader, writer = os.pipe()
+    loop = asyncio.get_running_loop()
+
+    def emit() -> None:
+        with os.fdopen(reader, "rb") as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+            for member in tar:
+                if not member.isfile():
+                    msg = f"{path} is not a regular file"
+                    raise SandboxError(msg)
+                source = tar.extractfile(member)
+                assert source is not None
+                while chunk := source.read(65536):
+                    sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+
+    worker = loop.run_in_executor(None, emit)
+    try:
+        with os.fdopen(writer, "wb") as sink:
+            async for chunk in client.download(workspace, path):
+                await loop.run_in_executor(None, sink.write, chunk)
+    finally:
+        await worker
 
 
 def _terminal_size() -> tuple[int, int]:

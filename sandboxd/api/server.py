@@ -17,6 +17,8 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sandboxd_client._pb.sandboxd.v1 import (
+    file_service_pb2,
+    file_service_pb2_grpc,
     process_service_pb2,
     process_service_pb2_grpc,
     workspace_service_pb2,
@@ -25,10 +27,12 @@ from sandboxd_client._pb.sandboxd.v1 import (
 
 from ..backend.base import Backend
 from ..errors import SandboxdError
+from ..files import FileManager
 from ..images import ensure_default_image
 from ..processes import ProcessTable
 from ..settings import Settings
 from ..workspaces import WorkspaceManager
+from .files import FileServicer
 from .interceptors import ErrorInterceptor
 from .processes import ProcessServicer
 from .workspaces import WorkspaceServicer
@@ -40,6 +44,7 @@ log = structlog.get_logger(__name__)
 SERVICE_NAMES = (
     workspace_service_pb2.DESCRIPTOR.services_by_name["WorkspaceService"].full_name,
     process_service_pb2.DESCRIPTOR.services_by_name["ProcessService"].full_name,
+    file_service_pb2.DESCRIPTOR.services_by_name["FileService"].full_name,
 )
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -103,6 +108,7 @@ async def start(settings: Settings, backend: Backend) -> Daemon:
     )
     workspace_service_pb2_grpc.add_WorkspaceServiceServicer_to_server(WorkspaceServicer(workspaces), server)
     process_service_pb2_grpc.add_ProcessServiceServicer_to_server(ProcessServicer(workspaces, processes), server)
+    file_service_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(FileManager(backend, workspaces)), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

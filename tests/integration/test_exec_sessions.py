@@ -174,7 +174,7 @@ class TestInput:
                 events.append(event)
 
         task = asyncio.create_task(consume())
-        while not handle.process_id:  # noqa: ASYNC110 - the handle exposes no event for this
+        while not handle.process_id:
             await asyncio.sleep(0.05)
         side, side_out, _ = await collect(client.input(handle.process_id, "ping\n", yield_after_s=3))
         assert isinstance(side[-1], Yielded)

@@ -190,6 +190,13 @@ class TestErrors:
         with pytest.raises(NotFoundError, match="sandboxd-test/no-such-image"):
             await client.create_workspace(image="sandboxd-test/no-such-image:1")
 
+    async def test_long_commands(self, workspace) -> None:
+        """A 100 KB command runs; one past the argv limit is INVALID_ARGUMENT naming the limit."""
+        result = await workspace.exec(": " + "x" * 100_000 + "; echo ok").wait()
+        assert result.stdout == "ok\n"
+        with pytest.raises(InvalidArgumentError, match="limit is 122880"):
+            await workspace.exec(": " + "x" * 130_000).wait()
+
     async def test_empty_command_is_invalid(self, workspace) -> None:
         """An empty command is INVALID_ARGUMENT."""
         with pytest.raises(InvalidArgumentError, match="command"):

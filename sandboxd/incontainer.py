@@ -1,0 +1,60 @@
+"""Running sandboxd's own stdlib-only scripts inside a workspace container.
+
+Both the process supervisor (``supervisor.py``) and the file operations
+(``fileops.py``) are sent with each ``docker exec`` as ``python3 -I -S -c``:
+isolated mode ignores the user's ``PYTHON*`` variables and ``site``, so nothing
+in the workspace can change how they run.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+
+from .errors import FailedPreconditionError, InvalidSpecError
+
+__all__ = ["MAX_ARGUMENT_BYTES", "engine_refusal", "looks_like_frames", "script_argv"]
+
+
+@functools.cache
+def _source(name: str) -> str:
+    return importlib.resources.files("sandboxd").joinpath(name).read_text()
+
+
+MAX_ARGUMENT_BYTES = 131072 - 1
+"""Linux caps each argv string at 32 pages (MAX_ARG_STRLEN), the terminating NUL included."""
+
+
+def script_argv(name: str, config: object) -> list[str]:
+    """Return the argv that runs ``sandboxd/<name>`` with ``config`` as its JSON argument.
+
+    Raises:
+        InvalidSpecError: the JSON is longer than one argv string may be.
+    """
+    argument = json.dumps(config, ensure_ascii=False)
+    if len(argument.encode("utf-8", "surrogatepass")) > MAX_ARGUMENT_BYTES:
+        msg = (
+            f"the request is too long to pass to the container ({len(argument)} characters; "
+            f"at most {MAX_ARGUMENT_BYTES} bytes): put large content in a file with write_file"
+        )
+        raise InvalidSpecError(msg)
+    return ["python3", "-I", "-S", "-c", _source(name), argument]
+
+
+def looks_like_frames(first_chunk: bytes, kinds: bytes) -> bool:
+    """Whether an exec's first stdout bytes start a frame of one of ``kinds``.
+
+    Anything else is the engine speaking (e.g. "exec: python3: not found").
+    """
+    return len(first_chunk) > 0 and first_chunk[0] in kinds
+
+
+def engine_refusal(text: bytes) -> FailedPreconditionError:
+    """Turn the engine's own error text from a failed exec into a clear precondition error."""
+    detail = text.decode("utf-8", "replace").strip().splitlines()[0][:300] if text.strip() else "no detail"
+    if "python3" in detail and ("not found" in detail or "no such file" in detail.lower()):
+        return FailedPreconditionError(
+            f"the workspace image has no python3, which sandboxd needs in every workspace ({detail})"
+        )
+    return FailedPreconditionError(f"the container engine could not run the operation: {detail}")
