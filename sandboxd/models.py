@@ -133,6 +133,8 @@ class ExecSpec:
     tty: bool = False
     columns: int = 80
     rows: int = 24
+    spill_after_bytes: int = 0
+    """Copy all output to a spill file once it passes this many bytes; 0 means never."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -175,6 +177,8 @@ class ExitStatus:
     dropped_bytes: int = 0
     elapsed_s: float = 0.0
     message: str = ""
+    spill_path: str = ""
+    """The file holding the whole output, when it passed the spill threshold."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

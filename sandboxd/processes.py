@@ -70,6 +70,9 @@ log = structlog.get_logger(__name__)
 MARKER_ENV = "SANDBOXD_PROCESS_ID"
 """Environment entry every process of a command inherits; teardown finds strays by it."""
 
+SPILL_DIR = "/workspace/.sandboxd/spill"
+"""Where spill files go: on the workspace volume, readable with read_file."""
+
 MAX_COMMAND_BYTES = 120 * 1024
 """Longest command line: it travels as one argv string (Linux allows 128 KiB, JSON-escaped)."""
 
@@ -124,6 +127,7 @@ def exit_status(
     dropped_bytes: int,
     elapsed_s: float,
     message: str = "",
+    spill_path: str = "",
 ) -> ExitStatus:
     """Build the terminal status from the supervisor's report (SPEC §6 rules).
 
@@ -146,6 +150,7 @@ def exit_status(
         dropped_bytes=dropped_bytes,
         elapsed_s=elapsed_s,
         message=message or (f"killed by the OOM killer (memory limit {memory_limit_bytes} bytes)" if oom else ""),
+        spill_path=spill_path,
     )
 
 
@@ -282,6 +287,8 @@ class ProcessSession:
         self._exited = asyncio.Event()
         self._requested: set[StopReason] = set()
         self._stderr_tail = b""
+        self.spill_path = f"{SPILL_DIR}/{process_id}.out"
+        """Where the whole output goes once it passes ``spec.spill_after_bytes``."""
         self.leftovers = 0
         """Processes of the command still alive when it exited (its supervisor bounds them)."""
         self._write_lock = asyncio.Lock()
@@ -313,6 +320,8 @@ class ProcessSession:
             "marker": f"{MARKER_ENV}={self.process_id}",
             "timeout_s": self.timeout_s,
             "grace_s": self.settings.kill_grace_s,
+            "spill_path": self.spill_path if self.spec.spill_after_bytes > 0 else "",
+            "spill_after_bytes": self.spec.spill_after_bytes,
         }
         return script_argv("supervisor.py", config)
 
@@ -396,6 +405,7 @@ class ProcessSession:
             self.leftovers = int(report.get("leftovers", 0))
             self._finish(
                 exit_status(
+                    spill_path=str(report.get("spill_path") or ""),
                     exit_code=int(report["exit_code"]),
                     signal_number=int(report["signal"]),
                     oom_kills=int(report.get("oom_kills", 0)),
@@ -676,6 +686,9 @@ class ProcessTable:
 
     async def start(self, context: ExecContext, spec: ExecSpec) -> tuple[ProcessSession, ExecStarted]:
         """Start a command as a new session, evicting one first when the table is full."""
+        if spec.spill_after_bytes < 0:
+            msg = f"spill_after_bytes must not be negative, got {spec.spill_after_bytes}"
+            raise InvalidSpecError(msg)
         if spec.timeout_s is not None and not 0 < spec.timeout_s <= self.settings.max_exec_timeout_s:
             msg = f"timeout must be between 0 and {self.settings.max_exec_timeout_s:g} s, got {spec.timeout_s:g} s"
             raise InvalidSpecError(msg)

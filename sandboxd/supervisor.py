@@ -27,8 +27,10 @@ Supervisor -> daemon (stdout):
     ``P`` started ``{"pid": int}``; ``F`` failed to start
     ``{"stage": str, "errno": int, "message": str}``; ``1`` stdout bytes;
     ``2`` stderr bytes; ``X`` exited ``{"exit_code": int, "signal": int,
-    "oom_kills": int, "timed_out": bool, "leftovers": int}`` (always the last
-    frame; ``leftovers`` counts processes of the command still alive).
+    "oom_kills": int, "timed_out": bool, "leftovers": int, "spill_path": str}``
+    (always the last frame; ``leftovers`` counts processes of the command still
+    alive; ``spill_path`` is set when the output passed ``spill_after_bytes`` and
+    was copied, whole, to that file).
 Daemon -> supervisor (stdin):
     ``I`` bytes for the command's stdin; ``C`` close its stdin; ``S`` signal the
     process group ``{"signal": int, "interrupt": bool}``; ``K`` kill the whole
@@ -169,6 +171,47 @@ def hard_kill(root, leader, marker, reap=None):
     return not tree(root, leader, marker)
 
 
+class Spill(object):
+    """Copy of the output in a file, started only once it passes ``after`` bytes."""
+
+    def __init__(self, path, after):
+        self.path = path
+        self.after = after
+        self.head = []
+        self.size = 0
+        self.fh = None
+        self.broken = not path or after <= 0
+
+    def feed(self, data):
+        if self.broken:
+            return
+        self.size += len(data)
+        try:
+            if self.fh is None:
+                self.head.append(data)
+                if self.size <= self.after:
+                    return
+                directory = os.path.dirname(self.path)
+                if not os.path.isdir(directory):
+                    os.makedirs(directory)
+                self.fh = open(self.path, "wb")
+                data = b"".join(self.head)
+                self.head = []
+            self.fh.write(data)
+        except OSError:
+            # No room or no permission: the caller simply gets no spill file.
+            self.broken = True
+            self.head = []
+
+    def close(self):
+        if self.fh is not None:
+            try:
+                self.fh.close()
+            except OSError:
+                self.broken = True
+        return self.path if self.fh is not None and not self.broken else ""
+
+
 def write_all(fd, data):
     """Write all of ``data`` to a blocking fd."""
     view = memoryview(data)
@@ -193,6 +236,7 @@ class Supervisor:
         self.deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
         self.grace_s = float(config.get("grace_s", 2.0))
         self.timed_out = False
+        self.spill = Spill(config.get("spill_path") or "", int(config.get("spill_after_bytes") or 0))
         self.pid = 0
         self.statuses = {}
         self.out_fds = {}  # fd -> frame type
@@ -404,8 +448,13 @@ class Supervisor:
                 os.close(fd)
             return False
         if forward:
-            self.send(self.out_fds[fd], data)
+            self.emit(self.out_fds[fd], data)
         return True
+
+    def emit(self, kind, data):
+        """Forward output to the daemon, and to the spill file once there is one."""
+        self.send(kind, data)
+        self.spill.feed(data)
 
     def drain_ready(self):
         """Forward everything already buffered in the pipes, without waiting for more."""
@@ -419,7 +468,7 @@ class Supervisor:
                     break
                 if not data:
                     break
-                self.send(self.out_fds[fd], data)
+                self.emit(self.out_fds[fd], data)
 
     # -- main loop ----------------------------------------------------------
     def run(self):
@@ -453,6 +502,7 @@ class Supervisor:
             "oom_kills": oom,
             "timed_out": self.timed_out,
             "leftovers": len(self.remaining()),
+            "spill_path": self.spill.close(),
         }
         self.send_json(b"X", report)
         self.finish()

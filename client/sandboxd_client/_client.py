@@ -327,6 +327,7 @@ class SandboxClient:
         max_output_bytes: int = 0,
         tty: bool = False,
         terminal_size: tuple[int, int] | None = None,
+        spill_after_bytes: int = 0,
         follow: bool = False,
     ) -> ExecHandle:
         """Run ``bash -lc command``; iterate the handle for events or ``await handle.wait()``.
@@ -341,6 +342,8 @@ class SandboxClient:
             max_output_bytes: daemon-side buffer for unread output (default 1 MiB).
             tty: run under a pseudo-terminal (stdout and stderr merge).
             terminal_size: ``(columns, rows)`` of that terminal (default 80x24).
+            spill_after_bytes: past this much output, the daemon also writes all of it
+                to ``/workspace/.sandboxd/spill/<process_id>.out``; 0 means never.
             follow: keep polling after a yield until the command exits.
         """
         request = ppb.ExecRequest(
@@ -350,6 +353,7 @@ class SandboxClient:
             env=dict(env or {}),
             max_output_bytes=max_output_bytes,
             tty=tty,
+            spill_after_bytes=spill_after_bytes,
         )
         if yield_after_s is not None:
             request.yield_after.CopyFrom(_duration(yield_after_s))

@@ -70,6 +70,8 @@ class Exited:
     dropped_bytes: int
     elapsed_s: float
     message: str
+    spill_path: str = ""
+    """The workspace file holding the whole output, when it passed ``spill_after_bytes``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +112,7 @@ def exited_from_proto(message: ppb.ExecExited) -> Exited:
         dropped_bytes=message.dropped_bytes,
         elapsed_s=message.elapsed.ToNanoseconds() / 1e9,
         message=message.message,
+        spill_path=message.spill_path,
     )
 
 
@@ -133,6 +136,7 @@ class ExecResult:
     dropped_bytes: int = 0
     process_id: str = ""
     message: str = ""
+    spill_path: str = ""
 
     @property
     def running(self) -> bool:
@@ -303,6 +307,7 @@ class ExecHandle:
                 oom_killed=terminal.oom_killed,
                 dropped_bytes=terminal.dropped_bytes,
                 message=terminal.message,
+                spill_path=terminal.spill_path,
                 **common,  # type: ignore[arg-type]
             )
         else:

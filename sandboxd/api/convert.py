@@ -165,6 +165,7 @@ def exec_spec(request: ppb.ExecRequest) -> ExecSpec:
         tty=request.tty,
         columns=size.columns or 80,
         rows=size.rows or 24,
+        spill_after_bytes=request.spill_after_bytes,
     )
 
 
@@ -179,6 +180,7 @@ def exit_to_proto(status: ExitStatus) -> ppb.ExecExited:
         dropped_bytes=status.dropped_bytes,
         elapsed=_duration(status.elapsed_s),
         message=status.message,
+        spill_path=status.spill_path,
     )
 
 

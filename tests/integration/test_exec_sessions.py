@@ -261,6 +261,24 @@ class TestOutputCaps:
         assert result.dropped_bytes == 0
 
 
+class TestSpill:
+    async def test_large_output_is_spilled_whole(self, workspace) -> None:
+        """Past spill_after_bytes, the whole output (from byte one) is in the spill file."""
+        result = await workspace.exec(
+            "head -c 100000 /dev/zero | tr '\\0' x; echo tail >&2", spill_after_bytes=16000
+        ).wait()
+        assert result.spill_path == f"/workspace/.sandboxd/spill/{result.process_id}.out"
+        spilled = await workspace.exec(f"wc -c < {result.spill_path}; tail -c 6 {result.spill_path}").wait()
+        assert spilled.stdout == "100005\nxtail\n"
+
+    async def test_small_output_is_not_spilled(self, workspace) -> None:
+        """Below the threshold there is no spill file and no path."""
+        result = await workspace.exec("echo small", spill_after_bytes=16000).wait()
+        assert result.spill_path == ""
+        check = await workspace.exec(f"test -e /workspace/.sandboxd/spill/{result.process_id}.out; echo $?").wait()
+        assert check.stdout == "1\n"
+
+
 class TestEnvironment:
     async def test_non_interactive_defaults(self, workspace) -> None:
         """Without a terminal: TERM=dumb, PAGER=cat, GIT_PAGER=cat, NO_COLOR=1, LANG=C.UTF-8."""

@@ -44,7 +44,7 @@ class TerminalSize(_message.Message):
     def __init__(self, columns: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class ExecRequest(_message.Message):
-    __slots__ = ("workspace_id", "command", "workdir", "env", "yield_after", "timeout", "max_output_bytes", "tty", "terminal_size")
+    __slots__ = ("workspace_id", "command", "workdir", "env", "yield_after", "timeout", "max_output_bytes", "tty", "terminal_size", "spill_after_bytes")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class ExecRequest(_message.Message):
     MAX_OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     TTY_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SPILL_AFTER_BYTES_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     command: str
     workdir: str
@@ -70,7 +71,8 @@ class ExecRequest(_message.Message):
     max_output_bytes: int
     tty: bool
     terminal_size: TerminalSize
-    def __init__(self, workspace_id: _Optional[str] = ..., command: _Optional[str] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_output_bytes: _Optional[int] = ..., tty: _Optional[bool] = ..., terminal_size: _Optional[_Union[TerminalSize, _Mapping]] = ...) -> None: ...
+    spill_after_bytes: int
+    def __init__(self, workspace_id: _Optional[str] = ..., command: _Optional[str] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_output_bytes: _Optional[int] = ..., tty: _Optional[bool] = ..., terminal_size: _Optional[_Union[TerminalSize, _Mapping]] = ..., spill_after_bytes: _Optional[int] = ...) -> None: ...
 
 class ExecStarted(_message.Message):
     __slots__ = ("process_id", "pid", "start_time")
@@ -97,7 +99,7 @@ class ExecOutputDropped(_message.Message):
     def __init__(self, dropped_bytes: _Optional[int] = ...) -> None: ...
 
 class ExecExited(_message.Message):
-    __slots__ = ("exit_code", "signal", "stop_reason", "oom_killed", "memory_limit_bytes", "dropped_bytes", "elapsed", "message")
+    __slots__ = ("exit_code", "signal", "stop_reason", "oom_killed", "memory_limit_bytes", "dropped_bytes", "elapsed", "message", "spill_path")
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +108,7 @@ class ExecExited(_message.Message):
     DROPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SPILL_PATH_FIELD_NUMBER: _ClassVar[int]
     exit_code: int
     signal: str
     stop_reason: StopReason
@@ -114,7 +117,8 @@ class ExecExited(_message.Message):
     dropped_bytes: int
     elapsed: _duration_pb2.Duration
     message: str
-    def __init__(self, exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., oom_killed: _Optional[bool] = ..., memory_limit_bytes: _Optional[int] = ..., dropped_bytes: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+    spill_path: str
+    def __init__(self, exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., stop_reason: _Optional[_Union[StopReason, str]] = ..., oom_killed: _Optional[bool] = ..., memory_limit_bytes: _Optional[int] = ..., dropped_bytes: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., message: _Optional[str] = ..., spill_path: _Optional[str] = ...) -> None: ...
 
 class ExecYielded(_message.Message):
     __slots__ = ("process_id", "elapsed")
