@@ -12,7 +12,7 @@ import functools
 import importlib.resources
 import json
 
-from .errors import FailedPreconditionError, InvalidSpecError
+from .errors import FailedPreconditionError, InvalidSpecError, QuotaExceededError, SandboxdError
 
 __all__ = ["MAX_ARGUMENT_BYTES", "engine_refusal", "looks_like_frames", "script_argv"]
 
@@ -50,9 +50,13 @@ def looks_like_frames(first_chunk: bytes, kinds: bytes) -> bool:
     return len(first_chunk) > 0 and first_chunk[0] in kinds
 
 
-def engine_refusal(text: bytes) -> FailedPreconditionError:
+def engine_refusal(text: bytes) -> SandboxdError:
     """Turn the engine's own error text from a failed exec into a clear precondition error."""
     detail = text.decode("utf-8", "replace").strip().splitlines()[0][:300] if text.strip() else "no detail"
+    if "resource temporarily unavailable" in detail.lower():
+        return QuotaExceededError(
+            f"the workspace's process limit is reached, so nothing more can start there ({detail})"
+        )
     if "python3" in detail and ("not found" in detail or "no such file" in detail.lower()):
         return FailedPreconditionError(
             f"the workspace image has no python3, which sandboxd needs in every workspace ({detail})"

@@ -135,6 +135,8 @@ class ExecSpec:
     rows: int = 24
     spill_after_bytes: int = 0
     """Copy all output to a spill file once it passes this many bytes; 0 means never."""
+    merge_stderr: bool = False
+    """Send stderr into stdout's pipe (``2>&1``) so the two keep their relative order."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -42,7 +42,7 @@ class _Gap:
 
 
 class OutputBuffer:
-    """FIFO of output chunks capped at ``max_bytes`` of payload.
+    """FIFO of output chunks capped at ``max_bytes`` of payload (plus at most one chunk in flight).
 
     Args:
         max_bytes: most undelivered bytes held (SPEC default 1 MiB).
@@ -78,8 +78,15 @@ class OutputBuffer:
     async def put(self, stream: str, data: bytes) -> None:
         """Append ``data`` from ``stream``, waiting for room while a reader is attached."""
         async with self._changed:
-            while self._size + len(data) > self.max_bytes and self._readers > 0 and not self._closed:
+            # Wait for room, but an empty buffer always takes the chunk: a chunk larger than
+            # the whole cap would otherwise wait forever.
+            while self._size and self._size + len(data) > self.max_bytes and self._readers > 0 and not self._closed:
                 await self._changed.wait()
+            if self._readers > 0 and not self._size:
+                self._items.append(OutputChunk(stream=stream, data=data))
+                self._size += len(data)
+                self._changed.notify_all()
+                return
             room = self.max_bytes - self._size
             keep = len(data) if len(data) <= room else utf8_cut(data, max(room, 0))
             if keep:

@@ -22,7 +22,8 @@ import re
 import secrets
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
+from typing import Any
 
 import structlog
 
@@ -54,6 +55,8 @@ from .settings import Settings
 __all__ = [
     "MARKER_ENV",
     "MAX_COMMAND_BYTES",
+    "MAX_INPUT_BYTES",
+    "MAX_TERMINAL_CELLS",
     "MIN_YIELD_S",
     "ExecContext",
     "InterruptPlan",
@@ -72,6 +75,12 @@ MARKER_ENV = "SANDBOXD_PROCESS_ID"
 
 SPILL_DIR = "/workspace/.sandboxd/spill"
 """Where spill files go: on the workspace volume, readable with read_file."""
+
+MAX_TERMINAL_CELLS = 10_000
+"""Largest terminal width or height accepted, in character cells."""
+
+MAX_INPUT_BYTES = 1024 * 1024
+"""Most stdin bytes one Input call may carry; larger data belongs in a file (write_file)."""
 
 MAX_COMMAND_BYTES = 120 * 1024
 """Longest command line: it travels as one argv string (Linux allows 128 KiB, JSON-escaped)."""
@@ -231,10 +240,18 @@ class ExecContext:
         working_dir: default working directory (relative workdirs resolve against it).
         memory_limit_bytes: the workspace's memory limit, reported with OOM kills.
         os: the container's OS (``linux`` or ``windows``), which decides how Ctrl-C is delivered.
+        env: the workspace's environment, given to every command (never to sandboxd's own tools).
     """
 
     def __init__(
-        self, *, workspace_id: str, user: str, working_dir: str, memory_limit_bytes: int, os: str = "linux"
+        self,
+        *,
+        workspace_id: str,
+        user: str,
+        working_dir: str,
+        memory_limit_bytes: int,
+        os: str = "linux",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         """Bundle the workspace facts."""
         self.workspace_id = workspace_id
@@ -242,6 +259,7 @@ class ExecContext:
         self.working_dir = working_dir
         self.memory_limit_bytes = memory_limit_bytes
         self.os = os
+        self.env = dict(env or {})
 
 
 class _State(enum.Enum):
@@ -293,6 +311,12 @@ class ProcessSession:
         """Processes of the command still alive when it exited (its supervisor bounds them)."""
         self._write_lock = asyncio.Lock()
         self._attached = 0
+        self._fresh = True
+        """Not yet streamed to its caller: never evicted in that state (it would kill a command
+        whose Exec call has not even attached)."""
+        self._background: set[asyncio.Task[None]] = set()
+        self.shutting_down = False
+        """Set when the daemon stops: departing streams then leave their commands alone."""
 
     # -- life cycle ------------------------------------------------------------------------------
     @property
@@ -302,8 +326,12 @@ class ProcessSession:
 
     @property
     def idle(self) -> bool:
-        """Whether no call is attached to the session."""
-        return self._attached == 0
+        """Whether no call is attached and the first call has had its stream (eviction may pick it)."""
+        return self._attached == 0 and not self._fresh
+
+    def release(self) -> None:
+        """The first call is done with the session: from now on it may be evicted when idle."""
+        self._fresh = False
 
     @property
     def elapsed_s(self) -> float:
@@ -322,6 +350,8 @@ class ProcessSession:
             "grace_s": self.settings.kill_grace_s,
             "spill_path": self.spill_path if self.spec.spill_after_bytes > 0 else "",
             "spill_after_bytes": self.spec.spill_after_bytes,
+            "env": self._env(),
+            "merge_stderr": self.spec.merge_stderr,
         }
         return script_argv("supervisor.py", config)
 
@@ -330,8 +360,9 @@ class ProcessSession:
         return posixpath.normpath(posixpath.join(self.context.working_dir, workdir))
 
     def _env(self) -> dict[str, str]:
+        """The command's environment on top of the image's: defaults, workspace env, exec env, marker."""
         defaults = TTY_ENV if self.spec.tty else NON_INTERACTIVE_ENV
-        return {**defaults, **self.spec.env, MARKER_ENV: self.process_id}
+        return {**defaults, **self.context.env, **self.spec.env, MARKER_ENV: self.process_id}
 
     async def start(self) -> ExecStarted:
         """Start the command; return once it runs.
@@ -340,12 +371,17 @@ class ProcessSession:
             InvalidSpecError: the working directory or the shell cannot be used.
             FailedPreconditionError: the image cannot run the supervisor (no python3).
         """
+        # The exec itself gets no caller environment: only the supervisor's child does.
         self._stream = await self.backend.exec_stream(
-            self.context.workspace_id, self._argv(), env=self._env(), user=self.context.user
+            self.context.workspace_id, self._argv(), env={}, user=self.context.user
         )
         self._pump_task = asyncio.create_task(self._pump(), name=f"pump-{self.process_id}")
         try:
             await self._started
+        except asyncio.CancelledError:
+            # The caller left while the command was starting: it must not live on unseen.
+            await asyncio.shield(self._abandon())
+            raise
         except BaseException:
             await self.close()
             raise
@@ -353,6 +389,24 @@ class ProcessSession:
         self._timer_task = asyncio.create_task(self._timeout(), name=f"timeout-{self.process_id}")
         log.info("process.started", process_id=self.process_id, workspace_id=self.context.workspace_id, pid=self.pid)
         return ExecStarted(process_id=self.process_id, pid=self.pid, start_time=self.start_time)
+
+    async def _abandon(self) -> None:
+        """Kill a command nobody will ever see: tell its supervisor, then reap by marker as a backstop."""
+        with contextlib.suppress(ConnectionError, OSError):
+            if self._stream is not None:
+                async with self._write_lock:
+                    await self._stream.write(frames.encode_json(frames.KILL, {"grace_s": 0.0}))
+        await self.close()
+        self._spawn(self._reap_later(1.0))
+
+    async def _reap_later(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        await self.reap(grace_s=self.settings.kill_grace_s)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _pump(self) -> None:
         assert self._stream is not None
@@ -373,6 +427,10 @@ class ProcessSession:
                     if await self._on_frame(kind, payload):
                         return
             self._fail(self._lost_message(), exit_code=await self._stream.exit_code())
+            if not self.shutting_down:
+                # Its supervisor is gone (`kill -9 $PPID`, `kill -9 -1`): nothing else bounds what
+                # the command started any more, so end it all now.
+                self._spawn(self.reap(grace_s=self.settings.kill_grace_s))
         except frames.FrameError as exc:
             self._fail(f"the supervisor's output is corrupt: {exc}")
         except asyncio.CancelledError:
@@ -395,8 +453,17 @@ class ProcessSession:
                 self._started.set_result(None)
         elif kind == frames.FAILED:
             report = json.loads(payload)
-            error_cls = InvalidSpecError if report.get("stage") in {"chdir", "exec"} else FailedPreconditionError
-            self._fail_start(error_cls(f"cannot start the command: {report.get('message', 'unknown error')}"))
+            stage = report.get("stage")
+            detail = report.get("message", "unknown error")
+            if stage == "fork":
+                error: SandboxdError = QuotaExceededError(
+                    f"cannot start the command: {detail} (the workspace's process limit is reached)"
+                )
+            elif stage in {"chdir", "exec"}:
+                error = InvalidSpecError(f"cannot start the command: {detail}")
+            else:
+                error = FailedPreconditionError(f"cannot start the command: {detail}")
+            self._fail_start(error)
             return True
         elif kind == frames.EXITED:
             report = json.loads(payload)
@@ -513,6 +580,9 @@ class ProcessSession:
         Raises:
             FailedPreconditionError: the command has exited.
         """
+        if len(data) > MAX_INPUT_BYTES:
+            msg = f"one Input call carries at most {MAX_INPUT_BYTES} bytes, got {len(data)}; write large data to a file"
+            raise InvalidSpecError(msg)
         self.last_used = time.monotonic()
         ok = True
         if data:
@@ -539,13 +609,23 @@ class ProcessSession:
         match plan:
             case InterruptPlan.TERMINAL:
                 await self._send(frames.encode(frames.STDIN, b"\x03"))
+                # Signal 0 delivers nothing: it only marks the command as interrupted, so what
+                # it leaves behind when it exits is killed as for a piped command.
+                await self._send(frames.encode_json(frames.SIGNAL, {"signal": 0, "interrupt": True}))
             case InterruptPlan.PROCESS_GROUP:
                 await self._send(frames.encode_json(frames.SIGNAL, {"signal": int(signal.SIGINT), "interrupt": True}))
             case list():
                 await self.backend.exec_run(self.context.workspace_id, plan, user=self.context.user)
 
     async def resize(self, columns: int, rows: int) -> None:
-        """Set the terminal size of a tty command (its foreground group gets SIGWINCH)."""
+        """Set the terminal size of a tty command (its foreground group gets SIGWINCH).
+
+        Raises:
+            InvalidSpecError: a size outside 1..10000 cells.
+        """
+        if not (1 <= columns <= MAX_TERMINAL_CELLS and 1 <= rows <= MAX_TERMINAL_CELLS):
+            msg = f"terminal size must be 1..{MAX_TERMINAL_CELLS} columns and rows, got {columns}x{rows}"
+            raise InvalidSpecError(msg)
         self.last_used = time.monotonic()
         if self.spec.tty:
             await self._send(frames.encode_json(frames.RESIZE, {"columns": columns, "rows": rows}))
@@ -622,6 +702,8 @@ class ProcessSession:
                 now = time.monotonic()
                 if now >= deadline:
                     finished = True
+                    # It outlived its Ctrl-C (a REPL caught it): a later stop has another cause.
+                    self._requested.discard(StopReason.INTERRUPTED)
                     yield Yielded(process_id=self.process_id, elapsed_s=self.elapsed_s)
                     return
                 beat_at = last_event + self.settings.heartbeat_interval_s
@@ -633,12 +715,29 @@ class ProcessSession:
         finally:
             self._attached -= 1
             self.last_used = time.monotonic()
+            self.release()
             await asyncio.shield(self.buffer.detach())
-            if not finished and self.running:
+            if not finished and self.running and not self.shutting_down:
                 await asyncio.shield(self.interrupt())
 
-    async def close(self) -> None:
-        """Stop following the command (it may keep running) and release the stream."""
+    async def close(self, reason: str = "") -> None:
+        """Stop following the command (it may keep running) and release the stream.
+
+        A session still running is finished as ``failed`` with ``reason``, so that
+        any call streaming it ends at once instead of waiting on output that will
+        never come.
+        """
+        if self.exit is None and self._started.done():
+            self._requested.add(StopReason.FAILED)
+            self._finish(
+                ExitStatus(
+                    exit_code=255,
+                    stop_reason=StopReason.FAILED,
+                    dropped_bytes=self.buffer.dropped_bytes,
+                    elapsed_s=self.elapsed_s,
+                    message=reason or "the daemon stopped following this command",
+                )
+            )
         for task in (self._timer_task, self._pump_task):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
@@ -664,6 +763,7 @@ class ProcessTable:
         self._sessions: dict[str, ProcessSession] = {}
         self._evicted: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
 
     def get(self, process_id: str) -> ProcessSession:
         """Return a session.
@@ -690,7 +790,13 @@ class ProcessTable:
             msg = f"spill_after_bytes must not be negative, got {spec.spill_after_bytes}"
             raise InvalidSpecError(msg)
         if spec.timeout_s is not None and not 0 < spec.timeout_s <= self.settings.max_exec_timeout_s:
-            msg = f"timeout must be between 0 and {self.settings.max_exec_timeout_s:g} s, got {spec.timeout_s:g} s"
+            msg = (
+                f"timeout must be more than 0 s and at most {self.settings.max_exec_timeout_s:g} s, "
+                f"got {spec.timeout_s:g} s"
+            )
+            raise InvalidSpecError(msg)
+        if not (1 <= spec.columns <= MAX_TERMINAL_CELLS and 1 <= spec.rows <= MAX_TERMINAL_CELLS):
+            msg = f"terminal size must be 1..{MAX_TERMINAL_CELLS} columns and rows, got {spec.columns}x{spec.rows}"
             raise InvalidSpecError(msg)
         if not spec.command.strip():
             msg = "command must not be empty"
@@ -707,7 +813,7 @@ class ProcessTable:
         check_env(spec.env, "env")
         async with self._lock:
             while len(self._sessions) >= self.settings.max_sessions:
-                await self._evict_one()
+                self._evict_one()
             process_id = f"p-{secrets.token_hex(6)}"
             session = ProcessSession(
                 backend=self.backend, context=context, spec=spec, settings=self.settings, process_id=process_id
@@ -720,7 +826,8 @@ class ProcessTable:
             raise
         return session, started
 
-    async def _evict_one(self) -> None:
+    def _evict_one(self) -> None:
+        """Take a victim out of the table now; kill it in the background (never under the lock)."""
         sessions = list(self._sessions.values())
         exited = [s for s in sessions if not s.running]
         idle = sorted((s for s in sessions if s.running and s.idle), key=lambda s: s.last_used)
@@ -731,12 +838,17 @@ class ProcessTable:
         else:
             msg = f"all {len(sessions)} process sessions are in use by active calls"
             raise QuotaExceededError(msg)
-        if victim.running:
-            await victim.kill(reason=StopReason.KILLED)
-        await victim.close()
         self._sessions.pop(victim.process_id, None)
         self._remember_evicted(victim.process_id, why)
         log.info("process.evicted", process_id=victim.process_id, reason=why)
+        task = asyncio.create_task(self._retire(victim))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, victim: ProcessSession) -> None:
+        if victim.running:
+            await victim.kill(reason=StopReason.KILLED)
+        await victim.close()
 
     def _remember_evicted(self, process_id: str, why: str) -> None:
         self._evicted[process_id] = why
@@ -746,15 +858,19 @@ class ProcessTable:
     async def forget_workspace(self, workspace_id: str, why: str) -> None:
         """Drop every session of a workspace (its container is going away)."""
         for session in self.list(workspace_id):
-            await session.close()
             self._sessions.pop(session.process_id, None)
             self._remember_evicted(session.process_id, why)
+            await session.close(why)
 
     async def close(self) -> None:
-        """Release every session's stream; the commands themselves keep running."""
+        """Release every session's stream; the commands themselves keep running (each under its timeout)."""
         for session in list(self._sessions.values()):
-            await session.close()
+            session.shutting_down = True
+        for session in list(self._sessions.values()):
+            await session.close("the daemon is shutting down")
         self._sessions.clear()
+        for task in list(self._retiring):
+            task.cancel()
 
     def sessions(self) -> Mapping[str, ProcessSession]:
         """Read-only view of all sessions."""

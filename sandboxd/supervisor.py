@@ -52,6 +52,7 @@ import time
 
 HEADER = struct.Struct(">cI")
 READ_SIZE = 65536
+MAX_PENDING_INPUT = 16 * 1024 * 1024
 PR_SET_CHILD_SUBREAPER = 36
 _CATCHABLE = [s for s in range(1, 65) if s not in (signal.SIGKILL, signal.SIGSTOP)]
 _OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
@@ -237,6 +238,12 @@ class Supervisor:
         self.grace_s = float(config.get("grace_s", 2.0))
         self.timed_out = False
         self.spill = Spill(config.get("spill_path") or "", int(config.get("spill_after_bytes") or 0))
+        # The command's own environment is applied to the child only: a caller's PATH or
+        # LD_PRELOAD must not change how this supervisor runs.
+        self.env = dict(os.environ)
+        self.env.update(config.get("env") or {})
+        self.merge_stderr = bool(config.get("merge_stderr"))
+        self.last_input = b"\n"
         self.pid = 0
         self.statuses = {}
         self.out_fds = {}  # fd -> frame type
@@ -267,12 +274,13 @@ class Supervisor:
     def argv(self):
         """Return ``(program, argv)``: ``bash -lc CMD``, or ``sh -c CMD`` without bash."""
         if self.shell:
-            return self.shell, [os.path.basename(self.shell), "-c", self.command]
-        for directory in os.environ.get("PATH", "/usr/bin:/bin").split(":"):
+            return self.shell, [os.path.basename(self.shell), "-c", "--", self.command]
+        # "--" so that a command starting with "-" is a command, not an option of the shell.
+        for directory in self.env.get("PATH", "/usr/bin:/bin").split(":"):
             candidate = os.path.join(directory or ".", "bash")
             if os.access(candidate, os.X_OK):
-                return candidate, ["bash", "-lc", self.command]
-        return "/bin/sh", ["sh", "-c", self.command]
+                return candidate, ["bash", "-lc", "--", self.command]
+        return "/bin/sh", ["sh", "-c", "--", self.command]
 
     def start(self):
         program, argv = self.argv()
@@ -289,12 +297,23 @@ class Supervisor:
         else:
             in_r, in_w = os.pipe()
             out_r, out_w = os.pipe()
-            errs_r, errs_w = os.pipe()
-            child_fds = (in_r, out_w, errs_w)
-            self.out_fds = {out_r: b"1", errs_r: b"2"}
+            if self.merge_stderr:
+                child_fds = (in_r, out_w, out_w)
+                self.out_fds = {out_r: b"1"}
+                close_in_parent = [in_r, out_w]
+            else:
+                errs_r, errs_w = os.pipe()
+                child_fds = (in_r, out_w, errs_w)
+                self.out_fds = {out_r: b"1", errs_r: b"2"}
+                close_in_parent = [in_r, out_w, errs_w]
             self.stdin_fd = in_w
-            close_in_parent = [in_r, out_w, errs_w]
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            # Typically EAGAIN: the workspace's pids limit is reached (a fork bomb, say).
+            report = {"stage": "fork", "errno": exc.errno or 0, "message": "fork: %s" % (exc.strerror or exc)}
+            self.send(b"F", json.dumps(report).encode())
+            return False
         if pid == 0:  # child: never returns
             self.exec_child(program, argv, child_fds, err_r, err_w)
         self.pid = pid
@@ -348,7 +367,7 @@ class Supervisor:
             stage = "chdir"
             os.chdir(self.cwd)
             stage = "exec"
-            os.execv(program, argv)
+            os.execve(program, argv, self.env)
         except OSError as exc:
             message = "%s: %s" % (stage, exc.strerror or exc)
             if stage == "chdir":
@@ -362,7 +381,12 @@ class Supervisor:
         import fcntl
         import termios
 
-        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", self.rows, self.columns, 0, 0))
+        rows = max(1, min(self.rows, 65535))
+        columns = max(1, min(self.columns, 65535))
+        try:
+            fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+        except OSError:
+            pass
 
     # -- commands from the daemon ------------------------------------------
     def handle_frames(self):
@@ -376,20 +400,28 @@ class Supervisor:
 
     def handle(self, kind, payload):
         if kind == b"I":
-            self.stdin_pending += payload
+            if payload:
+                self.last_input = payload[-1:]
+            # Bounded: input the command does not read is dropped past this, not hoarded.
+            room = MAX_PENDING_INPUT - len(self.stdin_pending)
+            self.stdin_pending += payload[: max(0, room)]
             self.flush_stdin()
         elif kind == b"C":
             self.stdin_close = True
             if self.tty:
-                self.stdin_pending += b"\x04"
+                # ^D ends input only at the start of a line; after a partial line it first
+                # flushes that line, so a second one is needed.
+                self.stdin_pending += b"\x04" if self.last_input in (b"\n", b"\r") else b"\x04\x04"
             self.flush_stdin()
         elif kind == b"S":
             request = json.loads(payload.decode())
             self.interrupted = self.interrupted or bool(request.get("interrupt"))
-            try:
-                os.killpg(self.pid, int(request["signal"]))
-            except OSError:
-                pass
+            number = int(request["signal"])
+            if number:
+                try:
+                    os.killpg(self.pid, number)
+                except OSError:
+                    pass
         elif kind == b"K":
             request = json.loads(payload.decode())
             self.start_kill(float(request.get("grace_s", self.grace_s)))

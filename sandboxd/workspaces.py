@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from .backend.base import Backend, ContainerInfo, ContainerSpec
-from .errors import ImageNotFoundError, InvalidSpecError, WorkspaceNotRunningError
+from .errors import ImageNotFoundError, InvalidSpecError, WorkspaceNotFoundError, WorkspaceNotRunningError
 from .models import (
     NetworkPolicy,
     ResourceLimits,
@@ -36,6 +36,7 @@ __all__ = [
     "LABEL_SPEC",
     "RESERVED_LABEL_PREFIX",
     "WorkspaceManager",
+    "check_workspace_id",
     "spec_from_json",
     "spec_to_json",
 ]
@@ -101,8 +102,24 @@ CAPABILITIES = frozenset(
 """Linux capability names a caller may add back (SPEC §2.2: all are dropped by default)."""
 
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+# Docker's reference grammar, simplified: [registry[:port]/]path[:tag][@digest], lowercase path.
+_IMAGE_RE = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*"
+    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
 _LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$")
+
+
+def check_workspace_id(workspace_id: str) -> None:
+    """Refuse ids that Create would never make (so ``ws-1/`` cannot alias ``ws-1``).
+
+    Raises:
+        InvalidSpecError: not 1-40 lowercase letters, digits or dashes.
+    """
+    if not _ID_RE.match(workspace_id):
+        msg = f"workspace_id {workspace_id!r} must be 1-40 lowercase letters, digits or dashes"
+        raise InvalidSpecError(msg)
 
 
 def spec_to_json(spec: WorkspaceSpec) -> str:
@@ -204,8 +221,10 @@ class WorkspaceManager:
         if spec.idle_ttl_s is not None and spec.idle_ttl_s < 0:
             msg = "idle_ttl must not be negative"
             raise InvalidSpecError(msg)
-        if spec.image and (spec.image != spec.image.strip() or not spec.image.isprintable()):
-            msg = f"image {spec.image!r} is not a valid image reference"
+        if spec.image and not _IMAGE_RE.match(spec.image):
+            msg = (
+                f"image {spec.image!r} is not a valid image reference (lowercase repository, optional :tag or @digest)"
+            )
             raise InvalidSpecError(msg)
         return dataclasses.replace(
             spec,
@@ -232,9 +251,8 @@ class WorkspaceManager:
             ImageNotFoundError: the image is missing and cannot be pulled.
             DockerUnavailableError: the engine is down.
         """
-        if workspace_id and not _ID_RE.match(workspace_id):
-            msg = f"workspace_id {workspace_id!r} must be 1-40 lowercase letters, digits or dashes"
-            raise InvalidSpecError(msg)
+        if workspace_id:
+            check_workspace_id(workspace_id)
         resolved = self.resolve(spec)
         image = await self.backend.image_info(resolved.image)
         if image is None:
@@ -257,7 +275,9 @@ class WorkspaceManager:
             ContainerSpec(
                 workspace_id=workspace_id,
                 image=resolved.image,
-                env=resolved.env,
+                # The workspace env reaches every command through its supervisor, never the
+                # container's own processes: a PATH of the caller's must not break `tail` or python3.
+                env={},
                 working_dir=resolved.working_dir,
                 labels={**resolved.labels, LABEL_SPEC: spec_to_json(resolved)},
                 memory_bytes=resolved.limits.memory_bytes,
@@ -275,6 +295,7 @@ class WorkspaceManager:
 
     async def get(self, workspace_id: str) -> Workspace:
         """Return a workspace; WorkspaceNotFoundError when there is none."""
+        check_workspace_id(workspace_id)
         return self._workspace(await self.backend.inspect_container(workspace_id))
 
     async def list(self, label_selector: Mapping[str, str]) -> list[Workspace]:
@@ -286,11 +307,19 @@ class WorkspaceManager:
         return [self._workspace(info) for info in await self.backend.list_containers(label_selector)]
 
     async def delete(self, workspace_id: str) -> None:
-        """Remove a workspace's container and volume; WorkspaceNotFoundError when there is none."""
-        await self.backend.inspect_container(workspace_id)
+        """Remove a workspace's container and volume.
+
+        A volume whose container was removed behind sandboxd's back is removed too.
+
+        Raises:
+            WorkspaceNotFoundError: neither a container nor a volume of that id exists.
+        """
+        check_workspace_id(workspace_id)
         self._contexts.pop(workspace_id, None)
         await self.processes.forget_workspace(workspace_id, "its workspace was deleted")
-        await self.backend.remove_container(workspace_id)
+        if not await self.backend.remove_container(workspace_id):
+            msg = f"workspace {workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg)
         log.info("workspace.deleted", workspace_id=workspace_id)
 
     async def exec_context(self, workspace_id: str) -> ExecContext:
@@ -303,6 +332,7 @@ class WorkspaceManager:
         context = self._contexts.get(workspace_id)
         if context is not None:
             return context
+        check_workspace_id(workspace_id)
         info = await self.backend.inspect_container(workspace_id)
         workspace = self._workspace(info)
         if workspace.state is not WorkspaceState.RUNNING:
@@ -314,6 +344,7 @@ class WorkspaceManager:
             working_dir=workspace.spec.working_dir,
             memory_limit_bytes=workspace.spec.limits.memory_bytes,
             os=info.os,
+            env=workspace.spec.env,
         )
         self._contexts[workspace_id] = context
         return context

@@ -328,6 +328,7 @@ class SandboxClient:
         tty: bool = False,
         terminal_size: tuple[int, int] | None = None,
         spill_after_bytes: int = 0,
+        merge_stderr: bool = False,
         follow: bool = False,
     ) -> ExecHandle:
         """Run ``bash -lc command``; iterate the handle for events or ``await handle.wait()``.
@@ -344,6 +345,7 @@ class SandboxClient:
             terminal_size: ``(columns, rows)`` of that terminal (default 80x24).
             spill_after_bytes: past this much output, the daemon also writes all of it
                 to ``/workspace/.sandboxd/spill/<process_id>.out``; 0 means never.
+            merge_stderr: send stderr into stdout (``2>&1``), keeping their exact order.
             follow: keep polling after a yield until the command exits.
         """
         request = ppb.ExecRequest(
@@ -354,6 +356,7 @@ class SandboxClient:
             max_output_bytes=max_output_bytes,
             tty=tty,
             spill_after_bytes=spill_after_bytes,
+            merge_stderr=merge_stderr,
         )
         if yield_after_s is not None:
             request.yield_after.CopyFrom(_duration(yield_after_s))
@@ -375,16 +378,18 @@ class SandboxClient:
         yield_after_s: float | None = None,
         close_stdin: bool = False,
         terminal_size: tuple[int, int] | None = None,
+        data: bytes = b"",
         follow: bool = False,
     ) -> ExecHandle:
-        """Write ``chars`` to a process's stdin and stream what it prints next.
+        """Write ``chars`` (then raw ``data``) to a process's stdin and stream what it prints next.
 
         ``"\u0003"`` alone is Ctrl-C; empty ``chars`` only polls. The window
         defaults to 250 ms after a write and 5 s for a poll (seed 000). While
         another call streams the process's output, this one returns at once.
-        ``terminal_size`` resizes a tty process's terminal.
+        ``terminal_size`` resizes a tty process's terminal. ``data`` is written as
+        it is and never read as Ctrl-C. Each call carries at most 1 MiB.
         """
-        request = ppb.InputRequest(process_id=process_id, chars=chars, close_stdin=close_stdin)
+        request = ppb.InputRequest(process_id=process_id, chars=chars, close_stdin=close_stdin, data=data)
         if terminal_size is not None:
             request.terminal_size.columns, request.terminal_size.rows = terminal_size
         if yield_after_s is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import codecs
 import os
 import posixpath
 import shutil
@@ -283,18 +282,25 @@ def _stdin_reader(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[bytes]) 
             return
 
 
-async def _forward_stdin(client: SandboxClient, handle: ExecHandle, started: asyncio.Event) -> None:
+async def _forward_stdin(client: SandboxClient, handle: ExecHandle, started: asyncio.Event, *, keys: bool) -> None:
+    """Send standard input on: as raw bytes, except that with ``keys`` a lone Ctrl-C byte is Ctrl-C.
+
+    ``keys`` is for a raw terminal, where Ctrl-C arrives as a byte instead of a signal.
+    """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[bytes] = asyncio.Queue()
     threading.Thread(target=_stdin_reader, args=(loop, queue), daemon=True).start()
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
     await started.wait()
     while True:
         data = await queue.get()
-        chars = decoder.decode(data, final=not data)
-        if chars or not data:
-            await client.input(handle.process_id, chars, close_stdin=not data).wait()
+        for start in range(0, len(data), 1 << 20):
+            piece = data[start : start + (1 << 20)]
+            if keys and piece == b"\x03":
+                await client.input(handle.process_id, "\u0003").wait()
+            else:
+                await client.input(handle.process_id, data=piece).wait()
         if not data:
+            await client.input(handle.process_id, close_stdin=True).wait()
             return
 
 
@@ -328,7 +334,11 @@ async def _exec(client: SandboxClient, opts: argparse.Namespace) -> int:
         ttymode.setraw(sys.stdin.fileno())  # Ctrl-C now arrives as a byte and is forwarded as one
         loop.add_signal_handler(signal.SIGWINCH, lambda: send(terminal_size=_terminal_size()))
     loop.add_signal_handler(signal.SIGINT, lambda: send(chars="\u0003"))
-    forwarder = loop.create_task(_forward_stdin(client, handle, started)) if (opts.interactive or tty) else None
+    forwarder = (
+        loop.create_task(_forward_stdin(client, handle, started, keys=tty and stdin_is_tty))
+        if (opts.interactive or tty)
+        else None
+    )
     try:
         async for event in handle:
             if isinstance(event, Started):
@@ -386,9 +396,24 @@ def _print_workspaces(infos: Sequence[WorkspaceInfo], *, quiet: bool) -> None:
     _print_table(rows)
 
 
+def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Split ``... exec [OPTIONS] WS [OPTIONS] -- CMD...`` at the first ``--`` after ``exec``.
+
+    Everything after ``--`` is the command, untouched, so options may come before
+    or after the workspace.
+    """
+    if "exec" in argv and "--" in argv[argv.index("exec") :]:
+        cut = argv.index("--", argv.index("exec"))
+        return argv[:cut], argv[cut + 1 :]
+    return argv, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``sandboxctl``; return its exit status."""
-    opts = _parser().parse_args(argv)
+    head, command = _split_command(list(sys.argv[1:] if argv is None else argv))
+    opts = _parser().parse_args(head)
+    if command is not None:
+        opts.argv = command
     try:
         return asyncio.run(_run(opts))
     except SandboxError as exc:

@@ -166,6 +166,7 @@ def exec_spec(request: ppb.ExecRequest) -> ExecSpec:
         columns=size.columns or 80,
         rows=size.rows or 24,
         spill_after_bytes=request.spill_after_bytes,
+        merge_stderr=request.merge_stderr,
     )
 
 

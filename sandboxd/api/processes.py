@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import AsyncIterator
 
@@ -15,13 +16,35 @@ from ..workspaces import WorkspaceManager
 from . import convert
 from ._types import Context
 
-__all__ = ["INPUT_POLL_YIELD_S", "INPUT_WRITE_YIELD_S", "ProcessServicer"]
+__all__ = ["INPUT_POLL_YIELD_S", "INPUT_WRITE_YIELD_S", "ProcessServicer", "parse_signal"]
 
 INPUT_WRITE_YIELD_S = 0.25
 """Input window after a write (seed 000: 250 ms)."""
 INPUT_POLL_YIELD_S = 5.0
 """Input window of a pure poll (seed 000: 5000 ms)."""
 CTRL_C = "\u0003"
+
+
+def parse_signal(text: str) -> int:
+    """A signal by name (``TERM``, ``SIGTERM``, ``SIGRTMIN+2``) or number (``15``).
+
+    Raises:
+        InvalidSpecError: not a signal of this platform.
+    """
+    name = text.strip().upper()
+    if name.isdigit() and 0 < int(name) <= signal.SIGRTMAX:
+        return int(name)
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    for base, anchor in (("SIGRTMIN+", signal.SIGRTMIN), ("SIGRTMAX-", signal.SIGRTMAX)):
+        if name.startswith(base) and name[len(base) :].isdigit():
+            number = anchor + int(name[len(base) :]) if "+" in base else anchor - int(name[len(base) :])
+            if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
+                return int(number)
+    try:
+        return int(signal.Signals[name])
+    except KeyError:
+        msg = f"unknown signal {text!r}"
+        raise InvalidSpecError(msg) from None
 
 
 class ProcessServicer(pgrpc.ProcessServiceServicer):
@@ -37,10 +60,19 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
         spec = convert.exec_spec(request)
         exec_context = await self.workspaces.exec_context(request.workspace_id)
         session, started = await self.processes.start(exec_context, spec)
-        yield convert.exec_response(started)
-        window = clamp_yield(spec.yield_after_s, session.timeout_s)
-        async for event in session.events(yield_after_s=window):
-            yield convert.exec_response(event)
+        streaming = False
+        try:
+            yield convert.exec_response(started)
+            window = clamp_yield(spec.yield_after_s, session.timeout_s)
+            streaming = True
+            async for event in session.events(yield_after_s=window):
+                yield convert.exec_response(event)
+        finally:
+            if not streaming:
+                # The caller left right after `started`: that is a cancel, so Ctrl-C (SPEC §2.3).
+                session.release()
+                if session.running and not session.shutting_down:
+                    await asyncio.shield(session.interrupt())
 
     async def Input(self, request: ppb.InputRequest, context: Context) -> AsyncIterator[ppb.InputResponse]:
         """Write to stdin or deliver Ctrl-C, then stream output until exit or the window closes."""
@@ -54,8 +86,10 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
             await session.resize(size.columns or 80, size.rows or 24)
         if request.chars == CTRL_C:
             await session.interrupt()
-        elif request.chars or request.close_stdin:
-            await session.write_stdin(request.chars.encode(), close=request.close_stdin)
+            if request.data or request.close_stdin:
+                await session.write_stdin(request.data, close=request.close_stdin)
+        elif request.chars or request.data or request.close_stdin:
+            await session.write_stdin(request.chars.encode() + request.data, close=request.close_stdin)
         window = clamp_yield(requested, session.timeout_s, default_s=requested)
         async for event in session.events(yield_after_s=window):
             yield convert.input_response(event)
@@ -63,13 +97,7 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
     async def Signal(self, request: ppb.SignalRequest, context: Context) -> ppb.SignalResponse:
         """Send one signal to the command's process group."""
         session = self.processes.get(request.process_id)
-        name = request.signal.upper()
-        name = name if name.startswith("SIG") else f"SIG{name}"
-        try:
-            number = signal.Signals[name]
-        except KeyError:
-            msg = f"unknown signal {request.signal!r}"
-            raise InvalidSpecError(msg) from None
+        number = parse_signal(request.signal)
         if number == signal.SIGINT:
             await session.interrupt()
         else:

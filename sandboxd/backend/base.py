@@ -152,8 +152,8 @@ class Backend(Protocol):
         """Return this daemon's workspace containers carrying every label in ``labels``."""
         ...
 
-    async def remove_container(self, workspace_id: str) -> None:
-        """Remove the container and its volume; missing ones are not an error."""
+    async def remove_container(self, workspace_id: str) -> bool:
+        """Remove the container and its volume; return whether either existed."""
         ...
 
     async def exec_stream(

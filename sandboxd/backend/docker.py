@@ -172,6 +172,11 @@ class DockerBackend:
             attrs = await self._call(self._api().inspect_image, ref, idempotent=True)
         except (docker.errors.NotFound, docker.errors.ImageNotFound):
             return None
+        except BackendError as exc:
+            if "invalid reference" in exc.message:
+                msg = f"image {ref!r} is not a valid image reference"
+                raise InvalidSpecError(msg) from exc
+            raise
         config = attrs.get("Config") or {}
         return ImageInfo(
             image_id=attrs["Id"],
@@ -318,14 +323,18 @@ class DockerBackend:
             infos.append(self._info(attrs))
         return sorted(infos, key=lambda info: info.create_time)
 
-    async def remove_container(self, workspace_id: str) -> None:
-        """Remove container and volume; missing ones are not an error."""
+    async def remove_container(self, workspace_id: str) -> bool:
+        """Remove container and volume; return whether either existed (missing ones are no error)."""
         api = self._api()
         name = self._name(workspace_id)
+        found = False
         with contextlib.suppress(docker.errors.NotFound):
             await self._call(api.remove_container, name, force=True, v=True, idempotent=True)
+            found = True
         with contextlib.suppress(docker.errors.NotFound):
             await self._call(api.remove_volume, name, force=True, idempotent=True)
+            found = True
+        return found
 
     # -- exec -----------------------------------------------------------------------------
     async def exec_stream(

@@ -44,7 +44,7 @@ class TerminalSize(_message.Message):
     def __init__(self, columns: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class ExecRequest(_message.Message):
-    __slots__ = ("workspace_id", "command", "workdir", "env", "yield_after", "timeout", "max_output_bytes", "tty", "terminal_size", "spill_after_bytes")
+    __slots__ = ("workspace_id", "command", "workdir", "env", "yield_after", "timeout", "max_output_bytes", "tty", "terminal_size", "spill_after_bytes", "merge_stderr")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class ExecRequest(_message.Message):
     TTY_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_SIZE_FIELD_NUMBER: _ClassVar[int]
     SPILL_AFTER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MERGE_STDERR_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     command: str
     workdir: str
@@ -72,7 +73,8 @@ class ExecRequest(_message.Message):
     tty: bool
     terminal_size: TerminalSize
     spill_after_bytes: int
-    def __init__(self, workspace_id: _Optional[str] = ..., command: _Optional[str] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_output_bytes: _Optional[int] = ..., tty: _Optional[bool] = ..., terminal_size: _Optional[_Union[TerminalSize, _Mapping]] = ..., spill_after_bytes: _Optional[int] = ...) -> None: ...
+    merge_stderr: bool
+    def __init__(self, workspace_id: _Optional[str] = ..., command: _Optional[str] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_output_bytes: _Optional[int] = ..., tty: _Optional[bool] = ..., terminal_size: _Optional[_Union[TerminalSize, _Mapping]] = ..., spill_after_bytes: _Optional[int] = ..., merge_stderr: _Optional[bool] = ...) -> None: ...
 
 class ExecStarted(_message.Message):
     __slots__ = ("process_id", "pid", "start_time")
@@ -151,18 +153,20 @@ class ExecResponse(_message.Message):
     def __init__(self, started: _Optional[_Union[ExecStarted, _Mapping]] = ..., output: _Optional[_Union[ExecOutput, _Mapping]] = ..., exited: _Optional[_Union[ExecExited, _Mapping]] = ..., yielded: _Optional[_Union[ExecYielded, _Mapping]] = ..., heartbeat: _Optional[_Union[ExecHeartbeat, _Mapping]] = ..., dropped: _Optional[_Union[ExecOutputDropped, _Mapping]] = ...) -> None: ...
 
 class InputRequest(_message.Message):
-    __slots__ = ("process_id", "chars", "yield_after", "close_stdin", "terminal_size")
+    __slots__ = ("process_id", "chars", "yield_after", "close_stdin", "terminal_size", "data")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     CHARS_FIELD_NUMBER: _ClassVar[int]
     YIELD_AFTER_FIELD_NUMBER: _ClassVar[int]
     CLOSE_STDIN_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
     process_id: str
     chars: str
     yield_after: _duration_pb2.Duration
     close_stdin: bool
     terminal_size: TerminalSize
-    def __init__(self, process_id: _Optional[str] = ..., chars: _Optional[str] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., close_stdin: _Optional[bool] = ..., terminal_size: _Optional[_Union[TerminalSize, _Mapping]] = ...) -> None: ...
+    data: bytes
+    def __init__(self, process_id: _Optional[str] = ..., chars: _Optional[str] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., close_stdin: _Optional[bool] = ..., terminal_size: _Optional[_Union[TerminalSize, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class InputResponse(_message.Message):
     __slots__ = ("output", "exited", "yielded", "heartbeat", "dropped")
