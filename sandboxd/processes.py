@@ -283,8 +283,13 @@ class ProcessSession:
         spec: ExecSpec,
         settings: Settings,
         process_id: str,
+        background: set[asyncio.Task[None]] | None = None,
     ) -> None:
-        """Prepare a session; :meth:`start` runs it."""
+        """Prepare a session; :meth:`start` runs it.
+
+        ``background`` collects the session's clean-up tasks (reaps after a lost
+        supervisor or an abandoned start), so their owner can finish them on shutdown.
+        """
         self.backend = backend
         self.context = context
         self.spec = spec
@@ -314,7 +319,7 @@ class ProcessSession:
         self._fresh = True
         """Not yet streamed to its caller: never evicted in that state (it would kill a command
         whose Exec call has not even attached)."""
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = background if background is not None else set()
         self.shutting_down = False
         """Set when the daemon stops: departing streams then leave their commands alone."""
 
@@ -816,7 +821,12 @@ class ProcessTable:
                 self._evict_one()
             process_id = f"p-{secrets.token_hex(6)}"
             session = ProcessSession(
-                backend=self.backend, context=context, spec=spec, settings=self.settings, process_id=process_id
+                backend=self.backend,
+                context=context,
+                spec=spec,
+                settings=self.settings,
+                process_id=process_id,
+                background=self._retiring,
             )
             self._sessions[process_id] = session
         try:
@@ -871,6 +881,7 @@ class ProcessTable:
         self._sessions.clear()
         for task in list(self._retiring):
             task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
 
     def sessions(self) -> Mapping[str, ProcessSession]:
         """Read-only view of all sessions."""

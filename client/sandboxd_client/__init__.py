@@ -1,8 +1,13 @@
 """Python client of the sandboxd daemon.
 
-``SandboxClient`` is the async entry point; ``Workspace`` handles run commands
-(``exec`` returns an ``ExecHandle`` to iterate for live events or to ``wait()``
-for an ``ExecResult``). Errors are the ``SandboxError`` tree in ``errors``.
+``SandboxClient`` is the async entry point (``SyncSandboxClient`` a blocking
+façade); ``Workspace`` handles run commands (``exec`` returns an ``ExecHandle``
+to iterate for live events or to ``wait()`` for an ``ExecResult``) and work on
+files. Errors are the ``SandboxError`` tree in ``errors``.
+
+For agent engines: ``Environment`` runs seed 000's tool calls (``tools``) with
+``Approval`` and a ``Trace``; ``exports`` gives OpenAI and Anthropic schemas,
+``config`` reads ``system_config.yaml``, ``mcp_server`` serves MCP.
 """
 
 from ._client import (
@@ -29,6 +34,15 @@ from ._exec import (
     Yielded,
 )
 from ._paths import default_socket_path
+from .approval import Approval, ApprovalDecision
+from .environment import (
+    Environment,
+    ToolCallOutput,
+    ToolCallPartial,
+    ToolCallStart,
+    ToolCallStop,
+    ToolEvent,
+)
 from .errors import (
     AlreadyExistsError,
     DeadlineExceededError,
@@ -42,13 +56,27 @@ from .errors import (
     UnauthenticatedError,
     UnavailableError,
 )
+from .sync import SyncSandboxClient
+from .tools import (
+    BuiltinTool,
+    ToolCall,
+    ToolDefinitionConfig,
+    ToolExecutionContext,
+    ToolResult,
+    default_tools,
+)
+from .trace import Trace
 
 __all__ = [
     "AlreadyExistsError",
+    "Approval",
+    "ApprovalDecision",
+    "BuiltinTool",
     "CommandFailedError",
     "DeadlineExceededError",
     "Dropped",
     "EditResult",
+    "Environment",
     "ExecEvent",
     "ExecHandle",
     "ExecResult",
@@ -68,6 +96,17 @@ __all__ = [
     "SandboxClient",
     "SandboxError",
     "Started",
+    "SyncSandboxClient",
+    "ToolCall",
+    "ToolCallOutput",
+    "ToolCallPartial",
+    "ToolCallStart",
+    "ToolCallStop",
+    "ToolDefinitionConfig",
+    "ToolEvent",
+    "ToolExecutionContext",
+    "ToolResult",
+    "Trace",
     "UnauthenticatedError",
     "UnavailableError",
     "Workspace",
@@ -75,6 +114,7 @@ __all__ = [
     "WriteResult",
     "Yielded",
     "default_socket_path",
+    "default_tools",
 ]
 
 __version__ = "0.1.0"

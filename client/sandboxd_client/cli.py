@@ -20,6 +20,7 @@ import threading
 import tty as ttymode
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from . import ExecHandle, Output, SandboxClient, Started
 from ._client import ProcessInfo, WorkspaceInfo
@@ -87,6 +88,19 @@ def _parser() -> argparse.ArgumentParser:
     cat = commands.add_parser("cat", help="print a file from a workspace, byte for byte")
     cat.add_argument("workspace")
     cat.add_argument("path")
+
+    tool = commands.add_parser("tool", help="run one agent tool call and print what the model would see")
+    tool.add_argument("workspace")
+    tool.add_argument("name", help="exec_command, input_command, read_file, edit_file, write_file, ...")
+    tool.add_argument("arguments", help="the call's arguments as a JSON object")
+    tool.add_argument("--json", action="store_true", help="print the final message as JSON")
+    tool.add_argument("--config", help="system_config.yaml whose tools.builtin to use")
+
+    mcp = commands.add_parser("mcp", help="serve the agent tools on one workspace over MCP (stdio)")
+    mcp.add_argument("workspace")
+    mcp.add_argument("--mode", default="allow-all", choices=["allow-all", "deny-all", "read-only", "always-ask"])
+    mcp.add_argument("--model", default="vision", choices=["vision", "text-only"])
+    mcp.add_argument("--config", help="system_config.yaml whose tools.builtin to use")
     return parser
 
 
@@ -153,6 +167,10 @@ async def _run(opts: argparse.Namespace) -> int:
         if opts.command == "cat":
             await _cat(client, opts.workspace, opts.path)
             return 0
+        if opts.command == "tool":
+            return await _tool(client, opts)
+        if opts.command == "mcp":
+            return await _mcp(client, opts)
         if opts.command == "rm":
             for workspace_id in opts.workspaces:
                 await client.delete_workspace(workspace_id)
@@ -262,6 +280,68 @@ async def _cat(client: SandboxClient, workspace: str, path: str) -> None:
                 await loop.run_in_executor(None, sink.write, chunk)
     finally:
         await worker
+
+
+def _definitions(config: str | None) -> list[Any]:
+    from .tools import builtin_definitions
+
+    if config:
+        from .config import load_tools
+
+        return load_tools(config)
+    return list(builtin_definitions().values())
+
+
+async def _tool(client: SandboxClient, opts: argparse.Namespace) -> int:
+    """One call through the Environment (mode allow-all), printed as the model sees it."""
+    import json
+
+    from .approval import Approval
+    from .environment import Environment
+    from .tools import ToolCall, make_tool
+
+    try:
+        arguments = json.loads(opts.arguments)
+    except json.JSONDecodeError as exc:
+        msg = f"the arguments are not valid JSON: {exc}"
+        raise SandboxError(msg) from None
+    workspace = await client.get_workspace(opts.workspace)
+    tools = [make_tool(d) for d in _definitions(opts.config)]
+    environment = Environment(workspace, tools=tools, approval=Approval(mode="allow-all"))
+    output = await environment.call(ToolCall(tool_call_id="cli", name=opts.name, arguments=arguments))
+    if opts.json:
+        message = {
+            "tool_call_id": output.tool_call_id,
+            "name": output.name,
+            "output": output.output,
+            "stop_reason": output.stop_reason,
+            "exit_code": output.metadata.get("exit_code"),
+            "process_id": output.metadata.get("process_id"),
+            "images": list(output.images),
+            "untrusted": output.untrusted,
+        }
+        print(json.dumps(message, ensure_ascii=False, indent=2))
+    else:
+        print(output.output)
+    return 0 if output.stop_reason not in {"failed", "aborted"} else 1
+
+
+async def _mcp(client: SandboxClient, opts: argparse.Namespace) -> int:
+    from .approval import Approval
+    from .environment import Environment
+    from .mcp_server import serve_stdio
+    from .tools import assemble
+
+    workspace = await client.get_workspace(opts.workspace)
+    tools = assemble(_definitions(opts.config) if opts.config else _default_definitions(), model=opts.model)
+    await serve_stdio(Environment(workspace, tools=tools, approval=Approval(mode=opts.mode)))
+    return 0
+
+
+def _default_definitions() -> list[Any]:
+    from .tools import default_definitions
+
+    return default_definitions()
 
 
 def _terminal_size() -> tuple[int, int]:

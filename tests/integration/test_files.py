@@ -143,6 +143,16 @@ class TestWriteAndEditBytes:
         assert data.count(b"NEW") == 500
         assert b"OLD" not in data
 
+    async def test_same_second_same_size_rewrite_is_seen_by_python(self, workspace) -> None:
+        """A same-size edit right after a run is not hidden by a stale .pyc (mtime moves a whole second)."""
+        await workspace.write_file("mod_a.py", "X = 1\n")
+        first = await workspace.exec("python3 -c 'import mod_a; print(mod_a.X)'").wait()
+        await workspace.edit_file("mod_a.py", "X = 1", "X = 2")
+        second = await workspace.exec("python3 -c 'import mod_a; print(mod_a.X)'").wait()
+        await workspace.write_file("mod_a.py", "X = 3\n")
+        third = await workspace.exec("python3 -c 'import mod_a; print(mod_a.X)'").wait()
+        assert (first.stdout, second.stdout, third.stdout) == ("1\n", "2\n", "3\n")
+
     async def test_write_keeps_mode_and_reports_diff(self, workspace) -> None:
         """Overwriting keeps the file's mode and reports a small diff with counts."""
         await workspace.exec("printf 'one\\ntwo\\n' > run.sh && chmod 751 run.sh").wait(check=True)

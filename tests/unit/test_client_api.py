@@ -16,7 +16,7 @@ def test_all_is_exhaustive_and_sorted() -> None:
         for name, value in vars(sandboxd_client).items()
         if not name.startswith("_") and (inspect.isclass(value) or inspect.isfunction(value))
     }
-    assert set(sandboxd_client.__all__) == public | {"ExecEvent"}
+    assert set(sandboxd_client.__all__) == public | {"ExecEvent", "ToolEvent"}
     assert sandboxd_client.__all__ == sorted(sandboxd_client.__all__)
 
 

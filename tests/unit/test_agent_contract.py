@@ -1,0 +1,309 @@
+"""The agent-facing contract without Docker: text shaping, approval, definitions, config, exports."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import jsonschema
+import pytest
+from sandboxd_client.approval import Approval
+from sandboxd_client.config import ConfigError, load_tools, tools_from_config
+from sandboxd_client.environment import check_arguments, merge_stop_reasons
+from sandboxd_client.exports import to_anthropic, to_openai
+from sandboxd_client.text import cap, clean, collapse_redraws, strip_ansi
+from sandboxd_client.tools import ToolCall, builtin_definitions, default_definitions
+
+SCHEMAS = Path(__file__).parent / "schemas"
+
+
+class TestText:
+    def test_ansi_is_stripped(self) -> None:
+        """Colours, cursor moves and OSC titles disappear; the text stays."""
+        assert strip_ansi("\x1b[31mred\x1b[0m \x1b[2K\x1b[1Gline \x1b]0;title\x07done") == "red line done"
+
+    def test_redraws_collapse_to_the_final_state(self) -> None:
+        """Progress redrawn with CR shows only its last state; CRLF is a plain line end."""
+        assert collapse_redraws("10%\r50%\r100%\nnext\r\n") == "100%\nnext\n"
+        assert collapse_redraws("abcdef\rXY") == "XYcdef"
+
+    def test_clean_does_both(self) -> None:
+        """A coloured progress bar becomes its last frame in plain text."""
+        assert clean("\x1b[32m[#   ]\x1b[0m\r\x1b[32m[####]\x1b[0m\n") == "[####]\n"
+
+    def test_cap_keeps_the_head_on_characters(self) -> None:
+        """The cut counts characters, not bytes, and keeps the head."""
+        assert cap("a" + "é" * 20000, 16000) == ("a" + "é" * 15999, 4001)
+        assert cap("short", 16000) == ("short", 0)
+        assert cap("x" * 10, 0) == ("x" * 10, 0)
+
+
+class TestStopReasons:
+    @pytest.mark.parametrize(
+        ("reasons", "merged"),
+        [
+            (("completed", "interrupted"), "interrupted"),
+            (("completed", "timeout", "interrupted"), "interrupted"),
+            (("failed", "timeout"), "timeout"),
+            (("completed", "failed"), "failed"),
+            (("completed", None), "completed"),
+            ((None, None), "completed"),
+        ],
+    )
+    def test_priority(self, reasons, merged) -> None:  # type: ignore[no-untyped-def]
+        """User interrupt > timeout > tool error > the tool's own."""
+        assert merge_stop_reasons(*reasons) == merged
+
+
+def _call(name: str) -> ToolCall:
+    return ToolCall(tool_call_id="c1", name=name, arguments={})
+
+
+class TestApproval:
+    async def test_no_callback_means_deny(self) -> None:
+        """The SDK default asks, and with nobody to ask, denies."""
+        definitions = builtin_definitions()
+        decision = await Approval().decide(_call("exec_command"), definitions["exec_command"], "agent")
+        assert (decision.decision, decision.asked) == ("deny", False)
+
+    async def test_read_only_mode(self) -> None:
+        """read-only allows r tools without asking and asks for rw tools."""
+        asked: list[str] = []
+
+        async def approve(call: ToolCall) -> str:
+            asked.append(call.name)
+            return "allow"
+
+        approval = Approval(approve=approve, mode="read-only")  # type: ignore[arg-type]
+        definitions = builtin_definitions()
+        read = await approval.decide(_call("read_file"), definitions["read_file"], "agent")
+        write = await approval.decide(_call("write_file"), definitions["write_file"], "agent")
+        assert (read.decision, read.asked, write.decision, write.asked) == ("allow", False, "allow", True)
+        assert asked == ["write_file"]
+
+    @pytest.mark.parametrize(("mode", "decision"), [("allow-all", "allow"), ("deny-all", "deny")])
+    async def test_fixed_modes(self, mode, decision) -> None:  # type: ignore[no-untyped-def]
+        """allow-all and deny-all never ask."""
+        result = await Approval(mode=mode).decide(_call("write_file"), builtin_definitions()["write_file"], "agent")
+        assert (result.decision, result.asked) == (decision, False)
+
+    async def test_scheduler_only_reads(self) -> None:
+        """A scheduler may run read tools (when allowed) and never write tools, and is never asked about."""
+        calls: list[str] = []
+
+        async def approve(call: ToolCall) -> str:
+            calls.append(call.name)
+            return "allow"
+
+        definitions = builtin_definitions()
+        approval = Approval(approve=approve, mode="allow-all")  # type: ignore[arg-type]
+        assert (await approval.decide(_call("write_file"), definitions["write_file"], "scheduler")).decision == "deny"
+        assert (await approval.decide(_call("read_file"), definitions["read_file"], "scheduler")).decision == "allow"
+        asking = Approval(approve=approve, mode="always-ask")  # type: ignore[arg-type]
+        assert (await asking.decide(_call("read_file"), definitions["read_file"], "scheduler")).decision == "deny"
+        assert calls == []
+
+    async def test_user_never_asked_and_user_only_tools(self) -> None:
+        """A user's call is never asked about; a user-only tool refuses the agent."""
+        import dataclasses
+
+        definition = dataclasses.replace(builtin_definitions()["write_file"], user_only=True)
+        approval = Approval(mode="deny-all")
+        assert (await approval.decide(_call("write_file"), definition, "user")).decision == "allow"
+        refused = await Approval(mode="allow-all").decide(_call("write_file"), definition, "agent")
+        assert refused.decision == "deny"
+        assert "only be used by the user" in refused.reason
+
+    async def test_effect_policy_overrides_mode(self) -> None:
+        """A per-effect policy decides before the mode does (seed 003)."""
+        approval = Approval(mode="allow-all", policy={"write": "deny"})
+        definitions = builtin_definitions()
+        assert (await approval.decide(_call("write_file"), definitions["write_file"], "agent")).decision == "deny"
+        assert (await approval.decide(_call("read_file"), definitions["read_file"], "agent")).decision == "allow"
+
+    async def test_broken_callback_denies(self) -> None:
+        """A callback that raises counts as deny."""
+
+        async def broken(call: ToolCall) -> str:
+            raise RuntimeError("ui crashed")
+
+        approval = Approval(approve=broken)  # type: ignore[arg-type]
+        result = await approval.decide(_call("exec_command"), builtin_definitions()["exec_command"], "agent")
+        assert (result.decision, result.asked) == ("deny", True)
+
+
+class TestDefinitions:
+    def test_seed_000_table(self) -> None:
+        """Names, permissions, timeouts and model kinds are seed 000's."""
+        table = {d.name: (d.permission, d.timeout_ms, d.for_model) for d in default_definitions()}
+        assert table == {
+            "exec_command": ("rw", 120_000, None),
+            "input_command": ("rw", 130_000, None),
+            "read_file": ("r", 30_000, None),
+            "edit_file": ("rw", 30_000, None),
+            "write_file": ("rw", 30_000, None),
+            "read_image": ("r", 60_000, "vision"),
+            "describe_image": ("r", 90_000, "text-only"),
+        }
+        assert all(d.max_output_length == 16_000 for d in default_definitions())
+
+    def test_descriptions_follow_seed_002(self) -> None:
+        """Three English lines (What / When / Precondition), each 60-200 characters."""
+        for definition in builtin_definitions().values():
+            lines = definition.description.split("\n")
+            assert len(lines) == 3, definition.name
+            for line in lines:
+                assert 60 <= len(line) <= 200, (definition.name, line)
+                assert line.isascii(), (definition.name, line)
+
+    def test_command_tools_put_description_first_and_required(self) -> None:
+        """exec/input/kill carry a required `description` argument, listed first; file tools do not."""
+        for definition in builtin_definitions().values():
+            properties = list(definition.parameters["properties"])
+            if definition.name in {"exec_command", "input_command", "kill_command"}:
+                assert properties[0] == "description"
+                assert "description" in definition.parameters["required"]
+            else:
+                assert "description" not in properties
+
+    def test_optional_arguments_declare_defaults(self) -> None:
+        """Every optional argument has a default (seed 002)."""
+        for definition in builtin_definitions().values():
+            required = set(definition.parameters["required"])
+            for name, schema in definition.parameters["properties"].items():
+                if name not in required:
+                    assert "default" in schema, (definition.name, name)
+
+    def test_call_description_false_removes_it(self) -> None:
+        """call_description: false drops the argument and its required entry at assembly."""
+        import dataclasses
+
+        exec_command = dataclasses.replace(builtin_definitions()["exec_command"], call_description=False)
+        schema = exec_command.model_parameters()
+        assert "description" not in schema["properties"]
+        assert "description" not in schema["required"]
+        assert "description" in builtin_definitions()["exec_command"].parameters["properties"]
+
+    def test_every_schema_is_valid(self) -> None:
+        """Each parameters object is a valid JSON Schema."""
+        for definition in builtin_definitions().values():
+            jsonschema.Draft202012Validator.check_schema(definition.parameters)
+
+
+class TestArguments:
+    def test_checks(self) -> None:
+        """Missing, unknown and mistyped arguments are reported; good ones pass."""
+        exec_command = builtin_definitions()["exec_command"]
+        assert check_arguments(exec_command, {"description": "d", "cmd": "ls"}) is None
+        assert "missing" in (check_arguments(exec_command, {"description": "d"}) or "")
+        assert "unknown" in (check_arguments(exec_command, {"description": "d", "cmd": "ls", "x": 1}) or "")
+        assert "integer" in (
+            check_arguments(exec_command, {"description": "d", "cmd": "ls", "yield_time_ms": "5"}) or ""
+        )
+        assert "integer" in (
+            check_arguments(exec_command, {"description": "d", "cmd": "ls", "yield_time_ms": True}) or ""
+        )
+        assert check_arguments(exec_command, ["not", "an", "object"]) == "the arguments must be a JSON object"
+
+
+class TestConfig:
+    def _write(self, tmp_path: Path, text: str) -> Path:
+        path = tmp_path / "system_config.yaml"
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    def test_omitted_means_defaults(self, tmp_path: Path) -> None:
+        """No tools.builtin: every default tool."""
+        assert [d.name for d in load_tools(self._write(tmp_path, "model: x\n"))] == [
+            d.name for d in default_definitions()
+        ]
+        assert [d.name for d in tools_from_config({"tools": {"mcpServers": []}})] == [
+            d.name for d in default_definitions()
+        ]
+
+    def test_builtin_replaces_the_list(self, tmp_path: Path) -> None:
+        """Listing only exec_command offers only exec_command (no merge), with call_description honoured."""
+        entry = builtin_definitions()["exec_command"].to_mapping()
+        entry["call_description"] = False
+        entry["description"] = "Run a shell command in the workspace."
+        import yaml
+
+        path = self._write(tmp_path, yaml.safe_dump({"tools": {"builtin": [entry], "mcpServers": []}}))
+        definitions = load_tools(path)
+        assert [d.name for d in definitions] == ["exec_command"]
+        assert "description" not in definitions[0].model_parameters()["properties"]
+        assert definitions[0].description == "Run a shell command in the workspace."
+
+    @pytest.mark.parametrize(
+        ("entry", "message"),
+        [
+            (
+                {"name": "exec_command", "description": "d", "permission": "rw"},
+                r"tools.builtin\[0\] \(exec_command\): parameters",
+            ),
+            (
+                {
+                    "name": "nope",
+                    "description": "d",
+                    "permission": "r",
+                    "parameters": {"type": "object", "properties": {}},
+                },
+                r"\[0\] \(nope\): name",
+            ),
+            (
+                {
+                    "name": "read_file",
+                    "description": "d",
+                    "permission": "x",
+                    "parameters": {"type": "object", "properties": {}},
+                },
+                r"permission",
+            ),
+            (
+                {
+                    "name": "read_file",
+                    "description": "d",
+                    "permission": "r",
+                    "timeoutMs": "fast",
+                    "parameters": {"type": "object", "properties": {}},
+                },
+                r"timeoutMs",
+            ),
+        ],
+    )
+    def test_errors_name_entry_and_field(self, entry, message) -> None:  # type: ignore[no-untyped-def]
+        """A bad entry is refused with its index, name and the offending field."""
+        with pytest.raises(ConfigError, match=message):
+            tools_from_config({"tools": {"builtin": [entry]}})
+
+    def test_duplicates_and_shapes(self) -> None:
+        """A tool listed twice, or builtin that is not a list, is an error."""
+        entry = builtin_definitions()["read_file"].to_mapping()
+        with pytest.raises(ConfigError, match="listed twice"):
+            tools_from_config({"tools": {"builtin": [entry, entry]}})
+        with pytest.raises(ConfigError, match="must be a list"):
+            tools_from_config({"tools": {"builtin": {"name": "x"}}})
+
+
+class TestExports:
+    def test_openai_format(self) -> None:
+        """Every tool validates against the OpenAI function-tool schema."""
+        schema = json.loads((SCHEMAS / "openai_function_tool.json").read_text())
+        exported = to_openai(default_definitions())
+        assert [t["function"]["name"] for t in exported] == [d.name for d in default_definitions()]
+        for tool in exported:
+            jsonschema.validate(tool, schema)
+
+    def test_anthropic_format(self) -> None:
+        """Every tool validates against the Anthropic tool schema."""
+        schema = json.loads((SCHEMAS / "anthropic_tool.json").read_text())
+        for tool in to_anthropic(default_definitions()):
+            jsonschema.validate(tool, schema)
+
+    def test_user_only_tools_are_not_exported(self) -> None:
+        """Tools hidden from the model are not in the exports."""
+        import dataclasses
+
+        hidden = [dataclasses.replace(d, user_only=d.name == "write_file") for d in default_definitions()]
+        assert "write_file" not in [t["name"] for t in to_anthropic(hidden)]
