@@ -17,20 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import secrets
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import docker
+from _daemon import IMAGE, INSTANCE, private_daemon
 from sandboxd_client import SandboxClient
-
-INSTANCE = f"bench-{secrets.token_hex(4)}"
-IMAGE = "sandboxd/base:bookworm"
 
 
 def summary(samples: list[float]) -> str:
@@ -100,24 +93,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
     opts = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        socket_path = str(Path(tmp) / "bench.sock")
-        env = {
-            **os.environ,
-            "SANDBOXD_SOCKET": socket_path,
-            "SANDBOXD_INSTANCE": INSTANCE,
-            "SANDBOXD_LOG_LEVEL": "warning",
-        }
-        daemon = subprocess.Popen([str(Path(sys.executable).with_name("sandboxd")), "serve", "--no-build"], env=env)
-        try:
-            for _ in range(100):
-                if Path(socket_path).exists():
-                    break
-                time.sleep(0.1)
-            sd_create, sd_rtt = asyncio.run(sandboxd_numbers(socket_path, opts.runs))
-        finally:
-            daemon.terminate()
-            daemon.wait(30)
+    with private_daemon() as socket_path:
+        sd_create, sd_rtt = asyncio.run(sandboxd_numbers(socket_path, opts.runs))
     dk_create, dk_rtt = docker_numbers(opts.runs)
     print(f"runs: {opts.runs} round trips, {len(sd_create)} creations; image {IMAGE}")
     print(f"{'':22}{'sandboxd':>38}   {'docker-py':>38}   ratio (median)")

@@ -16,20 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import secrets
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import docker
+from _daemon import IMAGE, INSTANCE, private_daemon
 from sandboxd_client import Exited, Output, SandboxClient
-
-INSTANCE = f"bench-{secrets.token_hex(4)}"
-IMAGE = "sandboxd/base:bookworm"
 
 
 async def sandboxd_numbers(socket_path: str, runs: int, megabytes: int) -> tuple[list[float], float]:
@@ -99,24 +92,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--megabytes", type=int, default=500)
     opts = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        socket_path = str(Path(tmp) / "bench.sock")
-        env = {
-            **os.environ,
-            "SANDBOXD_SOCKET": socket_path,
-            "SANDBOXD_INSTANCE": INSTANCE,
-            "SANDBOXD_LOG_LEVEL": "warning",
-        }
-        daemon = subprocess.Popen([str(Path(sys.executable).with_name("sandboxd")), "serve", "--no-build"], env=env)
-        try:
-            for _ in range(100):
-                if Path(socket_path).exists():
-                    break
-                time.sleep(0.1)
-            sd_latency, sd_rate = asyncio.run(sandboxd_numbers(socket_path, opts.runs, opts.megabytes))
-        finally:
-            daemon.terminate()
-            daemon.wait(30)
+    with private_daemon() as socket_path:
+        sd_latency, sd_rate = asyncio.run(sandboxd_numbers(socket_path, opts.runs, opts.megabytes))
     dk_latency, dk_rate = docker_numbers(opts.runs, opts.megabytes)
     print(f"Ctrl-C runs: {opts.runs}; stream: {opts.megabytes} MiB; image {IMAGE}")
     print(f"{'':24}{'sandboxd':>16}{'docker-py':>16}   ratio")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from .errors import FailedPreconditionError, InvalidSpecError, QuotaExceededError, SandboxdError
 
@@ -26,20 +28,37 @@ MAX_ARGUMENT_BYTES = 131072 - 1
 """Linux caps each argv string at 32 pages (MAX_ARG_STRLEN), the terminating NUL included."""
 
 
-def script_argv(name: str, config: object) -> list[str]:
-    """Return the argv that runs ``sandboxd/<name>`` with ``config`` as its JSON argument.
+def script_argv(name: str, config: Mapping[str, Any], *, tokens: bool = False) -> list[str]:
+    """Return the argv that runs ``sandboxd/<name>`` with ``config``.
+
+    Args:
+        name: the script (``supervisor.py`` or ``fileops.py``).
+        config: its configuration.
+        tokens: pass ``config`` as ``KEY VALUE ...`` argv strings (a nested ``env``
+            mapping as ``env:NAME VALUE``; booleans ``1``/``0``) instead of one JSON
+            string, so the script needs no ``json`` import (the supervisor's case).
 
     Raises:
-        InvalidSpecError: the JSON is longer than one argv string may be.
+        InvalidSpecError: an argument is longer than one argv string may be.
     """
-    argument = json.dumps(config, ensure_ascii=False)
-    if len(argument.encode("utf-8", "surrogatepass")) > MAX_ARGUMENT_BYTES:
-        msg = (
-            f"the request is too long to pass to the container ({len(argument)} characters; "
-            f"at most {MAX_ARGUMENT_BYTES} bytes): put large content in a file with write_file"
-        )
-        raise InvalidSpecError(msg)
-    return ["python3", "-I", "-S", "-c", _source(name), argument]
+    if tokens:
+        arguments = []
+        for key, value in config.items():
+            if isinstance(value, Mapping):
+                for sub_key, sub_value in value.items():
+                    arguments += [f"{key}:{sub_key}", str(sub_value)]
+            else:
+                arguments += [key, ("1" if value else "0") if isinstance(value, bool) else str(value)]
+    else:
+        arguments = [json.dumps(config, ensure_ascii=False)]
+    for argument in arguments:
+        if len(argument.encode("utf-8", "surrogatepass")) > MAX_ARGUMENT_BYTES:
+            msg = (
+                f"the request is too long to pass to the container ({len(argument)} characters in one part; "
+                f"at most {MAX_ARGUMENT_BYTES} bytes): put large content in a file with write_file"
+            )
+            raise InvalidSpecError(msg)
+    return ["python3", "-I", "-S", "-c", _source(name), *arguments]
 
 
 def looks_like_frames(first_chunk: bytes, kinds: bytes) -> bool:

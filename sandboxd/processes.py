@@ -108,7 +108,7 @@ _STDERR_TAIL_BYTES = 4096
 
 def supervisor_source() -> str:
     """Return the supervisor's source text, sent with every exec."""
-    return script_argv("supervisor.py", {})[4]
+    return script_argv("supervisor.py", {}, tokens=True)[4]
 
 
 def clamp_yield(requested_s: float | None, timeout_s: float, default_s: float = DEFAULT_YIELD_S) -> float:
@@ -358,7 +358,7 @@ class ProcessSession:
             "env": self._env(),
             "merge_stderr": self.spec.merge_stderr,
         }
-        return script_argv("supervisor.py", config)
+        return script_argv("supervisor.py", config, tokens=True)
 
     def _workdir(self) -> str:
         workdir = self.spec.workdir or self.context.working_dir
@@ -400,7 +400,7 @@ class ProcessSession:
         with contextlib.suppress(ConnectionError, OSError):
             if self._stream is not None:
                 async with self._write_lock:
-                    await self._stream.write(frames.encode_json(frames.KILL, {"grace_s": 0.0}))
+                    await self._stream.write(frames.encode_kill(0.0))
         await self.close()
         self._spawn(self._reap_later(1.0))
 
@@ -616,9 +616,9 @@ class ProcessSession:
                 await self._send(frames.encode(frames.STDIN, b"\x03"))
                 # Signal 0 delivers nothing: it only marks the command as interrupted, so what
                 # it leaves behind when it exits is killed as for a piped command.
-                await self._send(frames.encode_json(frames.SIGNAL, {"signal": 0, "interrupt": True}))
+                await self._send(frames.encode_signal(0, interrupt=True))
             case InterruptPlan.PROCESS_GROUP:
-                await self._send(frames.encode_json(frames.SIGNAL, {"signal": int(signal.SIGINT), "interrupt": True}))
+                await self._send(frames.encode_signal(int(signal.SIGINT), interrupt=True))
             case list():
                 await self.backend.exec_run(self.context.workspace_id, plan, user=self.context.user)
 
@@ -633,12 +633,12 @@ class ProcessSession:
             raise InvalidSpecError(msg)
         self.last_used = time.monotonic()
         if self.spec.tty:
-            await self._send(frames.encode_json(frames.RESIZE, {"columns": columns, "rows": rows}))
+            await self._send(frames.encode_resize(columns, rows))
 
     async def send_signal(self, number: int) -> None:
         """Send signal ``number`` to the command's process group."""
         self.last_used = time.monotonic()
-        if not await self._send(frames.encode_json(frames.SIGNAL, {"signal": number, "interrupt": False})):
+        if not await self._send(frames.encode_signal(number, interrupt=False)):
             msg = f"process {self.process_id} has exited"
             raise FailedPreconditionError(msg)
 
@@ -652,7 +652,7 @@ class ProcessSession:
         grace = self.settings.kill_grace_s if grace_s is None else grace_s
         if self.running:
             self._requested.add(reason)
-            if await self._send(frames.encode_json(frames.KILL, {"grace_s": grace})):
+            if await self._send(frames.encode_kill(grace)):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(grace + 10.0):
                         await self._exited.wait()
@@ -668,7 +668,7 @@ class ProcessSession:
         config = {"mode": "reap", "marker": f"{MARKER_ENV}={self.process_id}", "grace_s": grace_s}
         try:
             await self.backend.exec_run(
-                self.context.workspace_id, script_argv("supervisor.py", config), user=self.context.user
+                self.context.workspace_id, script_argv("supervisor.py", config, tokens=True), user=self.context.user
             )
         except SandboxdError as exc:
             log.warning("process.reap_failed", process_id=self.process_id, error=exc.message)

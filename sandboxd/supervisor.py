@@ -1,8 +1,11 @@
 """In-container process supervisor (stdlib only, Python >= 3.6).
 
 The daemon never runs a user's command directly through ``docker exec``: it runs
-this file as ``python3 -I -S -c SOURCE CONFIG_JSON`` and the supervisor starts
-the command. That buys what a bare exec cannot give:
+this file as ``python3 -I -S -c SOURCE KEY VALUE ...`` (an ``env:NAME VALUE``
+pair per environment variable of the command) and the supervisor starts the
+command. It imports no ``json`` -- that alone would add ~12 ms to every command
+-- so its reports are written by a small encoder and the daemon's frames to it
+are plain text. That buys what a bare exec cannot give:
 
 * the command is its own session and process-group leader with default signal
   dispositions, so Ctrl-C reaches its whole group (SPEC §2.3);
@@ -33,16 +36,15 @@ Supervisor -> daemon (stdout):
     was copied, whole, to that file).
 Daemon -> supervisor (stdin):
     ``I`` bytes for the command's stdin; ``C`` close its stdin; ``S`` signal the
-    process group ``{"signal": int, "interrupt": bool}``; ``K`` kill the whole
-    tree ``{"grace_s": float}``; ``W`` terminal size ``{"columns", "rows"}``.
+    process group, ``"NUMBER,INTERRUPT"`` (signal 0 only marks a Ctrl-C); ``K``
+    kill the whole tree, ``"GRACE_SECONDS"``; ``W`` terminal size ``"COLUMNS,ROWS"``.
 
-A second mode, ``{"mode": "reap", ...}``, kills every process carrying a
+A second mode, ``mode reap``, kills every process carrying a
 marker environment entry; the daemon uses it when the supervisor of a command
 is gone (the command exited, or the supervisor itself was killed).
 """
 
 import errno
-import json
 import os
 import select
 import signal
@@ -56,6 +58,44 @@ MAX_PENDING_INPUT = 16 * 1024 * 1024
 PR_SET_CHILD_SUBREAPER = 36
 _CATCHABLE = [s for s in range(1, 65) if s not in (signal.SIGKILL, signal.SIGSTOP)]
 _OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
+
+
+def json_text(value):
+    """One JSON value: the stdlib ``json`` costs ~12 ms of start-up per command, so not used."""
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    out = []
+    for char in str(value):
+        code = ord(char)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif code < 0x20 or 0xD800 <= code <= 0xDFFF:
+            out.append("\\u%04x" % code)
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def dumps(obj):
+    """A flat dict as JSON bytes."""
+    return ("{" + ",".join(json_text(k) + ":" + json_text(v) for k, v in obj.items()) + "}").encode("utf-8")
+
+
+def parse_tokens(tokens):
+    """``KEY VALUE ...`` argv strings -> (config, env): ``env:NAME`` keys go to env."""
+    config, env = {}, {}
+    for key, value in zip(tokens[0::2], tokens[1::2]):
+        if key.startswith("env:"):
+            env[key[4:]] = value
+        else:
+            config[key] = value
+    return config, env
 
 
 def oom_kill_count():
@@ -223,27 +263,14 @@ def write_all(fd, data):
 class Supervisor:
     """Runs one command and relays it over the frame protocol."""
 
-    def __init__(self, config):
+    def __init__(self, config, env):
         self.command = config["command"]
         self.cwd = config.get("cwd") or "/"
-        self.tty = bool(config.get("tty"))
+        self.tty = config.get("tty") == "1"
         self.columns = int(config.get("columns") or 80)
         self.rows = int(config.get("rows") or 24)
         self.marker = config.get("marker", "").encode()
         self.shell = config.get("shell") or ""
-        # The timeout bounds everything the command started, even what outlives the
-        # top-level shell (a fork bomb's `:|:&` returns at once); 0 means none.
-        timeout_s = float(config.get("timeout_s") or 0)
-        self.deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
-        self.grace_s = float(config.get("grace_s", 2.0))
-        self.timed_out = False
-        self.spill = Spill(config.get("spill_path") or "", int(config.get("spill_after_bytes") or 0))
-        # The command's own environment is applied to the child only: a caller's PATH or
-        # LD_PRELOAD must not change how this supervisor runs.
-        self.env = dict(os.environ)
-        self.env.update(config.get("env") or {})
-        self.merge_stderr = bool(config.get("merge_stderr"))
-        self.last_input = b"\n"
         self.pid = 0
         self.statuses = {}
         self.out_fds = {}  # fd -> frame type
@@ -256,6 +283,19 @@ class Supervisor:
         self.interrupted = False
         self.kill_deadline = None
         self.oom_before = oom_kill_count()
+        # The timeout bounds everything the command started, even what outlives the
+        # top-level shell (a fork bomb's `:|:&` returns at once); 0 means none.
+        timeout_s = float(config.get("timeout_s") or 0)
+        self.deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+        self.grace_s = float(config.get("grace_s") or 2.0)
+        self.timed_out = False
+        self.spill = Spill(config.get("spill_path") or "", int(config.get("spill_after_bytes") or 0))
+        # The command's own environment is applied to the child only: a caller's PATH or
+        # LD_PRELOAD must not change how this supervisor runs.
+        self.env = dict(os.environ)
+        self.env.update(env)
+        self.merge_stderr = config.get("merge_stderr") == "1"
+        self.last_input = b"\n"
 
     # -- frames -----------------------------------------------------------
     def send(self, kind, payload):
@@ -268,7 +308,7 @@ class Supervisor:
             self.out_ok = False
 
     def send_json(self, kind, obj):
-        self.send(kind, json.dumps(obj).encode())
+        self.send(kind, dumps(obj))
 
     # -- start ------------------------------------------------------------
     def argv(self):
@@ -312,7 +352,7 @@ class Supervisor:
         except OSError as exc:
             # Typically EAGAIN: the workspace's pids limit is reached (a fork bomb, say).
             report = {"stage": "fork", "errno": exc.errno or 0, "message": "fork: %s" % (exc.strerror or exc)}
-            self.send(b"F", json.dumps(report).encode())
+            self.send(b"F", dumps(report))
             return False
         if pid == 0:  # child: never returns
             self.exec_child(program, argv, child_fds, err_r, err_w)
@@ -373,7 +413,7 @@ class Supervisor:
             if stage == "chdir":
                 message = "working directory %s: %s" % (self.cwd, exc.strerror)
             report = {"stage": stage, "errno": exc.errno or 0, "message": message}
-            os.write(err_w, json.dumps(report).encode())
+            os.write(err_w, dumps(report))
         finally:
             os._exit(127)
 
@@ -414,20 +454,19 @@ class Supervisor:
                 self.stdin_pending += b"\x04" if self.last_input in (b"\n", b"\r") else b"\x04\x04"
             self.flush_stdin()
         elif kind == b"S":
-            request = json.loads(payload.decode())
-            self.interrupted = self.interrupted or bool(request.get("interrupt"))
-            number = int(request["signal"])
+            number_text, _, interrupt = payload.decode().partition(",")
+            self.interrupted = self.interrupted or interrupt == "1"
+            number = int(number_text)
             if number:
                 try:
                     os.killpg(self.pid, number)
                 except OSError:
                     pass
         elif kind == b"K":
-            request = json.loads(payload.decode())
-            self.start_kill(float(request.get("grace_s", self.grace_s)))
+            self.start_kill(float(payload.decode() or self.grace_s))
         elif kind == b"W":
-            request = json.loads(payload.decode())
-            self.columns, self.rows = int(request["columns"]), int(request["rows"])
+            columns, _, rows = payload.decode().partition(",")
+            self.columns, self.rows = int(columns), int(rows)
             if self.tty:
                 self.set_winsize(self.stdin_fd)
                 try:
@@ -617,8 +656,8 @@ class Supervisor:
             for fd in readable:
                 if fd == self.wake_r:
                     self.drain_wakeups()
-                else:
-                    self.read_output(fd, forward=False)
+                elif not self.read_output(fd, forward=False):
+                    next_scan = 0.0  # a pipe closed: maybe nothing is left, look now
             reap_children(self.statuses)
 
     def wait_s(self):
@@ -652,21 +691,21 @@ def reap_marked(config):
     me = os.getpid()
     found = tree(me, 0, marker)
     signal_all(found, signal.SIGTERM)
-    deadline = time.monotonic() + float(config.get("grace_s", 2.0))
+    deadline = time.monotonic() + float(config.get("grace_s") or 2.0)
     pids = found
     while pids and time.monotonic() < deadline:
         time.sleep(0.05)
         pids = tree(me, 0, marker)
     hard_kill(me, 0, marker)
-    sys.stdout.write(json.dumps({"killed": len(found)}))
+    sys.stdout.write(dumps({"killed": len(found)}).decode())
     return 0
 
 
 def main(argv):
-    config = json.loads(argv[1])
+    config, env = parse_tokens(argv[1:])
     if config.get("mode") == "reap":
         return reap_marked(config)
-    return Supervisor(config).run()
+    return Supervisor(config, env).run()
 
 
 if __name__ == "__main__":

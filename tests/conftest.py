@@ -226,3 +226,21 @@ async def workspace(client, request: pytest.FixtureRequest) -> AsyncIterator[obj
     created = await client.create_workspace(labels={"test": request.node.name}, **options)
     yield created
     await client.delete_workspace(created.workspace_id)
+
+
+@pytest.fixture
+def workspace_id(daemon: DaemonThread) -> Iterator[str]:
+    """A workspace for tests that drive the CLI from a subprocess (made and removed with its own client)."""
+    from sandboxd_client import SandboxClient
+
+    async def create() -> str:
+        async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
+            return (await client.create_workspace(labels={"test": "cli"})).workspace_id
+
+    async def delete(workspace: str) -> None:
+        async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
+            await client.delete_workspace(workspace)
+
+    created = asyncio.run(create())
+    yield created
+    asyncio.run(delete(created))

@@ -18,7 +18,7 @@ import tarfile
 import termios
 import threading
 import tty as ttymode
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -237,10 +237,8 @@ async def _copy(client: SandboxClient, source: str, destination: str) -> None:
     into_dir = await asyncio.to_thread(local.is_dir)
     base = local if into_dir else local.parent
     rename = None if into_dir else local.name
-    reader, writer = os.pipe()
-    loop = asyncio.get_running_loop()
 
-    def extract() -> None:
+    def extract(reader: int) -> None:
         with os.fdopen(reader, "rb") as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
                 if rename is not None:
@@ -248,7 +246,14 @@ async def _copy(client: SandboxClient, source: str, destination: str) -> None:
                     member.name = rename + ("/" + rest if rest else "")
                 tar.extract(member, base, filter="data")
 
-    worker = loop.run_in_executor(None, extract)
+    await _download(client, workspace, path, extract)
+
+
+async def _download(client: SandboxClient, workspace: str, path: str, consume: Callable[[int], None]) -> None:
+    """Stream a Download into a pipe; ``consume`` (run in a thread) gets the read end's fd."""
+    reader, writer = os.pipe()
+    loop = asyncio.get_running_loop()
+    worker = loop.run_in_executor(None, consume, reader)
     try:
         with os.fdopen(writer, "wb") as sink:
             async for chunk in client.download(workspace, path):
@@ -258,10 +263,7 @@ async def _copy(client: SandboxClient, source: str, destination: str) -> None:
 
 
 async def _cat(client: SandboxClient, workspace: str, path: str) -> None:
-    reader, writer = os.pipe()
-    loop = asyncio.get_running_loop()
-
-    def emit() -> None:
+    def emit(reader: int) -> None:
         with os.fdopen(reader, "rb") as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
                 if not member.isfile():
@@ -273,13 +275,7 @@ async def _cat(client: SandboxClient, workspace: str, path: str) -> None:
                     sys.stdout.buffer.write(chunk)
         sys.stdout.buffer.flush()
 
-    worker = loop.run_in_executor(None, emit)
-    try:
-        with os.fdopen(writer, "wb") as sink:
-            async for chunk in client.download(workspace, path):
-                await loop.run_in_executor(None, sink.write, chunk)
-    finally:
-        await worker
+    await _download(client, workspace, path, emit)
 
 
 def _definitions(config: str | None) -> list[Any]:

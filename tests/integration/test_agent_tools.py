@@ -356,23 +356,6 @@ class TestCommandLineAndMcp:
             assert not result.is_error
 
 
-@pytest.fixture
-def workspace_id(daemon):  # type: ignore[no-untyped-def]
-    from sandboxd_client import SandboxClient
-
-    async def create() -> str:
-        async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
-            return (await client.create_workspace(labels={"test": "agent-cli"})).workspace_id
-
-    async def delete(workspace: str) -> None:
-        async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
-            await client.delete_workspace(workspace)
-
-    created = asyncio.run(create())
-    yield created
-    asyncio.run(delete(created))
-
-
 def test_scripted_agent_example(daemon) -> None:
     """examples/scripted_agent.py runs end to end against the daemon and all its checks pass."""
     from pathlib import Path

@@ -255,21 +255,3 @@ class TestCli:
         assert killed.stdout == f"{process_id} exited 143 (SIGTERM)\n"
         wrong = self._ctl(daemon, "kill", "ws-other", process_id)
         assert wrong.returncode == 1
-
-
-@pytest.fixture
-def workspace_id(daemon):  # type: ignore[no-untyped-def]
-    """A workspace for CLI tests, made and removed through the sync-free client API."""
-    import asyncio
-
-    async def create() -> str:
-        async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
-            return (await client.create_workspace(labels={"test": "cli"})).workspace_id
-
-    async def delete(workspace: str) -> None:
-        async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
-            await client.delete_workspace(workspace)
-
-    created = asyncio.run(create())
-    yield created
-    asyncio.run(delete(created))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 import sys
 import time
@@ -13,37 +12,16 @@ from sandboxd_client import (
     Exited,
     InvalidArgumentError,
     NotFoundError,
-    Output,
     ResourceExhaustedError,
     SandboxClient,
     Yielded,
 )
 
 from tests.conftest import DaemonThread, make_settings
+from tests.integration.helpers import collect, start_yielded
+from tests.integration.helpers import ps as alive
 
 pytestmark = pytest.mark.docker
-
-
-async def collect(handle) -> tuple[list[object], str]:  # type: ignore[no-untyped-def]
-    events = [event async for event in handle]
-    return events, "".join(e.text for e in events if isinstance(e, Output))
-
-
-async def alive(workspace, pattern: str) -> list[str]:  # type: ignore[no-untyped-def]
-    """Non-zombie command lines in the workspace fully matching ``pattern``."""
-    result = await workspace.exec("ps -eo stat=,args=").wait()
-    rows = [line.strip().split(None, 1) for line in result.stdout.splitlines() if line.strip()]
-    return [
-        args
-        for stat, args in (r for r in rows if len(r) == 2)
-        if not stat.startswith("Z") and re.fullmatch(pattern, args)
-    ]
-
-
-async def start_yielded(workspace, command: str, **options) -> str:  # type: ignore[no-untyped-def]
-    events, _ = await collect(workspace.exec(command, yield_after_s=0.25, **options))
-    assert isinstance(events[-1], Yielded), events[-1]
-    return events[-1].process_id
 
 
 @pytest.fixture
@@ -180,17 +158,17 @@ class TestInterrupts:
     async def test_tty_ctrl_c_kills_what_was_left(self, client, workspace) -> None:
         """Ctrl-C in tty mode also ends what the interrupted command left behind."""
         process_id = await start_yielded(workspace, "setsid sleep 240 & sleep 100", tty=True)
-        events, _ = await collect(client.input(process_id, "\u0003", yield_after_s=5))
+        events, _, _ = await collect(client.input(process_id, "\u0003", yield_after_s=5))
         assert (events[-1].exit_code, events[-1].stop_reason) == (130, "interrupted")
         assert await alive(workspace, r"sleep 240") == []
 
     async def test_caught_ctrl_c_then_timeout_is_timeout(self, client, workspace) -> None:
         """A Ctrl-C the command survives does not decide the stop reason: a later timeout does."""
         process_id = await start_yielded(workspace, "trap 'echo caught' INT; while :; do sleep 0.2; done", timeout_s=4)
-        events, out = await collect(client.input(process_id, "\u0003", yield_after_s=1))
+        events, out, _ = await collect(client.input(process_id, "\u0003", yield_after_s=1))
         assert out == "caught\n"
         assert isinstance(events[-1], Yielded)
-        events, _ = await collect(client.input(process_id, yield_after_s=10, follow=True))
+        events, _, _ = await collect(client.input(process_id, yield_after_s=10, follow=True))
         assert (events[-1].exit_code, events[-1].stop_reason) == (143, "timeout")
 
     async def test_caught_ctrl_c_then_kill_is_killed(self, client, workspace) -> None:
@@ -204,13 +182,13 @@ class TestInterrupts:
         """Signal accepts numbers and SIGRTMIN+N."""
         process_id = await start_yielded(workspace, "trap 'echo rt; exit 4' 35; while :; do sleep 0.1; done")
         await client.signal(process_id, "SIGRTMIN+1")
-        events, out = await collect(client.input(process_id, yield_after_s=5))
+        events, out, _ = await collect(client.input(process_id, yield_after_s=5))
         # Signal 35 is SIGRTMIN+1 in the container; bash may also report the sleep it killed.
         assert "rt" in out.splitlines()
         assert events[-1].exit_code == 4
         process_id = await start_yielded(workspace, "sleep 100")
         await client.signal(process_id, "9")
-        events, _ = await collect(client.input(process_id, yield_after_s=5))
+        events, _, _ = await collect(client.input(process_id, yield_after_s=5))
         assert (events[-1].exit_code, events[-1].signal) == (137, "SIGKILL")
 
 
@@ -222,7 +200,7 @@ class TestInputs:
         process_id = await start_yielded(workspace, "sleep 250", tty=True)
         with pytest.raises(InvalidArgumentError, match="terminal size"):
             await client.input(process_id, terminal_size=(70000, 10)).wait()
-        events, _ = await collect(client.input(process_id, yield_after_s=0.3))
+        events, _, _ = await collect(client.input(process_id, yield_after_s=0.3))
         assert isinstance(events[-1], Yielded)
         await client.kill(process_id)
 
@@ -251,13 +229,13 @@ class TestInputs:
         process_id = await start_yielded(workspace, "wc -c")
         with pytest.raises(InvalidArgumentError, match="at most"):
             await client.input(process_id, "a" * (1024 * 1024 + 1)).wait()
-        events, out = await collect(client.input(process_id, "abc", close_stdin=True, yield_after_s=5))
+        events, out, _ = await collect(client.input(process_id, "abc", close_stdin=True, yield_after_s=5))
         assert (out.strip(), events[-1].exit_code) == ("3", 0)
 
     async def test_tty_close_after_partial_line(self, client, workspace) -> None:
         """In tty mode, closing stdin after a partial line still gives the command end of file."""
         process_id = await start_yielded(workspace, "cat > got.txt; echo EOF-seen", tty=True)
-        events, out = await collect(client.input(process_id, "abc", close_stdin=True, yield_after_s=5))
+        events, out, _ = await collect(client.input(process_id, "abc", close_stdin=True, yield_after_s=5))
         assert isinstance(events[-1], Exited)
         assert "EOF-seen" in out
         assert (await workspace.exec("cat got.txt").wait()).stdout == "abc"
@@ -265,7 +243,7 @@ class TestInputs:
     async def test_raw_bytes_input(self, client, workspace) -> None:
         """Input data bytes arrive as they are; a lone 0x03 there is data, not Ctrl-C."""
         process_id = await start_yielded(workspace, "od -An -tx1")
-        events, out = await collect(
+        events, out, _ = await collect(
             client.input(process_id, data=b"\xff\xfe\x00\x03A", close_stdin=True, yield_after_s=5)
         )
         assert out.split() == ["ff", "fe", "00", "03", "41"]
@@ -349,18 +327,3 @@ class TestCliOptions:
         )
         assert run.returncode == 0
         assert run.stdout.split() == [b"ff", b"fe", b"00", b"03", b"41"]
-
-
-@pytest.fixture
-def workspace_id(daemon):  # type: ignore[no-untyped-def]
-    async def create() -> str:
-        async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
-            return (await client.create_workspace(labels={"test": "cli-options"})).workspace_id
-
-    async def delete(workspace: str) -> None:
-        async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
-            await client.delete_workspace(workspace)
-
-    created = asyncio.run(create())
-    yield created
-    asyncio.run(delete(created))

@@ -19,34 +19,9 @@ from sandboxd_client import (
 )
 
 from tests.conftest import DaemonThread, make_settings
+from tests.integration.helpers import collect, ps, start_yielded
 
 pytestmark = pytest.mark.docker
-
-
-async def collect(handle) -> tuple[list[object], str, str]:  # type: ignore[no-untyped-def]
-    """All events of a handle, with stdout and stderr text."""
-    events = [event async for event in handle]
-    out = "".join(e.text for e in events if isinstance(e, Output) and e.stream == "stdout")
-    err = "".join(e.text for e in events if isinstance(e, Output) and e.stream == "stderr")
-    return events, out, err
-
-
-async def ps(workspace, pattern: str) -> list[str]:  # type: ignore[no-untyped-def]
-    """Command lines of live (non-zombie) processes in the workspace that fully match ``pattern``."""
-    result = await workspace.exec("ps -eo stat=,args=").wait()
-    lines = [line.strip().split(None, 1) for line in result.stdout.splitlines() if line.strip()]
-    return [
-        args
-        for stat, args in (x for x in lines if len(x) == 2)
-        if not stat.startswith("Z") and re.fullmatch(pattern, args)
-    ]
-
-
-async def start_yielded(workspace, command: str, **options):  # type: ignore[no-untyped-def]
-    """Exec ``command`` with a 250 ms window; return its process id once it has yielded."""
-    events, _, _ = await collect(workspace.exec(command, yield_after_s=0.25, **options))
-    assert isinstance(events[-1], Yielded), events[-1]
-    return events[-1].process_id
 
 
 class TestYieldAndPoll:

@@ -53,3 +53,36 @@ def test_engine_text_is_not_frames() -> None:
     assert not looks_like_frames(text, b"PF")
     assert looks_like_frames(b"P\x00\x00\x00\x02{}", b"PF")
     assert "no python3" in engine_refusal(text).message
+
+
+def test_supervisor_json_encoder_round_trips() -> None:
+    """The supervisor's small JSON encoder agrees with json.loads on awkward strings."""
+    import json
+
+    from sandboxd import supervisor
+
+    values = {
+        "quote": 'say "hi" \\ back',
+        "control": "\x00\x01\n\t\x1f",
+        "unicode": "é€😀",
+        "surrogate": "bad\udcff byte",
+        "int": -7,
+        "float": 2.5,
+        "yes": True,
+        "no": False,
+        "none": None,
+    }
+    decoded = json.loads(supervisor.dumps(values))
+    assert decoded == values
+
+
+def test_token_argv_round_trips() -> None:
+    """Config passed as argv tokens comes back as the supervisor reads it, env apart."""
+    from sandboxd import supervisor
+
+    argv = script_argv(
+        "supervisor.py", {"command": "-x 'y'", "tty": True, "rows": 30, "env": {"A": "1", "B": ""}}, tokens=True
+    )
+    config, env = supervisor.parse_tokens(argv[5:])
+    assert config == {"command": "-x 'y'", "tty": "1", "rows": "30"}
+    assert env == {"A": "1", "B": ""}

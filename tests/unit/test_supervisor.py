@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from sandboxd import frames
-from sandboxd.processes import supervisor_source
+from sandboxd.incontainer import script_argv
 
 
 class Supervised:
@@ -33,13 +33,11 @@ class Supervised:
         marker = f"SANDBOXD_PROCESS_ID=test-{secrets.token_hex(4)}"
         full = {"command": command, "cwd": "/tmp", "marker": marker, **config}
         env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
+        # The marker env carries the marker as the command's env would; the supervisor itself has it too here.
+        full["env"] = {marker.split("=")[0]: marker.split("=")[1]}
         process = await asyncio.create_subprocess_exec(
             sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            supervisor_source(),
-            json.dumps(full),
+            *script_argv("supervisor.py", full, tokens=True)[1:],
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=env,
@@ -176,7 +174,7 @@ class TestSignals:
         sup = await run("sleep 1000 & sleep 1001")
         await sup.started()
         await asyncio.sleep(0.3)
-        await sup.send(frames.encode_json(frames.SIGNAL, {"signal": 2, "interrupt": True}))
+        await sup.send(frames.encode_signal(2, interrupt=True))
         _, _, status = await sup.until_exit()
         assert status["exit_code"] == 130
         assert _alive_with_marker(sup.marker, sup.process.pid) == []
@@ -186,7 +184,7 @@ class TestSignals:
         sup = await run("trap 'echo got INT; exit 42' INT; while :; do sleep 0.1; done")
         await sup.started()
         await asyncio.sleep(0.3)
-        await sup.send(frames.encode_json(frames.SIGNAL, {"signal": 2, "interrupt": True}))
+        await sup.send(frames.encode_signal(2, interrupt=True))
         out, _, status = await sup.until_exit()
         assert (out, status["exit_code"], status["signal"]) == (b"got INT\n", 42, 0)
 
@@ -196,7 +194,7 @@ class TestSignals:
         await sup.started()
         await asyncio.sleep(0.5)
         assert len(_alive_with_marker(sup.marker, sup.process.pid)) >= 4
-        await sup.send(frames.encode_json(frames.KILL, {"grace_s": 0.5}))
+        await sup.send(frames.encode_kill(0.5))
         _, _, status = await asyncio.wait_for(sup.until_exit(), 10)
         assert (status["exit_code"], status["signal"]) == (137, 9)
         assert _alive_with_marker(sup.marker, sup.process.pid) == []
@@ -205,7 +203,7 @@ class TestSignals:
         """A command that obeys SIGTERM is reported as ended by SIGTERM."""
         sup = await run("sleep 1000")
         await sup.started()
-        await sup.send(frames.encode_json(frames.KILL, {"grace_s": 5}))
+        await sup.send(frames.encode_kill(5))
         _, _, status = await asyncio.wait_for(sup.until_exit(), 5)
         assert (status["exit_code"], status["signal"]) == (143, 15)
 
@@ -242,11 +240,7 @@ class TestReapMode:
         await asyncio.sleep(0.2)
         reaper = await asyncio.create_subprocess_exec(
             sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            supervisor_source(),
-            json.dumps({"mode": "reap", "marker": marker, "grace_s": 0.5}),
+            *script_argv("supervisor.py", {"mode": "reap", "marker": marker, "grace_s": 0.5}, tokens=True)[1:],
             stdout=asyncio.subprocess.PIPE,
         )
         out, _ = await asyncio.wait_for(reaper.communicate(), 10)
