@@ -28,6 +28,8 @@ import tempfile
 
 HEADER = struct.Struct(">cI")
 CHUNK = 65536
+PROC_FILE_CAP = 64 * 1024 * 1024
+"""Most bytes read from a file that reports size 0 (``/proc``, ``/sys``)."""
 
 
 class OpError(Exception):
@@ -52,6 +54,7 @@ _CODES = {
     errno.ELOOP: "invalid",
     errno.ENAMETOOLONG: "invalid",
     errno.EXDEV: "invalid",
+    errno.EINVAL: "invalid",
 }
 
 
@@ -113,8 +116,9 @@ class FrameIn:
                 return
             chunk = os.read(0, CHUNK)
             if not chunk:
-                self.done = True
-                return
+                # The daemon hung up before its end-of-data frame: the call was cancelled.
+                # Committing what arrived would leave a truncated file.
+                raise OpError("aborted", "the data stream was cut off before its end; nothing was written")
             self.buffer += chunk
 
     def read(self, size=-1):
@@ -160,19 +164,29 @@ def describe(path, name=None, follow=False):
 
 
 def open_regular(path):
-    """Open ``path`` for reading, refusing directories and special files."""
+    """Open ``path`` for reading, refusing directories and special files.
+
+    Opened non-blocking first, so a FIFO cannot hang the call before it is refused.
+    """
     try:
-        fh = open(path, "rb")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise from_os_error(exc, path)
-    st = os.fstat(fh.fileno())
+    st = os.fstat(fd)
     if stat.S_ISDIR(st.st_mode):
-        fh.close()
+        os.close(fd)
         raise OpError("is_directory", "%s is a directory" % path, errno.EISDIR)
     if not stat.S_ISREG(st.st_mode):
-        fh.close()
+        os.close(fd)
         raise OpError("invalid", "%s is not a regular file" % path)
-    return fh, st
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb"), st
+
+
+def read_limit(st, cap):
+    """Bytes to read: the size when opened (a file that keeps growing cannot hold the call),
+    or up to ``cap`` for files that report no size (``/proc``)."""
+    return st.st_size if st.st_size > 0 else cap
 
 
 def op_read(req):
@@ -184,8 +198,10 @@ def op_read(req):
             raise OpError("too_large", "%s is %d bytes; the limit is %d" % (path, st.st_size, max_bytes))
         digest = hashlib.sha256()
         total = 0
-        while True:
-            chunk = fh.read(CHUNK)
+        remaining = read_limit(st, max_bytes + 1)
+        while remaining > 0:
+            chunk = fh.read(min(CHUNK, remaining))
+            remaining -= len(chunk)
             if not chunk:
                 break
             total += len(chunk)
@@ -204,6 +220,7 @@ def op_read_text(req):
     keep = int(req["keep_bytes"])
     fh, st = open_regular(path)
     lines = []  # (chars, kept bytes)
+    ends_cr = False
     line_no = 1
     current = b""
     chars = 0
@@ -211,11 +228,13 @@ def op_read_text(req):
     binary = False
     size = 0
     last_byte = b""
+    remaining = read_limit(st, PROC_FILE_CAP)
     with fh:
-        while True:
-            chunk = fh.read(1 << 20)
+        while remaining > 0:
+            chunk = fh.read(min(1 << 20, remaining))
             if not chunk:
                 break
+            remaining -= len(chunk)
             size += len(chunk)
             last_byte = chunk[-1:]
             if b"\0" in chunk:
@@ -229,12 +248,15 @@ def op_read_text(req):
                     if len(current) < keep:
                         current += piece[: keep - len(current)]
                     chars += len(decoder.decode(piece))
+                    if piece:
+                        ends_cr = piece.endswith(b"\r")
                 if end < 0:
                     break
                 if first <= line_no <= last:
                     chars += len(decoder.decode(b"", True))
-                    lines.append((chars, current))
-                    current, chars = b"", 0
+                    # A CR before the newline is a line ending, not shown and not counted.
+                    lines.append((chars - (1 if ends_cr else 0), current))
+                    current, chars, ends_cr = b"", 0, False
                     decoder.reset()
                 line_no += 1
                 start = end + 1
@@ -261,70 +283,136 @@ def sha256_of(path):
             digest.update(chunk)
 
 
+def stat_or_none(path):
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise from_os_error(exc, path)
+
+
+def check_target(st, path, target):
+    if st is None:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise OpError("is_directory", "%s is a directory" % path, errno.EISDIR)
+    if not stat.S_ISREG(st.st_mode):
+        raise OpError("invalid", "%s is not a regular file" % path)
+    if not os.access(target, os.W_OK):
+        raise OpError("permission", "%s: Permission denied" % path, errno.EACCES)
+
+
+class DirectoryLock(object):
+    """flock on the parent directory: writers through fileops (EditFile's compare-and-swap
+    among them) take turns, whatever name or link they reached the file by."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.fd = -1
+
+    def __enter__(self):
+        import fcntl
+
+        try:
+            self.fd = os.open(self.directory, os.O_RDONLY)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # an unreadable directory cannot be locked; the write still happens
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.fd >= 0:
+            os.close(self.fd)  # closing drops the lock
+        return False
+
+
+def copy_stream(source, out):
+    size = 0
+    for piece in source.chunks():
+        out.write(piece)
+        size += len(piece)
+    return size
+
+
 def op_write(req):
-    """Write stdin's bytes to ``path``: atomically (temp file + rename) where the directory allows it."""
+    """Write stdin's bytes to ``path``: atomically (temp file + rename) where the directory allows it.
+
+    The data is received in full before the file is touched, so a cancelled call
+    changes nothing. The compare-and-swap check (``expect_sha256``) and the
+    commit happen together under a lock on the directory.
+    """
     path = req["path"]
-    source = FrameIn()
+    if path.endswith("/"):
+        raise OpError("is_directory", "%s names a directory, not a file" % path, errno.EISDIR)
     target = os.path.realpath(path) if os.path.islink(path) else path
     parent = os.path.dirname(target) or "."
     if req.get("mkdirs"):
         try:
             os.makedirs(parent, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise OpError("not_directory", "%s: a parent of this path is not a directory" % path, errno.ENOTDIR)
         except OSError as exc:
             raise from_os_error(exc, parent)
-    try:
-        st = os.stat(target)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise from_os_error(exc, target)
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise OpError("is_directory", "%s is a directory" % path, errno.EISDIR)
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise OpError("invalid", "%s is not a regular file" % path)
-    if st is not None and not os.access(target, os.W_OK):
-        raise OpError("permission", "%s: Permission denied" % path, errno.EACCES)
-    expect = req.get("expect_sha256")
-    if expect is not None:
-        current = "absent" if st is None else sha256_of(target)
-        if current != expect:
-            raise OpError("conflict", "%s changed since it was read" % path)
-    old_size = st.st_size if st is not None else -1
-    max_old = int(req.get("return_old_max", 0))
-    if st is not None and 0 <= old_size <= max_old:
-        with open(target, "rb") as fh:
-            while True:
-                chunk = fh.read(CHUNK)
-                if not chunk:
-                    break
-                send(b"D", chunk)
+    st = stat_or_none(target)
+    check_target(st, path, target)
+    source = FrameIn()
     atomic = os.access(parent, os.W_OK | os.X_OK) and (st is None or st.st_uid == os.getuid())
-    size = 0
     if atomic:
         try:
-            fd, tmp = tempfile.mkstemp(dir=parent, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
+            fd, staged = tempfile.mkstemp(dir=parent, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
         except OSError as exc:
             raise from_os_error(exc, parent)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for piece in source.chunks():
-                    out.write(piece)
-                    size += len(piece)
-                out.flush()
-                os.fsync(out.fileno())
-                if st is not None:
-                    os.fchmod(out.fileno(), stat.S_IMODE(st.st_mode))
+        spool = os.fdopen(fd, "w+b")
+    else:
+        # The directory is not ours to create files in, but the file is writable: it will be
+        # written in place, as the shell's `>` would; the data waits in a spool until then.
+        staged = None
+        spool = tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024)
+    try:
+        with spool:
+            size = copy_stream(source, spool)
+            spool.flush()
+            with DirectoryLock(parent):
+                st = stat_or_none(target)
+                check_target(st, path, target)
+                expect = req.get("expect_sha256")
+                if expect is not None:
+                    current = "absent" if st is None else sha256_of(target)
+                    if current != expect:
+                        raise OpError("conflict", "%s changed since it was read" % path)
+                old_size = st.st_size if st is not None else -1
+                if st is not None and 0 <= old_size <= int(req.get("return_old_max", 0)):
+                    with open(target, "rb") as fh:
+                        for chunk in iter(lambda: fh.read(CHUNK), b""):
+                            send(b"D", chunk)
+                if staged is not None:
+                    os.fsync(spool.fileno())
+                    if st is not None:
+                        os.fchmod(spool.fileno(), stat.S_IMODE(st.st_mode))
+                    else:
+                        umask = os.umask(0)
+                        os.umask(umask)
+                        os.fchmod(spool.fileno(), 0o666 & ~umask)
+                    os.rename(staged, target)
+                    staged = None
                 else:
-                    umask = os.umask(0)
-                    os.umask(umask)
-                    os.fchmod(out.fileno(), 0o666 & ~umask)
-            os.rename(tmp, target)
-        except OSError as exc:
+                    spool.seek(0)
+                    with open(target, "r+b" if st is not None else "wb") as out:
+                        out.truncate(0)
+                        for chunk in iter(lambda: spool.read(CHUNK), b""):
+                            out.write(chunk)
+                        out.flush()
+                        os.fsync(out.fileno())
+    except OSError as exc:
+        raise from_os_error(exc, path)
+    finally:
+        if staged is not None:
             try:
-                os.unlink(tmp)
+                os.unlink(staged)
             except OSError:
                 pass
-            raise from_os_error(exc, path)
+    if atomic:
         try:
             dir_fd = os.open(parent, os.O_RDONLY)
             try:
@@ -333,19 +421,6 @@ def op_write(req):
                 os.close(dir_fd)
         except OSError:
             pass
-    else:
-        # The directory is not ours to create files in, but the file is writable:
-        # write it in place, as the shell's `>` would.
-        try:
-            with open(target, "r+b" if st is not None else "wb") as out:
-                out.truncate(0)
-                for piece in source.chunks():
-                    out.write(piece)
-                    size += len(piece)
-                out.flush()
-                os.fsync(out.fileno())
-        except OSError as exc:
-            raise from_os_error(exc, path)
     if st is not None:
         bump_mtime(target, st)
     return {"created": st is None, "size": size, "old_size": old_size, "atomic": atomic}
@@ -412,21 +487,43 @@ def op_move(req):
     try:
         if not req.get("overwrite") and os.path.lexists(destination):
             raise OpError("exists", "%s already exists" % destination, errno.EEXIST)
-        os.rename(source, destination)
+        try:
+            os.rename(source, destination)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            # Another filesystem (say /workspace to /tmp): copy, then remove, as mv does.
+            import shutil
+
+            if os.path.isdir(source) and not os.path.islink(source):
+                shutil.copytree(source, destination, symlinks=True)
+                shutil.rmtree(source)
+            else:
+                shutil.copy2(source, destination, follow_symlinks=False)
+                os.unlink(source)
     except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise OpError("invalid", "cannot move %s into itself (%s)" % (source, destination), exc.errno)
         raise from_os_error(exc, source)
     return {}
 
 
 def op_download(req):
+    """A tar of a file or tree; FIFOs, sockets and devices are left out (a copy has no use for them)."""
     path = req["path"].rstrip("/") or "/"
+    if req.get("follow"):
+        path = os.path.realpath(path)
     try:
         os.lstat(path)
     except OSError as exc:
         raise from_os_error(exc, path)
+
+    def keep(member):
+        return member if (member.isfile() or member.isdir() or member.issym() or member.islnk()) else None
+
     out = FrameOut()
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
-        archive.add(path, arcname=os.path.basename(path) or "root", recursive=True)
+        archive.add(path, arcname=os.path.basename(path) or "root", recursive=True, filter=keep)
     out.flush()
     return {}
 
@@ -436,6 +533,17 @@ def _safe_name(name):
     if name.startswith("/") or ".." in parts or not parts:
         raise OpError("invalid", "unsafe path in archive: %r" % name)
     return "/".join(parts)
+
+
+def _inside(root, name):
+    """The path of archive member ``name`` under ``root``, refusing one that passes through a symlink
+    (a link in the archive, or already there, would carry later members outside ``root``)."""
+    name = _safe_name(name)
+    parts = name.split("/")
+    for depth in range(1, len(parts)):
+        if os.path.islink(os.path.join(root, *parts[:depth])):
+            raise OpError("invalid", "unsafe path in archive: %r goes through a symlink" % name)
+    return os.path.join(root, name)
 
 
 def op_upload(req):
@@ -450,8 +558,7 @@ def op_upload(req):
     try:
         with tarfile.open(fileobj=FrameIn(), mode="r|*") as archive:
             for member in archive:
-                name = _safe_name(member.name)
-                target = os.path.join(root, name)
+                target = _inside(root, member.name)
                 if member.isdir():
                     os.makedirs(target, exist_ok=True)
                     os.chmod(target, member.mode & 0o7777 | 0o700)
@@ -475,7 +582,7 @@ def op_upload(req):
                     os.symlink(member.linkname, target)
                 elif member.islnk():
                     os.makedirs(os.path.dirname(target), exist_ok=True)
-                    os.link(os.path.join(root, _safe_name(member.linkname)), target)
+                    os.link(_inside(root, member.linkname), target)
                 else:
                     continue  # devices and fifos are not extracted
                 count += 1

@@ -19,9 +19,12 @@ import difflib
 import io
 import json
 import posixpath
+import random
+import secrets
 import struct
+import warnings
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Sequence
 from typing import Any
 
 import structlog
@@ -29,6 +32,7 @@ import structlog
 from . import frames
 from .backend.base import Backend
 from .errors import (
+    ExecTimeoutError,
     FailedPreconditionError,
     InvalidSpecError,
     PathExistsError,
@@ -81,7 +85,10 @@ IMAGE_MAX_BYTES = 5 * 1024 * 1024
 """Largest image ReadImage returns (seed 000: 5 MB)."""
 _IMAGE_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
 _BOM = b"\xef\xbb\xbf"
-_EDIT_ATTEMPTS = 5
+_EDIT_ATTEMPTS = 50
+_OP_MARKER = "SANDBOXD_FILE_OP"
+FILE_OP_TIMEOUT_S = 120.0
+"""Longest one file operation may take inside the container, in seconds."""
 
 
 # -- pure semantics ------------------------------------------------------------------------------
@@ -167,6 +174,19 @@ def format_page(lines: Sequence[tuple[int, bytes]], *, first_line: int, total_li
         next_offset=next_offset,
         lines_truncated=truncated,
     )
+
+
+def split_lines(text: str) -> list[str]:
+    r"""Lines with their endings, split on ``\n`` only.
+
+    ``str.splitlines`` also breaks on form feeds, ``\x1c``-``\x1e``, ``\x85``,
+    U+2028 and lone CRs, which would put diff hunks on the wrong line numbers.
+    """
+    parts = text.split("\n")
+    lines = [part + "\n" for part in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
 
 
 def _line_of(text: str, position: int) -> int:
@@ -259,7 +279,7 @@ def edit_diff(
     ``max_hunks`` hunks the rest is summarised as ``…and N more replacements``.
     A line without a final newline carries ``\ No newline at end of file``.
     """
-    lines = text.splitlines(keepends=True)
+    lines = split_lines(text)
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line))
@@ -296,7 +316,7 @@ def edit_diff(
                 index += 1
                 last = max(last, blocks[index][1])
                 sites = sites + blocks[index][2]
-        changed.append((first, last, replaced.splitlines(keepends=True), len(sites)))
+        changed.append((first, last, split_lines(replaced), len(sites)))
         index += 1
 
     out = [f"--- a/{path.lstrip('/')}", f"+++ b/{path.lstrip('/')}"]
@@ -340,8 +360,8 @@ def unified_diff(old: str, new: str, path: str, *, context: int = 3) -> str:
 
     Changes closer than ``2 * context`` lines share a hunk, as in git.
     """
-    a = old.splitlines(keepends=True)
-    b = new.splitlines(keepends=True)
+    a = split_lines(old)
+    b = split_lines(new)
     out = [f"--- a/{path.lstrip('/')}", f"+++ b/{path.lstrip('/')}"]
     for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(context):
         i1, i2, j1, j2 = group[0][1], group[-1][2], group[0][3], group[-1][4]
@@ -399,13 +419,13 @@ def write_summary(path: str, new: bytes, old: bytes | None, *, old_size: int, cr
         return f"{head}\nBinary content: no text diff.", ""
     old_text = old.decode("utf-8", "surrogateescape")
     new_text = new.decode("utf-8", "surrogateescape")
-    old_lines, new_lines = old_text.splitlines(keepends=True), new_text.splitlines(keepends=True)
+    old_lines, new_lines = split_lines(old_text), split_lines(new_text)
     # Lines added and removed, counted as multisets: linear, and exact for a small change.
     added = sum((collections.Counter(new_lines) - collections.Counter(old_lines)).values())
     removed = sum((collections.Counter(old_lines) - collections.Counter(new_lines)).values())
     if added + removed <= MAX_WRITE_DIFF_LINES and len(old_lines) + len(new_lines) <= MAX_DIFFED_LINES:
         diff = unified_diff(old_text, new_text, path)
-        if len(diff.splitlines()) - 2 <= MAX_WRITE_DIFF_LINES * 3:
+        if diff.count("\n") - 1 <= MAX_WRITE_DIFF_LINES * 3:
             return f"{head}\n{diff}", diff
     return f"{head}\n+{added}/-{removed} lines changed (diff too large to show)", ""
 
@@ -432,10 +452,17 @@ def sniff_image(data: bytes, source: str) -> ImageData:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            kind = image.format or ""
-            width, height = image.size
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        with warnings.catch_warnings():
+            # Only the header is read, never the pixels: a huge canvas is no bomb here.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+            try:
+                with Image.open(io.BytesIO(data)) as image:
+                    kind = image.format or ""
+                    width, height = image.size
+            finally:
+                Image.MAX_IMAGE_PIXELS = limit
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         msg = f"{source} is not a png, jpeg, gif or webp image"
         raise FailedPreconditionError(msg) from exc
     if kind not in _IMAGE_TYPES:
@@ -486,6 +513,7 @@ class FileManager:
         self.backend = backend
         self.workspaces = workspaces
         self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = weakref.WeakValueDictionary()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def _lock(self, workspace_id: str, path: str) -> asyncio.Lock:
         key = (workspace_id, path)
@@ -498,12 +526,21 @@ class FileManager:
     async def _stream(
         self, workspace_id: str, request: dict[str, Any], stdin: AsyncIterable[bytes] | None = None
     ) -> AsyncIterator[tuple[bytes, bytes]]:
-        """Run one fileops request; yield its ``D``/``L`` frames, end with ``R`` or raise its error."""
+        """Run one fileops request; yield its ``D``/``L`` frames, end with ``R`` or raise its error.
+
+        The in-container process carries a marker: if the call ends any other way
+        (cancelled, timed out, the stream broken), it is killed rather than left behind.
+        """
         context = await self.workspaces.exec_context(workspace_id)
+        marker = f"{_OP_MARKER}={secrets.token_hex(8)}"
         stream = await self.backend.exec_stream(
-            workspace_id, script_argv("fileops.py", request), env={}, user=context.user
+            workspace_id,
+            script_argv("fileops.py", request),
+            env={_OP_MARKER: marker.split("=", 1)[1]},
+            user=context.user,
         )
         feeder: asyncio.Task[None] | None = None
+        finished = False
 
         async def feed() -> None:
             assert stdin is not None
@@ -532,9 +569,12 @@ class FileManager:
                 first = False
                 for kind, payload in decoder.feed(data):
                     if kind == b"E":
+                        finished = True
                         error = json.loads(payload)
                         cls = _Conflict if error["code"] == "conflict" else _ERRORS.get(error["code"], SandboxdError)
                         raise cls(error["message"])
+                    if kind == b"R":
+                        finished = True
                     yield kind, payload
                     if kind == b"R":
                         return
@@ -547,6 +587,24 @@ class FileManager:
                 with contextlib.suppress(asyncio.CancelledError):
                     await feeder
             await stream.close()
+            if not finished:
+                self._spawn(self._reap(workspace_id, context.user, marker))
+
+    async def _reap(self, workspace_id: str, user: str, marker: str) -> None:
+        config = {"mode": "reap", "marker": marker, "grace_s": 0.5}
+        with contextlib.suppress(SandboxdError):
+            await self.backend.exec_run(workspace_id, script_argv("supervisor.py", config, tokens=True), user=user)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Finish clean-up work still running (reaps of abandoned operations)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _call(
         self, workspace_id: str, request: dict[str, Any], stdin: AsyncIterable[bytes] | None = None
@@ -554,14 +612,19 @@ class FileManager:
         data = bytearray()
         lines: list[tuple[int, bytes]] = []
         result: dict[str, Any] = {}
-        async for kind, payload in self._stream(workspace_id, request, stdin):
-            if kind == b"D":
-                data += payload
-            elif kind == b"L":
-                (chars,) = struct.unpack_from(">Q", payload)
-                lines.append((chars, payload[8:]))
-            elif kind == b"R":
-                result = json.loads(payload)
+        try:
+            async with asyncio.timeout(FILE_OP_TIMEOUT_S):
+                async for kind, payload in self._stream(workspace_id, request, stdin):
+                    if kind == b"D":
+                        data += payload
+                    elif kind == b"L":
+                        (chars,) = struct.unpack_from(">Q", payload)
+                        lines.append((chars, payload[8:]))
+                    elif kind == b"R":
+                        result = json.loads(payload)
+        except TimeoutError:
+            msg = f"the file operation did not finish within {FILE_OP_TIMEOUT_S:g} s and was stopped"
+            raise ExecTimeoutError(msg) from None
         return _Reply(result=result, data=bytes(data), lines=lines)
 
     # -- operations ---------------------------------------------------------------------------------
@@ -620,7 +683,10 @@ class FileManager:
         """
         resolved = resolve_path(path)
         async with self._lock(workspace_id, resolved):
-            for _ in range(_EDIT_ATTEMPTS):
+            for attempt in range(_EDIT_ATTEMPTS):
+                if attempt:
+                    # Someone else wrote the file (through another name, or the shell): re-read and re-apply.
+                    await asyncio.sleep(random.uniform(0, 0.02 * attempt))
                 reply = await self._call(workspace_id, {"op": "read", "path": resolved, "max_bytes": MAX_EDIT_BYTES})
                 outcome = await asyncio.to_thread(
                     apply_edit, reply.data, old, new, replace_all=replace_all, path=resolved
@@ -699,9 +765,10 @@ class FileManager:
         reply = await self._call(workspace_id, {"op": "upload", "path": resolved}, archive)
         return resolved, reply.result
 
-    async def download(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
-        """Stream a file or tree as a tar archive."""
-        async for kind, payload in self._stream(workspace_id, {"op": "download", "path": resolve_path(path)}):
+    async def download(self, workspace_id: str, path: str, *, follow: bool = False) -> AsyncIterator[bytes]:
+        """Stream a file or tree as a tar archive (of a final symlink's target with ``follow``)."""
+        request = {"op": "download", "path": resolve_path(path), "follow": follow}
+        async for kind, payload in self._stream(workspace_id, request):
             if kind == b"D":
                 yield payload
 

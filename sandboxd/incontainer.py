@@ -72,9 +72,12 @@ def looks_like_frames(first_chunk: bytes, kinds: bytes) -> bool:
 def engine_refusal(text: bytes) -> SandboxdError:
     """Turn the engine's own error text from a failed exec into a clear precondition error."""
     detail = text.decode("utf-8", "replace").strip().splitlines()[0][:300] if text.strip() else "no detail"
-    if "resource temporarily unavailable" in detail.lower():
+    lowered = detail.lower()
+    if "resource temporarily unavailable" in lowered or "read init-p" in lowered:
+        # runc could not fork its init (EAGAIN), or that init died at once: what a full pids
+        # cgroup does to `docker exec` (a fork bomb, say).
         return QuotaExceededError(
-            f"the workspace's process limit is reached, so nothing more can start there ({detail})"
+            f"the container could not start a new process; the workspace is likely at its process limit ({detail})"
         )
     if "python3" in detail and ("not found" in detail or "no such file" in detail.lower()):
         return FailedPreconditionError(

@@ -252,6 +252,19 @@ class SandboxClient:
         )
         return await retrying(attempt)
 
+    async def health(self, service: str = "") -> str:
+        """The daemon's gRPC health status (``SERVING``, ``NOT_SERVING``, ...) for ``service`` ("" = overall).
+
+        Raises:
+            UnavailableError: the daemon cannot be reached.
+        """
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        request = health_pb2.HealthCheckRequest(service=service)
+        response = await self._unary(lambda: stub.Check(request, timeout=10))
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
     # -- workspaces -----------------------------------------------------------------------------
     async def create_workspace(
         self,
@@ -516,9 +529,14 @@ class SandboxClient:
         r = await self._unary(lambda: self._files.Upload(requests()))
         return int(r.entry_count)
 
-    async def download(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
-        """Stream a file or tree as a tar archive whose one top-level entry is the path's base name."""
-        call = self._files.Download(fpb.DownloadRequest(workspace_id=workspace_id, path=path))
+    async def download(self, workspace_id: str, path: str, *, follow_symlinks: bool = False) -> AsyncIterator[bytes]:
+        """Stream a file or tree as a tar archive whose one top-level entry is the path's base name.
+
+        FIFOs, sockets and devices are left out. ``follow_symlinks`` archives what a
+        final symlink points to instead of the link.
+        """
+        request = fpb.DownloadRequest(workspace_id=workspace_id, path=path, follow_symlinks=follow_symlinks)
+        call = self._files.Download(request)
         try:
             async for message in call:
                 yield message.chunk

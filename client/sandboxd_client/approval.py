@@ -25,6 +25,7 @@ __all__ = ["Approval", "ApprovalDecision", "Mode", "Rule"]
 Mode = Literal["allow-all", "deny-all", "read-only", "always-ask"]
 Rule = Literal["allow", "ask", "deny"]
 MODES: tuple[Mode, ...] = ("allow-all", "deny-all", "read-only", "always-ask")
+RULES: tuple[Rule, ...] = ("allow", "ask", "deny")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,10 @@ class Approval:
         if mode not in MODES:
             msg = f"unknown approval mode {mode!r}; use one of {', '.join(MODES)}"
             raise ValueError(msg)
+        for effect, rule in (policy or {}).items():
+            if rule not in RULES:
+                msg = f"policy for {effect!r} is {rule!r}; use one of {', '.join(RULES)}"
+                raise ValueError(msg)
         self.approve = approve
         self.mode = mode
         self.policy = dict(policy or {})

@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     cat.add_argument("workspace")
     cat.add_argument("path")
 
+    commands.add_parser("health", help="check the daemon answers (gRPC health); exit 0 when SERVING")
+
     tool = commands.add_parser("tool", help="run one agent tool call and print what the model would see")
     tool.add_argument("workspace")
     tool.add_argument("name", help="exec_command, input_command, read_file, edit_file, write_file, ...")
@@ -169,6 +171,10 @@ async def _run(opts: argparse.Namespace) -> int:
             return 0
         if opts.command == "tool":
             return await _tool(client, opts)
+        if opts.command == "health":
+            status = await client.health()
+            print(status)
+            return 0 if status == "SERVING" else 1
         if opts.command == "mcp":
             return await _mcp(client, opts)
         if opts.command == "rm":
@@ -239,27 +245,46 @@ async def _copy(client: SandboxClient, source: str, destination: str) -> None:
     rename = None if into_dir else local.name
 
     def extract(reader: int) -> None:
+        # The "tar" filter keeps modes and symlinks as they are (as docker cp does) but refuses
+        # anything that would land outside the destination, links followed; special files are skipped.
         with os.fdopen(reader, "rb") as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
+                if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+                    continue
                 if rename is not None:
                     _, _, rest = member.name.partition("/")
                     member.name = rename + ("/" + rest if rest else "")
-                tar.extract(member, base, filter="data")
+                tar.extract(member, base, filter="tar")
 
     await _download(client, workspace, path, extract)
 
 
-async def _download(client: SandboxClient, workspace: str, path: str, consume: Callable[[int], None]) -> None:
-    """Stream a Download into a pipe; ``consume`` (run in a thread) gets the read end's fd."""
+async def _download(
+    client: SandboxClient, workspace: str, path: str, consume: Callable[[int], None], *, follow: bool = False
+) -> None:
+    """Stream a Download into a pipe; ``consume`` (run in a thread) gets the read end's fd.
+
+    The daemon's error (not found, say) wins over what the half-fed consumer then
+    complains about; a broken archive is reported in one line too.
+    """
     reader, writer = os.pipe()
     loop = asyncio.get_running_loop()
     worker = loop.run_in_executor(None, consume, reader)
+    failure: BaseException | None = None
     try:
         with os.fdopen(writer, "wb") as sink:
-            async for chunk in client.download(workspace, path):
+            async for chunk in client.download(workspace, path, follow_symlinks=follow):
                 await loop.run_in_executor(None, sink.write, chunk)
-    finally:
+    except (SandboxError, BrokenPipeError) as exc:
+        failure = exc
+    try:
         await worker
+    except (tarfile.TarError, OSError) as exc:
+        if failure is None:
+            msg = f"cannot unpack {path}: {exc}"
+            raise SandboxError(msg) from None
+    if failure is not None and not isinstance(failure, BrokenPipeError):
+        raise failure
 
 
 async def _cat(client: SandboxClient, workspace: str, path: str) -> None:
@@ -275,7 +300,7 @@ async def _cat(client: SandboxClient, workspace: str, path: str) -> None:
                     sys.stdout.buffer.write(chunk)
         sys.stdout.buffer.flush()
 
-    await _download(client, workspace, path, emit)
+    await _download(client, workspace, path, emit, follow=True)
 
 
 def _definitions(config: str | None) -> list[Any]:

@@ -105,8 +105,25 @@ def load_tools(path: str | Path) -> list[ToolDefinitionConfig]:
     """
     import yaml
 
+    class StrictLoader(yaml.SafeLoader):
+        """SafeLoader that refuses a key given twice in one mapping (YAML would keep the last)."""
+
+    def construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        keys = [loader.construct_object(key, deep=deep) for key, _ in node.value]
+        for key in keys:
+            if keys.count(key) > 1:
+                msg = f"{path}: line {node.start_mark.line + 1}: key {key!r} is given twice"
+                raise ConfigError(msg)
+        return loader.construct_mapping(node, deep=deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     try:
-        config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        msg = f"{path}: cannot read the configuration: {exc}"
+        raise ConfigError(msg) from None
+    try:
+        config = yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as exc:
         msg = f"{path}: not valid YAML: {exc}"
         raise ConfigError(msg) from None

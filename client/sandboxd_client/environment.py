@@ -24,13 +24,14 @@ import asyncio
 import dataclasses
 import secrets as _secrets
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from ._client import Workspace
 from .approval import Approval
 from .errors import SandboxError
-from .text import cap, clean
-from .tools._builtin import make_tool
+from .text import CleanStream, Redactor, cap
+from .tools import assemble
+from .tools._builtin import ToolError
 from .tools._definitions import default_definitions
 from .tools._types import (
     Actor,
@@ -62,8 +63,6 @@ NO_OUTPUT = "[no output]"
 _PRIORITY: tuple[StopReason, ...] = ("interrupted", "timeout", "failed")
 _CANCEL_WAIT_S = 5.0
 """How long a cancelled tool may take to stop before the Environment stops waiting for it."""
-_RAW_SLACK_CHARS = 65_536
-"""Raw characters kept past the cap (ANSI and redraws may shrink them) before only counting."""
 
 
 def merge_stop_reasons(*reasons: StopReason | None) -> StopReason:
@@ -158,6 +157,11 @@ def check_arguments(definition: ToolDefinitionConfig, arguments: object) -> str 
         is_bool = isinstance(value, bool)
         if allowed and (not isinstance(value, allowed) or (is_bool and "boolean" not in kinds)):
             return f"argument {name!r} of {definition.name} must be {' or '.join(kinds)}"
+        if isinstance(value, int | float) and not is_bool:
+            low = properties[name].get("minimum", -(2**63))
+            high = properties[name].get("maximum", 2**63 - 1)
+            if not low <= value <= high:
+                return f"argument {name!r} of {definition.name} must be between {low} and {high}"
     return None
 
 
@@ -180,6 +184,8 @@ class Environment:
         trace: where events go; None keeps them in memory (``trace.events``).
         vision: the engine's vision model, for describe_image.
         secrets: values that must never appear in results (masked as ``[REDACTED]``).
+        model: the session model's kind, which picks read_image or describe_image
+            when ``tools`` is None.
     """
 
     def __init__(
@@ -191,15 +197,17 @@ class Environment:
         trace: Trace | None = None,
         vision: VisionFn | None = None,
         secrets: Iterable[str] = (),
+        model: Literal["vision", "text-only"] = "vision",
     ) -> None:
         """Set up the environment."""
         self.workspace = workspace
-        chosen = list(tools) if tools is not None else [make_tool(d) for d in default_definitions()]
+        chosen = list(tools) if tools is not None else assemble(default_definitions(), model=model)
         self.tools: dict[str, BuiltinTool] = {tool.name: tool for tool in chosen}
         self.approval = approval or Approval()
         self.trace = trace or Trace()
         self.vision = vision
         self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._redactor = Redactor(self.secrets)
 
     def definitions(self) -> list[ToolDefinitionConfig]:
         """What the model is offered: every tool but the user-only ones."""
@@ -236,10 +244,10 @@ class Environment:
         problem = None if tool is None else check_arguments(tool.definition, call.arguments)
         if tool is None:
             final = self._finish(
-                call_id, call.name, "", None, f"Error: there is no tool named {call.name!r}.", "failed"
+                call_id, call.name, None, None, f"Error: there is no tool named {call.name!r}.", "failed"
             )
         elif problem is not None:
-            final = self._finish(call_id, call.name, "", None, f"Error: {problem}.", "failed")
+            final = self._finish(call_id, call.name, None, None, f"Error: {problem}.", "failed")
         else:
             decision = await self.approval.decide(call, tool.definition, actor)
             self.trace.record(
@@ -266,19 +274,19 @@ class Environment:
                     omitted_chars=0,
                 )
             else:
-                pieces: list[str] = []
+                limit = tool.definition.max_output_length
+                text = CleanStream(limit + self._redactor.holdback if limit > 0 else 0)
                 outcome: dict[str, Any] = {}
-                async for partial in self._execute(tool, call, call_id, actor, abort, pieces, outcome):
+                async for partial in self._execute(tool, call, call_id, actor, abort, text, outcome):
                     yield partial
                 final = self._finish(
                     call_id,
                     call.name,
-                    "".join(pieces),
+                    text,
                     outcome.get("result"),
                     outcome.get("error", ""),
                     outcome.get("stop"),
                     definition=tool.definition,
-                    dropped_chars=outcome.get("dropped", 0),
                 )
         self.trace.record(
             "tool_call.output",
@@ -300,7 +308,7 @@ class Environment:
         call_id: str,
         actor: Actor,
         abort: asyncio.Event | None,
-        pieces: list[str],
+        text: CleanStream,
         outcome: dict[str, Any],
     ) -> AsyncIterator[ToolCallPartial]:
         """Run the tool under its timeout and the abort signal, streaming its partial output."""
@@ -325,6 +333,8 @@ class Environment:
                 raise
             except SandboxError as exc:
                 await queue.put(_Error(f"Error: {exc.message}"))
+            except ToolError as exc:
+                await queue.put(_Error(f"Error: {exc}"))
             except Exception as exc:  # a tool must never raise into the engine
                 await queue.put(_Error(f"Error: {type(exc).__name__}: {exc}"))
             finally:
@@ -334,8 +344,7 @@ class Environment:
         deadline = loop.time() + definition.timeout_ms / 1000 if definition.timeout_ms > 0 else None
         producer = asyncio.create_task(produce())
         aborted = asyncio.create_task(signal.wait())
-        keep = definition.max_output_length + _RAW_SLACK_CHARS if definition.max_output_length > 0 else None
-        kept = 0
+        live = Redactor(self.secrets)  # partial output may split a secret across chunks
         try:
             while True:
                 getter = asyncio.create_task(queue.get())
@@ -354,16 +363,11 @@ class Environment:
                     outcome["error"] = item.message
                     outcome["stop"] = "failed"
                 elif isinstance(item, str) and item:
-                    text = self._redact(item)
-                    self.trace.record("tool_call.partial_output", call_id, text=text)
-                    yield ToolCallPartial(tool_call_id=call_id, text=text)
-                    if keep is None or kept < keep:
-                        room = len(text) if keep is None else keep - kept
-                        pieces.append(text[:room])
-                        kept += min(len(text), room)
-                        outcome["dropped"] = outcome.get("dropped", 0) + len(text) - min(len(text), room)
-                    else:
-                        outcome["dropped"] = outcome.get("dropped", 0) + len(text)
+                    text.feed(item)
+                    shown = live.feed(item)
+                    if shown:
+                        self.trace.record("tool_call.partial_output", call_id, text=shown)
+                        yield ToolCallPartial(tool_call_id=call_id, text=shown)
         finally:
             aborted.cancel()
             if not producer.done():
@@ -371,6 +375,10 @@ class Environment:
                 producer.cancel()
                 # A tool slow to stop gets a few seconds; the engine is never held hostage by it.
                 await asyncio.wait({producer}, timeout=_CANCEL_WAIT_S)
+        rest = live.flush()
+        if rest:
+            self.trace.record("tool_call.partial_output", call_id, text=rest)
+            yield ToolCallPartial(tool_call_id=call_id, text=rest)
         # Whatever else happened while the call wound down counts too; the merge picks the strongest.
         stops = {outcome["stop"]} if outcome.get("stop") else set()
         if signal.is_set():
@@ -394,25 +402,24 @@ class Environment:
         return value
 
     def _redact(self, text: str) -> str:
-        for value in self.secrets:
-            text = text.replace(value, "[REDACTED]")
-        return text
+        return self._redactor.redact(text)
 
     def _finish(
         self,
         call_id: str,
         name: str,
-        raw: str,
+        text: CleanStream | None,
         result: ToolResult | None,
         error: str,
         stop: StopReason | None,
         *,
         definition: ToolDefinitionConfig | None = None,
-        dropped_chars: int = 0,
     ) -> ToolCallOutput:
         limit = definition.max_output_length if definition is not None else 0
-        text = self._redact(clean(raw))
-        body, omitted = cap(text, limit, omitted_before=dropped_chars)
+        cleaned = text.finish() if text is not None else ""
+        omitted_before = text.omitted if text is not None else 0
+        # Secrets are masked before the cut, so a cut can never leave half of one visible.
+        body, omitted = cap(self._redact(cleaned), limit, omitted_before=omitted_before)
         if not body.strip() and not omitted:
             # A failed call's error says it all; otherwise the model is told there was no output.
             body = "" if stop == "failed" and error else NO_OUTPUT

@@ -11,10 +11,10 @@ import threading
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
-from ._client import FileInfo, ReadResult, SandboxClient, WorkspaceInfo, WriteResult
+from ._client import EditResult, FileInfo, ReadResult, SandboxClient, WorkspaceInfo, WriteResult
 from ._exec import ExecResult
 
-__all__ = ["SyncSandboxClient"]
+__all__ = ["SyncSandboxClient", "SyncWorkspace"]
 
 T = TypeVar("T")
 
@@ -54,9 +54,13 @@ class SyncSandboxClient:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
 
-    def create_workspace(self, **options: Any) -> WorkspaceInfo:
-        """See :meth:`SandboxClient.create_workspace`; returns the workspace's info."""
-        return self._run(self._client.create_workspace(**options)).info
+    def create_workspace(self, **options: Any) -> SyncWorkspace:
+        """See :meth:`SandboxClient.create_workspace`; returns a blocking workspace handle."""
+        return SyncWorkspace(self, self._run(self._client.create_workspace(**options)).info)
+
+    def get_workspace(self, workspace_id: str) -> SyncWorkspace:
+        """See :meth:`SandboxClient.get_workspace`."""
+        return SyncWorkspace(self, self._run(self._client.get_workspace(workspace_id)).info)
 
     def list_workspaces(self, labels: Mapping[str, str] | None = None) -> list[WorkspaceInfo]:
         """See :meth:`SandboxClient.list_workspaces`."""
@@ -79,6 +83,60 @@ class SyncSandboxClient:
         """See :meth:`SandboxClient.write_file`."""
         return self._run(self._client.write_file(workspace_id, path, content))
 
+    def edit_file(self, workspace_id: str, path: str, old_string: str, new_string: str, **options: Any) -> EditResult:
+        """See :meth:`SandboxClient.edit_file`."""
+        return self._run(self._client.edit_file(workspace_id, path, old_string, new_string, **options))
+
     def list_dir(self, workspace_id: str, path: str = "") -> list[FileInfo]:
         """See :meth:`SandboxClient.list_dir`."""
         return self._run(self._client.list_dir(workspace_id, path))
+
+    def health(self) -> str:
+        """See :meth:`SandboxClient.health`."""
+        return self._run(self._client.health())
+
+
+class SyncWorkspace:
+    """A blocking handle to one workspace; remembers the commands run through it (``history``)."""
+
+    def __init__(self, client: SyncSandboxClient, info: WorkspaceInfo) -> None:
+        """Bind ``info`` to ``client``."""
+        self.client = client
+        self.info = info
+        self.history: list[tuple[str, int | None]] = []
+        """``(command, exit_code)`` of every exec, oldest first (exit code None while still running)."""
+
+    @property
+    def workspace_id(self) -> str:
+        """The workspace id."""
+        return self.info.workspace_id
+
+    def exec(self, command: str, *, check: bool = False, **options: Any) -> ExecResult:
+        """Run a command to completion and return its result (see :meth:`SandboxClient.exec`)."""
+        try:
+            result = self.client.exec(self.workspace_id, command, check=check, **options)
+        except Exception as exc:
+            self.history.append((command, getattr(exc, "exit_code", None)))
+            raise
+        self.history.append((command, result.exit_code))
+        return result
+
+    def read_file(self, path: str, **options: Any) -> ReadResult:
+        """See :meth:`SandboxClient.read_file`."""
+        return self.client.read_file(self.workspace_id, path, **options)
+
+    def write_file(self, path: str, content: str | bytes) -> WriteResult:
+        """See :meth:`SandboxClient.write_file`."""
+        return self.client.write_file(self.workspace_id, path, content)
+
+    def edit_file(self, path: str, old_string: str, new_string: str, **options: Any) -> EditResult:
+        """See :meth:`SandboxClient.edit_file`."""
+        return self.client.edit_file(self.workspace_id, path, old_string, new_string, **options)
+
+    def delete(self) -> None:
+        """Remove the workspace and its volume."""
+        self.client.delete_workspace(self.workspace_id)
+
+    def __repr__(self) -> str:
+        """Show the id."""
+        return f"<SyncWorkspace {self.workspace_id}>"

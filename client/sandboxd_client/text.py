@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["cap", "clean", "collapse_redraws", "strip_ansi"]
+__all__ = ["CleanStream", "Redactor", "cap", "clean", "collapse_redraws", "strip_ansi"]
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), and two-character escapes (ESC + one byte).
 _ANSI = re.compile(
@@ -66,3 +66,137 @@ def cap(text: str, limit: int, *, omitted_before: int = 0) -> tuple[str, int]:
     if limit <= 0 or len(text) <= limit:
         return text, omitted_before
     return text[:limit], len(text) - limit + omitted_before
+
+
+_ESCAPE_TAIL_CHARS = 256
+"""Longest unfinished escape sequence held back between chunks before it is taken as text."""
+
+
+class CleanStream:
+    """Clean text (``clean``) computed as chunks arrive, keeping at most ``limit`` characters.
+
+    Cleaning comes before the cap (SPEC §6), so a progress bar redrawn a million
+    times costs its final state, not a million frames, and nothing printed after
+    a flood of escape codes is lost. Memory stays bounded: finished lines are kept
+    up to ``limit`` characters and only counted past that; the line being drawn
+    is kept to ``limit`` characters too.
+    """
+
+    def __init__(self, limit: int) -> None:
+        """``limit <= 0`` keeps everything."""
+        self.limit = limit
+        self._kept: list[str] = []
+        self._kept_chars = 0
+        self.omitted = 0
+        """Clean characters past the limit (final once :meth:`finish` was called)."""
+        self._line = ""
+        self._col = 0  # where the next character lands on the current line (a CR sends it to 0)
+        self._line_extra = 0  # characters of the current line beyond what is kept of it
+        self._held = ""  # a chunk's tail that may be the start of an escape sequence
+
+    def feed(self, text: str) -> None:
+        """Add raw output."""
+        text = self._held + text
+        self._held = ""
+        cut = text.rfind("\x1b")
+        if cut >= 0 and len(text) - cut < _ESCAPE_TAIL_CHARS and _unfinished_escape(text[cut:]):
+            text, self._held = text[:cut], text[cut:]
+        if text.endswith("\r"):  # maybe half of a CRLF
+            text, self._held = text[:-1], "\r" + self._held
+        pieces = strip_ansi(text).split("\n")
+        for index, piece in enumerate(pieces):
+            self._draw(piece)
+            if index < len(pieces) - 1:
+                self._end_line()
+
+    def _draw(self, piece: str) -> None:
+        cap_chars = self.limit + 1 if self.limit > 0 else None
+        for number, segment in enumerate(piece.split("\r")):
+            if number:  # a carriage return: the cursor goes back to the start of the line
+                self._col = 0
+            if segment:
+                # Overwrite from the cursor on, as a terminal does.
+                self._line = self._line[: self._col] + segment + self._line[self._col + len(segment) :]
+                self._col += len(segment)
+            if cap_chars is not None and len(self._line) > cap_chars:
+                self._line_extra += len(self._line) - cap_chars
+                self._line = self._line[:cap_chars]
+                self._col = min(self._col, cap_chars)
+
+    def _end_line(self) -> None:
+        self._emit(self._line + "\n", self._line_extra)
+        self._line, self._col, self._line_extra = "", 0, 0
+
+    def _emit(self, text: str, extra: int) -> None:
+        if self.limit <= 0:
+            self._kept.append(text)
+            return
+        room = self.limit - self._kept_chars
+        if room > 0:
+            self._kept.append(text[:room])
+            self._kept_chars += min(room, len(text))
+        self.omitted += max(0, len(text) - max(room, 0)) + extra
+
+    def finish(self) -> str:
+        """Flush what is pending and return the kept clean text (at most ``limit`` characters)."""
+        if self._held:
+            held, self._held = self._held, ""
+            self._draw(strip_ansi(held).replace("\r", "") if held.startswith("\r") else strip_ansi(held))
+        if self._line or self._line_extra:
+            self._emit(self._line, self._line_extra)
+            self._line, self._col, self._line_extra = "", 0, 0
+        return "".join(self._kept)
+
+
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def _unfinished_escape(tail: str) -> bool:
+    """Whether ``tail`` (starting with ESC) may be the first part of a longer escape sequence."""
+    if len(tail) < 2:
+        return True
+    if tail[1] == "[":
+        return not _CSI.match(tail)
+    if tail[1] == "]":
+        return "\x07" not in tail and "\x1b\\" not in tail[1:]
+    if tail[1] in "PX^_":
+        return "\x1b\\" not in tail[1:]
+    return False
+
+
+class Redactor:
+    """Masks secret values in a stream of chunks, even when a value is split across chunks.
+
+    It holds back the last ``len(longest secret) - 1`` characters of each chunk
+    until the next one shows whether they start a secret.
+    """
+
+    def __init__(self, secrets: list[str], mask: str = "[REDACTED]") -> None:
+        """Mask ``secrets`` (longest first)."""
+        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self.mask = mask
+        self.holdback = max((len(s) for s in self.secrets), default=1) - 1
+        """Characters kept back at the end of each chunk until the next one arrives."""
+        self._pending = ""
+
+    def redact(self, text: str) -> str:
+        """Mask every secret in a complete text."""
+        for secret in self.secrets:
+            text = text.replace(secret, self.mask)
+        return text
+
+    def feed(self, text: str) -> str:
+        """Masked text safe to show now (a possible start of a secret is kept for later)."""
+        if not self.secrets:
+            return text
+        text = self.redact(self._pending + text)
+        if self.holdback <= 0:
+            self._pending = ""
+            return text
+        self._pending = text[-self.holdback :]
+        return text[: -self.holdback]
+
+    def flush(self) -> str:
+        """The rest, masked."""
+        text, self._pending = self.redact(self._pending), ""
+        return text

@@ -122,7 +122,7 @@ class FileServicer(fgrpc.FileServiceServicer):
 
     async def Download(self, request: fpb.DownloadRequest, context: Context) -> AsyncIterator[fpb.DownloadResponse]:
         """Stream a tar archive of a path."""
-        async for chunk in self.files.download(request.workspace_id, request.path):
+        async for chunk in self.files.download(request.workspace_id, request.path, follow=request.follow_symlinks):
             yield fpb.DownloadResponse(chunk=chunk)
 
     async def ReadImage(self, request: fpb.ReadImageRequest, context: Context) -> fpb.ReadImageResponse:

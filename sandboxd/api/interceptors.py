@@ -52,6 +52,20 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
+        # Client-streaming calls (Upload) get the same treatment: the first argument is
+        # then the request iterator instead of a request.
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(handler.stream_unary, method, quiet),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                _wrap_stream(handler.stream_stream, method, quiet),  # type: ignore[arg-type]
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
         return handler
 
 

@@ -57,6 +57,7 @@ class Daemon:
     backend: Backend
     processes: ProcessTable
     workspaces: WorkspaceManager
+    files: FileManager
     health: health.aio.HealthServicer
     addresses: list[str]
 
@@ -65,6 +66,7 @@ class Daemon:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
         await self.processes.close()
+        await self.files.close()
         await self.backend.close()
         log.info("daemon.stopped")
 
@@ -108,7 +110,8 @@ async def start(settings: Settings, backend: Backend) -> Daemon:
     )
     workspace_service_pb2_grpc.add_WorkspaceServiceServicer_to_server(WorkspaceServicer(workspaces), server)
     process_service_pb2_grpc.add_ProcessServiceServicer_to_server(ProcessServicer(workspaces, processes), server)
-    file_service_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(FileManager(backend, workspaces)), server)
+    files = FileManager(backend, workspaces)
+    file_service_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(files), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -142,6 +145,7 @@ async def start(settings: Settings, backend: Backend) -> Daemon:
         backend=backend,
         processes=processes,
         workspaces=workspaces,
+        files=files,
         health=health_servicer,
         addresses=addresses,
     )

@@ -307,3 +307,59 @@ class TestExports:
 
         hidden = [dataclasses.replace(d, user_only=d.name == "write_file") for d in default_definitions()]
         assert "write_file" not in [t["name"] for t in to_anthropic(hidden)]
+
+
+class TestStreams:
+    def _run(self, chunks: list[str], limit: int) -> tuple[str, int]:
+        from sandboxd_client.text import CleanStream
+
+        stream = CleanStream(limit)
+        for chunk in chunks:
+            stream.feed(chunk)
+        return stream.finish(), stream.omitted
+
+    def test_matches_clean_on_any_split(self) -> None:
+        """Fed in any pieces, the stream gives what clean() gives on the whole."""
+        from sandboxd_client.text import clean
+
+        text = "\x1b[1;32mok\x1b[0m\r\nbar 10%\rbar 100%\nplain\x1b]0;t\x07 end\n"
+        for size in (1, 2, 3, 5, 8, 13):
+            chunks = [text[i : i + size] for i in range(0, len(text), size)]
+            assert self._run(chunks, 0) == (clean(text), 0), size
+
+    def test_cap_counts_clean_characters(self) -> None:
+        """Past the limit, clean characters are counted, not raw ones."""
+        assert self._run(["x" * 20000], 16000) == ("x" * 16000, 4000)
+        assert self._run([f"\r{i}%" for i in range(1, 30001)] + ["\n"], 100) == ("30000%\n", 0)
+
+    def test_redactor_across_chunks(self) -> None:
+        """A secret split across chunks never comes out, in any split."""
+        from sandboxd_client.text import Redactor
+
+        text = "a supersecret b supersecret"
+        for size in range(1, 8):
+            redactor = Redactor(["supersecret"])
+            out = "".join(redactor.feed(text[i : i + size]) for i in range(0, len(text), size)) + redactor.flush()
+            assert out == "a [REDACTED] b [REDACTED]"
+
+
+class TestStrictConfig:
+    def test_duplicate_keys(self, tmp_path: Path) -> None:
+        """A key given twice in one mapping is an error naming it, not a silent override."""
+        path = tmp_path / "c.yaml"
+        path.write_text("tools:\n  builtin:\n    - name: read_file\n      name: write_file\n")
+        with pytest.raises(ConfigError, match="'name' is given twice"):
+            load_tools(path)
+
+    def test_unreadable_files(self, tmp_path: Path) -> None:
+        """Missing files, directories and non-UTF-8 bytes are ConfigError, not raw exceptions."""
+        bad = tmp_path / "bad.yaml"
+        bad.write_bytes(b"tools: \xff\xfe\n")
+        for path in (tmp_path / "missing.yaml", tmp_path, bad):
+            with pytest.raises(ConfigError, match="cannot read"):
+                load_tools(path)
+
+    def test_policy_values_are_checked(self) -> None:
+        """An unknown policy rule is refused instead of quietly meaning deny."""
+        with pytest.raises(ValueError, match="bogus"):
+            Approval(policy={"write": "bogus"})  # type: ignore[dict-item]

@@ -177,3 +177,12 @@ class TestSniffImage:
         Image.new("RGB", (4, 9)).save(buffer, "BMP")
         with pytest.raises(FailedPreconditionError, match="only png, jpeg, gif and webp"):
             sniff_image(buffer.getvalue(), "x.bmp")
+
+
+def test_split_lines_only_on_newline() -> None:
+    """Form feeds, separators, NEL, U+2028 and lone CRs stay inside their line."""
+    from sandboxd.files import split_lines
+
+    assert split_lines("a\x0cb\x1cc\x85d\u2028e\rf\ng\n") == ["a\x0cb\x1cc\x85d\u2028e\rf\n", "g\n"]
+    assert split_lines("x\ny") == ["x\n", "y"]
+    assert split_lines("") == []

@@ -13,7 +13,7 @@ from typing import Any
 from .._exec import Dropped, ExecHandle, Exited, Output, Yielded
 from ._types import StopReason, ToolDefinitionConfig, ToolExecutionContext, ToolResult
 
-__all__ = ["IMPLEMENTATIONS", "make_tool"]
+__all__ = ["IMPLEMENTATIONS", "ToolArgumentError", "ToolError", "make_tool"]
 
 MIN_YIELD_MS = 250
 """Seed 000: yield_time_ms is at least 250."""
@@ -23,7 +23,11 @@ INPUT_POLL_YIELD_MS = 5_000
 _OWN_STOP: dict[str, StopReason] = {"timeout": "timeout", "interrupted": "interrupted", "failed": "failed"}
 
 
-class ToolArgumentError(ValueError):
+class ToolError(Exception):
+    """A failure the model should read as it is (the Environment shows the message, no type name)."""
+
+
+class ToolArgumentError(ToolError):
     """An argument has the wrong type or value."""
 
 
@@ -212,7 +216,7 @@ class DescribeImage(_Tool):
         """Ask about the image; see the tool's description."""
         if ctx.vision is None:
             msg = "describe_image needs a vision model, and the engine configured none"
-            raise RuntimeError(msg)
+            raise ToolError(msg)
         image = await ctx.workspace.read_image(_text(args, "source"))
         yield await ctx.vision(image, _text(args, "prompt", default="Describe the image in detail."))
         yield ToolResult(stop_reason="completed")

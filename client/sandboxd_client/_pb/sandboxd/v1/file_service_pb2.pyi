@@ -216,12 +216,14 @@ class UploadResponse(_message.Message):
     def __init__(self, entry_count: _Optional[int] = ..., size_bytes: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class DownloadRequest(_message.Message):
-    __slots__ = ("workspace_id", "path")
+    __slots__ = ("workspace_id", "path", "follow_symlinks")
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_SYMLINKS_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     path: str
-    def __init__(self, workspace_id: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+    follow_symlinks: bool
+    def __init__(self, workspace_id: _Optional[str] = ..., path: _Optional[str] = ..., follow_symlinks: _Optional[bool] = ...) -> None: ...
 
 class DownloadResponse(_message.Message):
     __slots__ = ("chunk",)

@@ -1,0 +1,218 @@
+"""pytest plugin: throwaway sandboxd workspaces as fixtures (registered as ``pytest11`` entry ``sandboxd``).
+
+Fixtures:
+
+``sandboxd_client`` (session)
+    A :class:`~sandboxd_client.sync.SyncSandboxClient`. It connects to the
+    daemon named by ``--sandboxd-socket`` / ``--sandboxd-address`` or
+    ``SANDBOXD_SOCKET`` / ``SANDBOXD_ADDRESS``; with none configured it uses the
+    default socket if a daemon answers there, and otherwise starts one for the
+    test session (the ``sandboxd`` package must be installed).
+
+``workspace`` (function)
+    A fresh :class:`~sandboxd_client.sync.SyncWorkspace`, deleted after the
+    test, labelled with the test's node id. ``@pytest.mark.sandboxd(image=...,
+    memory_bytes=..., network="bridge", ...)`` passes options to
+    ``create_workspace``.
+
+A failing test's report gains a section naming its workspace and the last
+commands run in it. Workspaces a crashed earlier run left behind (its pytest
+process is gone) are removed when the plugin first connects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ._paths import default_socket_path
+from .errors import NotFoundError, SandboxError
+from .sync import SyncSandboxClient, SyncWorkspace
+
+__all__ = ["PLUGIN_LABEL"]
+
+PLUGIN_LABEL = "pytest.plugin"
+"""Label on every workspace the plugin makes (value ``sandboxd``)."""
+_INSTANCE = "pytest"
+"""Instance label of daemons the plugin starts: shared, so a later run can see a crashed run's leftovers."""
+_HISTORY_SHOWN = 10
+_WORKSPACE_KEY = pytest.StashKey[SyncWorkspace]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Options to point the plugin at a daemon."""
+    group = parser.getgroup("sandboxd", "sandboxd workspaces")
+    group.addoption("--sandboxd-socket", default=None, help="Unix socket of the daemon to use (env SANDBOXD_SOCKET)")
+    group.addoption("--sandboxd-address", default=None, help="HOST:PORT of the daemon to use (env SANDBOXD_ADDRESS)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker."""
+    config.addinivalue_line(
+        "markers", "sandboxd(**options): create_workspace options for the sandboxd `workspace` fixture"
+    )
+
+
+def _boot_id() -> str:
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return ""
+
+
+def _owner() -> str:
+    """This checkout: runs of the same project on the same host share it."""
+    return hashlib.sha256(str(Path.cwd().resolve()).encode()).hexdigest()[:16]
+
+
+def _run_labels() -> dict[str, str]:
+    return {
+        PLUGIN_LABEL: "sandboxd",
+        "pytest.owner": _owner(),
+        "pytest.host": socket.gethostname(),
+        "pytest.boot": _boot_id(),
+        "pytest.pid": str(os.getpid()),
+    }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _reap(client: SyncSandboxClient) -> list[str]:
+    """Delete workspaces of earlier runs of this project on this host whose pytest is gone."""
+    removed = []
+    for info in client.list_workspaces({PLUGIN_LABEL: "sandboxd", "pytest.owner": _owner()}):
+        labels = info.labels
+        if labels.get("pytest.host") != socket.gethostname():
+            continue  # another machine's run: not ours to judge
+        pid = int(labels.get("pytest.pid", "0") or 0)
+        same_boot = labels.get("pytest.boot") == _boot_id()
+        if pid == os.getpid() or (same_boot and pid and _alive(pid)):
+            continue
+        with contextlib.suppress(NotFoundError):
+            client.delete_workspace(info.workspace_id)
+            removed.append(info.workspace_id)
+    return removed
+
+
+def _answers(socket_path: str) -> bool:
+    if not Path(socket_path).exists():
+        return False
+    try:
+        with SyncSandboxClient(socket_path=socket_path, retries=False) as probe:
+            return probe.health() == "SERVING"
+    except SandboxError:
+        return False
+
+
+def _set_parent_death_signal() -> None:  # pragma: no cover - runs in the child before exec
+    """Ask Linux to SIGTERM the daemon if pytest dies (a SIGKILLed run must not leave it behind)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@contextlib.contextmanager
+def _own_daemon() -> Iterator[str]:
+    """Start `python -m sandboxd serve` on a private socket for this session."""
+    try:
+        import sandboxd  # noqa: F401 - only to tell whether the daemon is installed
+    except ImportError:
+        pytest.fail(
+            "no sandboxd daemon is configured (--sandboxd-socket, SANDBOXD_SOCKET) or answering on the default "
+            "socket, and the `sandboxd` package is not installed to start one"
+        )
+    with tempfile.TemporaryDirectory(prefix="sandboxd-pytest-") as tmp:
+        socket_path = str(Path(tmp) / "sandboxd.sock")
+        log = Path(tmp) / "daemon.log"
+        env = {**os.environ, "SANDBOXD_SOCKET": socket_path, "SANDBOXD_INSTANCE": _INSTANCE}
+        with log.open("wb") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "sandboxd", "serve", "--socket", socket_path],
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_set_parent_death_signal,
+            )
+        try:
+            deadline = time.monotonic() + 900  # the first start may build the workspace image
+            while not _answers(socket_path):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the sandboxd daemon did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.2)
+            yield socket_path
+        finally:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="session")
+def sandboxd_client(request: pytest.FixtureRequest) -> Iterator[SyncSandboxClient]:
+    """A blocking client of a sandboxd daemon for the whole session (see the module docstring)."""
+    config = request.config
+    address = config.getoption("--sandboxd-address") or os.environ.get("SANDBOXD_ADDRESS")
+    socket_path = config.getoption("--sandboxd-socket") or os.environ.get("SANDBOXD_SOCKET")
+    with contextlib.ExitStack() as stack:
+        if not address and not socket_path:
+            default = default_socket_path(os.environ)
+            socket_path = default if _answers(default) else stack.enter_context(_own_daemon())
+        client = stack.enter_context(SyncSandboxClient(address, socket_path=socket_path))
+        _reap(client)
+        yield client
+
+
+@pytest.fixture
+def workspace(request: pytest.FixtureRequest, sandboxd_client: SyncSandboxClient) -> Iterator[SyncWorkspace]:
+    """A fresh workspace for one test, deleted afterwards (options from ``@pytest.mark.sandboxd``)."""
+    marker = request.node.get_closest_marker("sandboxd")
+    options: dict[str, Any] = dict(marker.kwargs) if marker else {}
+    labels = {**options.pop("labels", {}), **_run_labels(), "pytest.nodeid": request.node.nodeid[:1024]}
+    created = sandboxd_client.create_workspace(labels=labels, **options)
+    request.node.stash[_WORKSPACE_KEY] = created
+    try:
+        yield created
+    finally:
+        with contextlib.suppress(NotFoundError):
+            created.delete()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """On failure, name the test's workspace and its last commands in the report."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    created = item.stash.get(_WORKSPACE_KEY, None)
+    if created is None or not report.failed:
+        return
+    lines = [f"workspace {created.workspace_id} (image {created.info.image})"]
+    if created.history:
+        lines.append(f"last commands (of {len(created.history)}):")
+        for command, code in created.history[-_HISTORY_SHOWN:]:
+            status = "still running" if code is None else f"exit {code}"
+            lines.append(f"  $ {command}    [{status}]")
+    else:
+        lines.append("no commands were run in it")
+    report.sections.append(("sandboxd", "\n".join(lines)))

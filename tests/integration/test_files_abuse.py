@@ -1,0 +1,301 @@
+"""Files and agent tools under abuse: each case a hostile review found, kept as a test (real engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+from sandboxd_client import (
+    Approval,
+    Environment,
+    InvalidArgumentError,
+    NotFoundError,
+    ToolCall,
+)
+
+pytestmark = pytest.mark.docker
+
+
+async def sh(workspace, command: str) -> str:  # type: ignore[no-untyped-def]
+    return (await workspace.exec(command).wait(check=True)).stdout
+
+
+async def raw(workspace, path: str) -> bytes:  # type: ignore[no-untyped-def]
+    return base64.b64decode(await sh(workspace, f"base64 -w0 {path}"))
+
+
+async def fileops_left(workspace) -> list[str]:  # type: ignore[no-untyped-def]
+    out = await sh(workspace, 'ps -eo args= | grep -c \'^python3 -I -S -c """In-container file\' || true')
+    return [] if out.strip() == "0" else [out.strip()]
+
+
+def _tar(*members: tuple[str, str, bytes | str]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for kind, name, payload in members:
+            info = tarfile.TarInfo(name)
+            if kind == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, str(payload)
+                tar.addfile(info)
+            else:
+                data = payload if isinstance(payload, bytes) else payload.encode()
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+async def _chunks(data: bytes):  # type: ignore[no-untyped-def]
+    yield data
+
+
+class TestAtomicity:
+    async def test_cancelled_write_is_all_or_nothing(self, client, workspace) -> None:
+        """A WriteFile cancelled mid-transfer leaves the old content or the new one, whole; no temp file."""
+        old = b"OLD\n" * 1000
+        new = os.urandom(15 * 2**20)
+        for delay in (0.05, 0.2, 0.4):
+            await client.write_file(workspace.workspace_id, "victim", old)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(client.write_file(workspace.workspace_id, "victim", new), delay)
+            await asyncio.sleep(1.5)
+            data = await raw(workspace, "victim")
+            assert data in (old, new), f"{len(data)} bytes after a cancel at {delay} s"
+        assert await sh(workspace, "ls -a /workspace | grep -c '^\\.victim' || true") == "0\n"
+
+    async def test_cancelled_edit_is_all_or_nothing(self, client, workspace) -> None:
+        """An EditFile cancelled mid-way leaves the file as it was or fully edited, never cut short."""
+        content = b"".join(b"line %d\n" % i for i in range(1_300_000))
+        edited = content.replace(b"line 5\n", b"LINE 5\n", 1)
+        for delay in (0.1, 0.3, 0.6):
+            await client.write_file(workspace.workspace_id, "big.txt", content)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    client.edit_file(workspace.workspace_id, "big.txt", "line 5\n", "LINE 5\n"), delay
+                )
+            await asyncio.sleep(2)
+            digest = (await sh(workspace, "sha256sum big.txt")).split()[0]
+            assert digest in (hashlib.sha256(content).hexdigest(), hashlib.sha256(edited).hexdigest()), delay
+
+    async def test_concurrent_edits_through_two_names(self, client, workspace) -> None:
+        """Edits racing through a file's name and a symlink to it all land."""
+        await client.write_file(workspace.workspace_id, "conc.txt", "".join(f"k{i}=0\n" for i in range(40)))
+        await sh(workspace, "ln -s conc.txt /workspace/conc_link")
+        names = ["conc.txt", "/workspace/conc_link"]
+        await asyncio.gather(
+            *(client.edit_file(workspace.workspace_id, names[i % 2], f"k{i}=0\n", f"k{i}=1\n") for i in range(39))
+        )
+        assert (await sh(workspace, "grep -c '=1' conc.txt")).strip() == "39"
+
+
+class TestSpecialFiles:
+    async def test_fifo_is_refused_at_once(self, client, workspace) -> None:
+        """Reading, editing or viewing a FIFO is refused promptly, and no reader is left behind."""
+        await sh(workspace, "mkfifo /workspace/fifo")
+        ws = workspace.workspace_id
+        start = time.monotonic()
+        with pytest.raises(InvalidArgumentError, match="not a regular file"):
+            await client.read_file(ws, "fifo")
+        with pytest.raises(InvalidArgumentError, match="not a regular file"):
+            await client.edit_file(ws, "fifo", "a", "b")
+        with pytest.raises(InvalidArgumentError, match="not a regular file"):
+            await client.read_image(ws, "fifo")
+        assert time.monotonic() - start < 10
+        assert await fileops_left(workspace) == []
+
+    async def test_growing_file_is_read_as_it_was(self, client, workspace) -> None:
+        """A file that keeps growing is read up to its size when opened; the call returns."""
+        await sh(workspace, "(yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa > grow &) ; sleep 0.5")
+        try:
+            page = await asyncio.wait_for(client.read_file(workspace.workspace_id, "grow", limit=2), 30)
+            assert page.content.splitlines()[:2] == ["     1\t" + "a" * 30, "     2\t" + "a" * 30]
+        finally:
+            await sh(workspace, "pkill yes; rm -f grow")
+
+    async def test_cancelled_operation_leaves_no_process(self, client, workspace) -> None:
+        """A file call abandoned by its caller does not leave its in-container process running."""
+        await client.write_file(workspace.workspace_id, "big2.txt", b"x\n" * 4_000_000)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(client.read_file(workspace.workspace_id, "big2.txt"), 0.05)
+        deadline = time.monotonic() + 10
+        while await fileops_left(workspace) and time.monotonic() < deadline:
+            await asyncio.sleep(0.3)
+        assert await fileops_left(workspace) == []
+
+
+class TestUploadSafety:
+    async def test_symlink_then_file_is_refused(self, client, workspace) -> None:
+        """An archive whose link carries a later member out of the target is INVALID_ARGUMENT; nothing escapes."""
+        for link in ("/tmp", "../.."):
+            archive = _tar(("link", "esc", link), ("file", "esc/pwned", "x"))
+            with pytest.raises(InvalidArgumentError, match="symlink"):
+                await client.upload(workspace.workspace_id, "/workspace/up1", _chunks(archive))
+        assert await sh(workspace, "ls /tmp/pwned /workspace/tmp/pwned 2>/dev/null | wc -l") == "0\n"
+
+    @pytest.mark.parametrize(
+        "archive", [_tar(("file", "../x", "x")), b"garbage" * 100, _tar(("file", "a", "x" * 5000))[:1500]]
+    )
+    async def test_bad_archives_are_invalid_argument(self, client, workspace, archive: bytes) -> None:
+        """Traversal names, garbage and truncated archives are INVALID_ARGUMENT with a message."""
+        with pytest.raises(InvalidArgumentError):
+            await client.upload(workspace.workspace_id, "/workspace/up2", _chunks(archive))
+
+    async def test_upload_to_unknown_workspace_is_not_found(self, client) -> None:
+        """Upload to a workspace that does not exist is NOT_FOUND."""
+        with pytest.raises(NotFoundError, match="ws-nope"):
+            await client.upload("ws-nope", "/workspace/x", _chunks(_tar(("file", "a", "x"))))
+
+
+class TestOddPaths:
+    async def test_move_across_filesystems_and_into_itself(self, client, workspace) -> None:
+        """Move copies across filesystems like mv; moving a directory into itself is INVALID_ARGUMENT."""
+        ws = workspace.workspace_id
+        await client.write_file(ws, "mv.txt", "moving\n")
+        await client.move(ws, "mv.txt", "/tmp/mv.txt")
+        assert await sh(workspace, "cat /tmp/mv.txt; test -e /workspace/mv.txt; echo $?") == "moving\n1\n"
+        await sh(workspace, "mkdir -p md/sub")
+        with pytest.raises(InvalidArgumentError, match="into itself"):
+            await client.move(ws, "md", "md/sub/x")
+
+    async def test_write_errors_have_no_side_effects(self, client, workspace) -> None:
+        """A path ending in / is refused without creating it; a file used as a directory is 'not a directory'."""
+        ws = workspace.workspace_id
+        with pytest.raises(InvalidArgumentError, match="directory"):
+            await client.write_file(ws, "newdir/", "x")
+        assert await sh(workspace, "test -e newdir; echo $?") == "1\n"
+        await client.write_file(ws, "a/f.txt", "x")
+        with pytest.raises(InvalidArgumentError, match="not a directory"):
+            await client.write_file(ws, "a/f.txt/g", "x")
+
+    async def test_form_feed_does_not_shift_diff_lines(self, client, workspace) -> None:
+        """Control characters inside lines do not move diff line numbers (lines end at newline only)."""
+        lines = [f"line{i}" for i in range(1, 21)]
+        lines[2], lines[4] = "li\x0cne3", "a\x1cb"
+        await client.write_file(workspace.workspace_id, "ff.txt", "\n".join(lines) + "\n")
+        edit = await client.edit_file(workspace.workspace_id, "ff.txt", "line15", "LINE15")
+        assert "@@ -12,7 +12,7 @@" in edit.diff
+
+    async def test_exact_2000_with_crlf_is_not_cut(self, client, workspace) -> None:
+        """A 2000-character line ending in CRLF is shown whole, without a cut marker."""
+        await client.write_file(workspace.workspace_id, "crlf2000.txt", "x" * 2000 + "\r\n")
+        page = await client.read_file(workspace.workspace_id, "crlf2000.txt")
+        assert page.content == "     1\t" + "x" * 2000
+        assert not page.lines_truncated
+
+    async def test_huge_dimensions_are_reported(self, client, workspace) -> None:
+        """A small file describing a huge canvas is read (header only), not an internal error."""
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        Image.new("1", (16000, 16000)).save(buffer, "PNG", optimize=True)
+        await client.write_file(workspace.workspace_id, "huge.png", buffer.getvalue())
+        image = await client.read_image(workspace.workspace_id, "huge.png")
+        assert (image.mime_type, image.width, image.height) == ("image/png", 16000, 16000)
+
+
+class TestCli:
+    def _ctl(self, daemon, *args: str) -> subprocess.CompletedProcess[bytes]:  # type: ignore[no-untyped-def]
+        return subprocess.run(
+            [sys.executable, "-m", "sandboxd_client.cli", "--socket", daemon.socket_path, *args],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+
+    def test_missing_paths_are_one_line(self, daemon, workspace_id) -> None:
+        """cat and cp of a missing path print one `sandboxctl:` line naming it, no traceback."""
+        for args in (
+            ("cat", workspace_id, "/workspace/nope"),
+            ("cp", f"{workspace_id}:/workspace/nope", "/tmp/x-nope"),
+        ):
+            run = self._ctl(daemon, *args)
+            assert run.returncode == 1
+            lines = run.stderr.decode().splitlines()
+            assert len(lines) == 1
+            assert lines[0].startswith("sandboxctl: ")
+            assert "nope" in lines[0]
+
+    def test_cp_tree_with_special_files_and_links(self, daemon, workspace_id, tmp_path) -> None:
+        """A tree with a FIFO, an absolute symlink and a 751 directory copies out: links kept, modes kept."""
+        setup = (
+            "mkdir -p tree/sub && chmod 751 tree/sub && echo f > tree/f && mkfifo tree/ff && ln -s /etc/passwd tree/lnk"
+        )
+        assert self._ctl(daemon, "exec", workspace_id, "--", setup).returncode == 0
+        target = tmp_path / "new"
+        run = self._ctl(daemon, "cp", f"{workspace_id}:/workspace/tree", str(target))
+        assert run.returncode == 0, run.stderr
+        assert (target / "f").read_text() == "f\n"
+        assert os.readlink(target / "lnk") == "/etc/passwd"
+        assert (target / "sub").stat().st_mode & 0o777 == 0o751
+        assert not (target / "ff").exists()
+
+    def test_cat_follows_a_symlink(self, daemon, workspace_id) -> None:
+        """`sandboxctl cat` of a symlink prints the file it points to."""
+        assert self._ctl(daemon, "exec", workspace_id, "--", "echo content > real && ln -s real rel").returncode == 0
+        run = self._ctl(daemon, "cat", workspace_id, "rel")
+        assert (run.returncode, run.stdout) == (0, b"content\n")
+
+
+class TestAgentTools:
+    async def test_progress_bars_are_cleaned_before_the_cap(self, workspace) -> None:
+        """A long redrawn progress bar shows its final state; text after an escape-code flood is kept."""
+        import dataclasses
+
+        from sandboxd_client.tools import builtin_definitions, make_tool
+
+        definition = dataclasses.replace(builtin_definitions()["exec_command"], max_output_length=100)
+        env = Environment(workspace, tools=[make_tool(definition)], approval=Approval(mode="allow-all"))
+
+        async def run(cmd: str) -> str:
+            call = ToolCall(tool_call_id="p", name="exec_command", arguments={"description": "d", "cmd": cmd})
+            return (await env.call(call)).output
+
+        assert await run("for i in $(seq 1 30000); do printf '\\r%d%%' $i; done; echo") == "30000%\n[exit code 0]"
+        assert await run("for i in $(seq 1 20000); do printf '\\033[0m'; done; echo hello") == "hello\n[exit code 0]"
+
+    async def test_split_secret_never_shows(self, workspace) -> None:
+        """A secret printed in two pieces is masked in the output, the partial events and the trace."""
+        env = Environment(workspace, approval=Approval(mode="allow-all"), secrets=["supersecret"])
+        call = ToolCall(
+            tool_call_id="s",
+            name="exec_command",
+            arguments={"description": "d", "cmd": "printf 'super'; sleep 0.5; printf 'secret\\n'"},
+        )
+        events = [e async for e in env.run(call)]
+        partials = "".join(getattr(e, "text", "") for e in events)
+        assert partials == "[REDACTED]\n"
+        assert "supersecret" not in str(env.trace.events)
+        shown = [e["text"] for e in env.trace.events if e["event"] == "tool_call.partial_output"]
+        assert shown == [t for t in shown if "super" not in t and "secret" not in t]
+        assert events[-2].output == "[REDACTED]\n[exit code 0]"
+
+    async def test_default_tools_follow_the_model(self, workspace) -> None:
+        """With no tool list, a vision session gets read_image only and a text-only one describe_image only."""
+        vision = [d.name for d in Environment(workspace).definitions()]
+        text = [d.name for d in Environment(workspace, model="text-only").definitions()]
+        assert "read_image" in vision and "describe_image" not in vision
+        assert "describe_image" in text and "read_image" not in text
+
+    async def test_clean_errors_for_odd_arguments(self, workspace) -> None:
+        """Out-of-range integers and a missing vision model are plain errors, without Python type names."""
+        env = Environment(workspace, approval=Approval(mode="allow-all"), model="text-only")
+        out = await env.call(
+            ToolCall(tool_call_id="o", name="read_file", arguments={"file_path": "x", "offset": 10**30})
+        )
+        assert out.output.startswith("Error: argument 'offset' of read_file must be between 1 and")
+        await workspace.write_file(
+            "p.png",
+            base64.b64decode(
+                "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR4nGNgAAAAAgABSK+kcQAAAABJRU5ErkJggg=="
+            ),
+        )
+        out = await env.call(ToolCall(tool_call_id="v", name="describe_image", arguments={"source": "p.png"}))
+        assert out.output == "Error: describe_image needs a vision model, and the engine configured none"

@@ -1,0 +1,161 @@
+"""The pytest plugin, used the way a test author would: pytest runs on sample files (issue 6)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.docker
+
+
+def _owner(directory: Path) -> str:
+    return hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:16]
+
+
+def _labelled(docker_client, directory: Path) -> tuple[list[str], list[str]]:  # type: ignore[no-untyped-def]
+    selector = {"label": f"pytest.owner={_owner(directory)}"}
+    containers = [c.name for c in docker_client.containers.list(all=True, filters=selector)]
+    volumes = [v.name for v in docker_client.volumes.list(filters=selector)]
+    return containers, volumes
+
+
+def _cleanup(docker_client, directory: Path) -> None:  # type: ignore[no-untyped-def]
+    selector = {"label": f"pytest.owner={_owner(directory)}"}
+    for container in docker_client.containers.list(all=True, filters=selector):
+        container.remove(force=True, v=True)
+    for volume in docker_client.volumes.list(filters=selector):
+        volume.remove(force=True)
+
+
+def _pytest(directory: Path, env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path, docker_client):  # type: ignore[no-untyped-def]
+    """An empty test project directory; whatever its runs leave is removed afterwards."""
+    directory = tmp_path / "project"
+    directory.mkdir()
+    yield directory
+    _cleanup(docker_client, directory)
+
+
+def _env(daemon) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {**os.environ, "SANDBOXD_SOCKET": daemon.socket_path}
+
+
+class TestFixtures:
+    def test_workspace_fixture_and_cleanup(self, daemon, project: Path, docker_client) -> None:
+        """A test using only `workspace` runs `echo hi`; afterwards nothing with its label is left."""
+        (project / "test_sample.py").write_text(
+            textwrap.dedent(
+                """
+                import pytest
+
+                def test_hi(workspace):
+                    assert workspace.exec("echo hi").stdout == "hi\\n"
+
+                @pytest.mark.sandboxd(memory_bytes=256 * 1024**2)
+                def test_marker_options(workspace):
+                    assert workspace.info.memory_bytes == 256 * 1024**2
+                    assert workspace.info.labels["pytest.nodeid"] == "test_sample.py::test_marker_options"
+                """
+            )
+        )
+        run = _pytest(project, _env(daemon))
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "2 passed" in run.stdout
+        assert _labelled(docker_client, project) == ([], [])
+
+    def test_failure_report_names_workspace_and_commands(self, daemon, project: Path) -> None:
+        """A failing test's report shows its workspace id and the last commands run in it."""
+        (project / "test_fails.py").write_text(
+            textwrap.dedent(
+                """
+                def test_boom(workspace):
+                    workspace.exec("echo preparing")
+                    result = workspace.exec("echo boom; exit 3")
+                    assert result.exit_code == 0
+                """
+            )
+        )
+        run = _pytest(project, _env(daemon))
+        assert run.returncode == 1
+        section = run.stdout.split("sandboxd", 1)[1]
+        assert "workspace ws-" in section
+        assert "$ echo preparing    [exit 0]" in section
+        assert "$ echo boom; exit 3    [exit 3]" in section
+
+    def test_leftovers_of_a_killed_run_are_reaped(self, daemon, project: Path, docker_client) -> None:
+        """pytest SIGKILLed mid-test leaves its workspace; the next run of the project removes it."""
+        (project / "test_slow.py").write_text("def test_slow(workspace):\n    import time\n    time.sleep(120)\n")
+        slow = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_slow.py"],
+            cwd=project,
+            env=_env(daemon),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not _labelled(docker_client, project)[0] and time.monotonic() < deadline:
+                time.sleep(0.5)
+            left = _labelled(docker_client, project)
+            assert left[0], "the slow test never created its workspace"
+            slow.send_signal(signal.SIGKILL)
+            slow.wait(30)
+        finally:
+            if slow.poll() is None:
+                slow.kill()
+                slow.wait()
+        assert _labelled(docker_client, project) == left, "a killed run cannot clean up after itself"
+        (project / "test_slow.py").unlink()
+        (project / "test_next.py").write_text(
+            "def test_next(sandboxd_client):\n    assert sandboxd_client.health() == 'SERVING'\n"
+        )
+        run = _pytest(project, _env(daemon))
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert _labelled(docker_client, project) == ([], [])
+
+    def test_starts_its_own_daemon_when_none_is_configured(self, project: Path, docker_client, tmp_path: Path) -> None:
+        """With no daemon configured or answering, the plugin starts one for the session and stops it after."""
+        (project / "test_own.py").write_text(
+            textwrap.dedent(
+                """
+                import subprocess
+
+                def test_own(workspace):
+                    assert workspace.exec('id -un').stdout == 'sandbox\\n'
+                    running = subprocess.run(["pgrep", "-af", "sandboxd-pytest-"], capture_output=True, text=True)
+                    print("daemon seen:", running.stdout.split("--socket ")[1].split("/")[2][:16])
+                """
+            )
+        )
+        runtime = tmp_path / "xdg"
+        runtime.mkdir()
+        env = {k: v for k, v in os.environ.items() if k not in {"SANDBOXD_SOCKET", "SANDBOXD_ADDRESS"}}
+        env["XDG_RUNTIME_DIR"] = str(runtime)  # so the default socket is one nobody listens on
+        run = _pytest(project, env, "-s")
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "daemon seen: sandboxd-pytest-" in run.stdout
+        assert _labelled(docker_client, project) == ([], [])
+        leftover_daemons = subprocess.run(
+            ["pgrep", "-f", "sandboxd-pytest-"], capture_output=True, text=True, check=False
+        ).stdout.split()
+        assert leftover_daemons == []
