@@ -1,4 +1,4 @@
-"""Command line: ``sandboxd serve`` (the default) and ``sandboxd images build``.
+"""Command line: ``sandboxd serve`` (the default), ``sandboxd images build``, ``sandboxd token create``.
 
 ``python -m sandboxd`` is ``sandboxd serve``.
 """
@@ -16,6 +16,7 @@ import structlog
 from .backend.docker import DockerBackend
 from .errors import SandboxdError
 from .logging import configure_logging
+from .secrets import SecretStore
 from .settings import Settings
 
 __all__ = ["main"]
@@ -26,9 +27,20 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     serve = commands.add_parser("serve", help="run the daemon (default)")
     serve.add_argument("--socket", help="Unix socket path (env SANDBOXD_SOCKET; default: see README)")
-    serve.add_argument("--listen", metavar="HOST:PORT", help="also listen on TCP (no authentication yet)")
+    serve.add_argument("--listen", metavar="HOST:PORT", help="also listen on TCP; needs --tls-cert and --tls-key")
     serve.add_argument("--instance", help="label value marking this daemon's containers (env SANDBOXD_INSTANCE)")
     serve.add_argument("--no-build", action="store_true", help="do not build the default image on start")
+    serve.add_argument("--tokens-file", help="bearer tokens and their tenants (env SANDBOXD_TOKENS_FILE)")
+    serve.add_argument("--tls-cert", help="PEM server certificate for --listen (env SANDBOXD_TLS_CERT_FILE)")
+    serve.add_argument("--tls-key", help="PEM key of --tls-cert (env SANDBOXD_TLS_KEY_FILE)")
+    serve.add_argument("--tls-client-ca", help="require client certificates signed by this CA (mutual TLS)")
+    serve.add_argument("--audit-log", help="audit trail path, or 'off' (env SANDBOXD_AUDIT_LOG)")
+    serve.add_argument("--secrets-file", help="JSON object of secrets for secret:NAME (env SANDBOXD_SECRETS_FILE)")
+    token = commands.add_parser("token", help="manage bearer tokens")
+    token_commands = token.add_subparsers(dest="token_command", required=True)
+    create = token_commands.add_parser("create", help="add a token for a tenant and print it (once)")
+    create.add_argument("--tenant", required=True, help="tenant name: lowercase letters, digits, '.', '_', '-'")
+    create.add_argument("--tokens-file", help="the tokens file (env SANDBOXD_TOKENS_FILE; default: see README)")
     images = commands.add_parser("images", help="manage workspace images")
     image_commands = images.add_subparsers(dest="images_command", required=True)
     build = image_commands.add_parser("build", help="find or build the default workspace image")
@@ -66,13 +78,24 @@ async def _serve(settings: Settings, opts: argparse.Namespace) -> None:
         timeout_s=settings.docker_timeout_s,
         retries=settings.docker_retries,
     )
-    await serve(settings, backend, build_image=not opts.no_build, progress=_progress)
+    await serve(settings, backend, build_image=not opts.no_build, progress=_progress, environ=os.environ)
+
+
+def _token_create(settings: Settings, opts: argparse.Namespace) -> None:
+    from .tenancy import create_token, default_tokens_path
+
+    path = settings.tokens_file or default_tokens_path(os.environ)
+    token = create_token(path, opts.tenant)
+    print(token)
+    print(f"sandboxd: token for tenant {opts.tenant!r} added to {path}; it is shown only once", file=sys.stderr)
+    if not settings.tokens_file:
+        print(f"sandboxd: start the daemon with --tokens-file {path} to require tokens", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in {"serve", "images", "-h", "--help"}:
+    if not args or args[0] not in {"serve", "images", "token", "-h", "--help"}:
         args = ["serve", *args]  # `sandboxd --socket X` and `python -m sandboxd` mean serve
     opts = _parser().parse_args(args)
     command = opts.command
@@ -82,8 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             socket_path=getattr(opts, "socket", None),
             listen_address=getattr(opts, "listen", None),
             instance=getattr(opts, "instance", None),
+            tokens_file=getattr(opts, "tokens_file", None),
+            tls_cert_file=getattr(opts, "tls_cert", None),
+            tls_key_file=getattr(opts, "tls_key", None),
+            tls_client_ca_file=getattr(opts, "tls_client_ca", None),
+            audit_log=getattr(opts, "audit_log", None),
+            secrets_file=getattr(opts, "secrets_file", None),
         )
-        configure_logging(level=settings.log_level, fmt=settings.log_format)
+        if command == "token":
+            _token_create(settings, opts)
+            return 0
+        secret_store = SecretStore(settings.secrets_file, os.environ)
+        configure_logging(level=settings.log_level, fmt=settings.log_format, mask=secret_store.mask_text)
         if command == "images":
             asyncio.run(_images_build(settings, opts))
         else:

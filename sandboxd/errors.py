@@ -13,6 +13,7 @@ The hierarchy::
     │   ├── WorkspaceExistsError
     │   └── PathExistsError
     ├── PermissionDeniedError              PERMISSION_DENIED
+    ├── UnauthenticatedError               UNAUTHENTICATED
     ├── FailedPreconditionError            FAILED_PRECONDITION
     │   ├── WorkspaceNotRunningError
     │   └── ProcessExitedError
@@ -49,6 +50,7 @@ __all__ = [
     "ProcessNotFoundError",
     "QuotaExceededError",
     "SandboxdError",
+    "UnauthenticatedError",
     "WorkspaceExistsError",
     "WorkspaceNotFoundError",
     "WorkspaceNotRunningError",
@@ -112,6 +114,12 @@ class PermissionDeniedError(SandboxdError):
     """The workspace user may not do this (file permissions), or the caller may not."""
 
     grpc_code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class UnauthenticatedError(SandboxdError):
+    """The call carries no valid credentials."""
+
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
 
 
 class FailedPreconditionError(SandboxdError):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TextIO
+from collections.abc import Callable, MutableMapping
+from typing import Any, TextIO
 
 import structlog
 
@@ -12,7 +13,12 @@ __all__ = ["configure_logging"]
 
 
 def configure_logging(
-    *, level: str = "info", fmt: str = "auto", stream: TextIO | None = None, cache: bool = True
+    *,
+    level: str = "info",
+    fmt: str = "auto",
+    stream: TextIO | None = None,
+    cache: bool = True,
+    mask: Callable[[str], str] | None = None,
 ) -> None:
     """Configure structlog and the stdlib root logger once, in ``__main__``.
 
@@ -21,6 +27,7 @@ def configure_logging(
         fmt: ``json``, ``console``, or ``auto`` (console on a TTY, JSON otherwise).
         stream: where log lines go; standard error by default.
         cache: cache loggers on first use (tests turn it off so they can capture logs).
+        mask: applied to every string field (hides secret values, seed 002).
     """
     out = stream or sys.stderr
     use_console = fmt == "console" or (fmt == "auto" and out.isatty())
@@ -30,6 +37,8 @@ def configure_logging(
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    if mask is not None:
+        shared.append(_masking(mask))
     renderer: structlog.types.Processor
     if use_console:
         renderer = structlog.dev.ConsoleRenderer()
@@ -55,3 +64,15 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+def _masking(mask: Callable[[str], str]) -> structlog.types.Processor:
+    def processor(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        for key, value in event_dict.items():
+            if isinstance(value, str):
+                event_dict[key] = mask(value)
+            elif isinstance(value, (list, tuple)):
+                event_dict[key] = [mask(item) if isinstance(item, str) else item for item in value]
+        return event_dict
+
+    return processor

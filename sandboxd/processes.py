@@ -50,7 +50,9 @@ from .models import (
     signal_name,
 )
 from .output import OutputBuffer
+from .secrets import SecretStore
 from .settings import Settings
+from .tenancy import DEFAULT_TENANT, current_tenant
 
 __all__ = [
     "MARKER_ENV",
@@ -102,6 +104,7 @@ NON_INTERACTIVE_ENV = {
 
 TTY_ENV = {"TERM": "xterm-256color", "LANG": "C.UTF-8"}
 
+_PROCESS_ID_RE = re.compile(r"^p-(?P<run>[0-9a-f]{4})[0-9a-f]{12}$")
 _STOP_PRIORITY = (StopReason.INTERRUPTED, StopReason.TIMEOUT, StopReason.FAILED, StopReason.KILLED)
 _STDERR_TAIL_BYTES = 4096
 
@@ -241,6 +244,8 @@ class ExecContext:
         memory_limit_bytes: the workspace's memory limit, reported with OOM kills.
         os: the container's OS (``linux`` or ``windows``), which decides how Ctrl-C is delivered.
         env: the workspace's environment, given to every command (never to sandboxd's own tools).
+        tenant: the tenant owning the workspace; only its calls may see the workspace's processes.
+        secrets: resolves ``secret:NAME`` env values and masks their values in output.
     """
 
     def __init__(
@@ -252,6 +257,8 @@ class ExecContext:
         memory_limit_bytes: int,
         os: str = "linux",
         env: Mapping[str, str] | None = None,
+        tenant: str = DEFAULT_TENANT,
+        secrets: SecretStore | None = None,
     ) -> None:
         """Bundle the workspace facts."""
         self.workspace_id = workspace_id
@@ -260,6 +267,8 @@ class ExecContext:
         self.memory_limit_bytes = memory_limit_bytes
         self.os = os
         self.env = dict(env or {})
+        self.tenant = tenant
+        self.secrets = secrets or SecretStore("", {})
 
 
 class _State(enum.Enum):
@@ -310,6 +319,8 @@ class ProcessSession:
         self._exited = asyncio.Event()
         self._requested: set[StopReason] = set()
         self._stderr_tail = b""
+        # Secret values are masked per stream before output is buffered (seed 002).
+        self._redactors = {"stdout": context.secrets.redactor(), "stderr": context.secrets.redactor()}
         self.spill_path = f"{SPILL_DIR}/{process_id}.out"
         """Where the whole output goes once it passes ``spec.spill_after_bytes``."""
         self.leftovers = 0
@@ -367,7 +378,8 @@ class ProcessSession:
     def _env(self) -> dict[str, str]:
         """The command's environment on top of the image's: defaults, workspace env, exec env, marker."""
         defaults = TTY_ENV if self.spec.tty else NON_INTERACTIVE_ENV
-        return {**defaults, **self.context.env, **self.spec.env, MARKER_ENV: self.process_id}
+        env = self.context.secrets.resolve({**self.context.env, **self.spec.env})
+        return {**defaults, **env, MARKER_ENV: self.process_id}
 
     async def start(self) -> ExecStarted:
         """Start the command; return once it runs.
@@ -444,14 +456,17 @@ class ProcessSession:
             log.exception("process.pump_failed", process_id=self.process_id)
             self._fail(f"the daemon lost the command's stream: {exc}")
         finally:
+            for stream, redactor in self._redactors.items():
+                if rest := redactor.flush():  # what a lost supervisor left held back
+                    await self.buffer.put(stream, rest)
             await self.buffer.close()
 
     async def _on_frame(self, kind: bytes, payload: bytes) -> bool:
         """Handle one supervisor frame; return True when it was the last."""
-        if kind == frames.STDOUT:
-            await self.buffer.put("stdout", payload)
-        elif kind == frames.STDERR:
-            await self.buffer.put("stderr", payload)
+        if kind in (frames.STDOUT, frames.STDERR):
+            stream = "stdout" if kind == frames.STDOUT else "stderr"
+            if masked := self._redactors[stream].feed(payload):
+                await self.buffer.put(stream, masked)
         elif kind == frames.STARTED:
             self.pid = int(json.loads(payload)["pid"])
             if not self._started.done():
@@ -471,6 +486,9 @@ class ProcessSession:
             self._fail_start(error)
             return True
         elif kind == frames.EXITED:
+            for stream, redactor in self._redactors.items():
+                if rest := redactor.flush():
+                    await self.buffer.put(stream, rest)
             report = json.loads(payload)
             if report.get("timed_out"):
                 self._requested.add(StopReason.TIMEOUT)
@@ -756,6 +774,10 @@ class ProcessSession:
 class ProcessTable:
     """All live process sessions of the daemon, capped at ``settings.max_sessions``.
 
+    A session belongs to its workspace's tenant: other tenants get NOT_FOUND.
+    Process ids are ``p-`` + this run's 4 hex digits + 12 random ones, so an id
+    from before a restart is told apart from one that never existed.
+
     Eviction (seed 000): an exited session first (oldest first), else the least
     recently used idle one, whose whole tree is killed. An evicted id stays known
     so that later calls get NOT_FOUND saying it was evicted.
@@ -769,6 +791,8 @@ class ProcessTable:
         self._evicted: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        self.run_id = secrets.token_hex(2)
+        """Begins every process id of this daemon run: an id of an earlier run is known to be lost."""
 
     def get(self, process_id: str) -> ProcessSession:
         """Return a session.
@@ -777,10 +801,17 @@ class ProcessTable:
             ProcessNotFoundError: unknown id, or evicted (the message says which).
         """
         session = self._sessions.get(process_id)
-        if session is not None:
+        if session is not None and session.context.tenant == current_tenant():
             return session
-        if process_id in self._evicted:
+        if session is None and process_id in self._evicted:
             msg = f"process {process_id} was evicted: {self._evicted[process_id]}"
+            raise ProcessNotFoundError(msg)
+        match = _PROCESS_ID_RE.match(process_id)
+        if session is None and match and match["run"] != self.run_id:
+            msg = (
+                f"process {process_id} is lost: the daemon restarted after it started, so its output and "
+                "exit status are gone (it runs on in its workspace until its timeout; `ps` there shows it)"
+            )
             raise ProcessNotFoundError(msg)
         msg = f"process {process_id!r} not found"
         raise ProcessNotFoundError(msg)
@@ -816,10 +847,11 @@ class ProcessTable:
             msg = "command and workdir must not contain NUL characters"
             raise InvalidSpecError(msg)
         check_env(spec.env, "env")
+        context.secrets.check(spec.env, "env")
         async with self._lock:
             while len(self._sessions) >= self.settings.max_sessions:
                 self._evict_one()
-            process_id = f"p-{secrets.token_hex(6)}"
+            process_id = f"p-{self.run_id}{secrets.token_hex(6)}"
             session = ProcessSession(
                 backend=self.backend,
                 context=context,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Literal, get_args, get_origin, get_type_hints
 
@@ -89,6 +90,39 @@ class Settings:
     log_format: LogFormat = "auto"
     """``json`` off a terminal and ``console`` on one when ``auto``."""
 
+    tokens_file: str = ""
+    """Bearer tokens (hashed) and their tenants; when set, every call must carry a token."""
+
+    tls_cert_file: str = ""
+    """PEM server certificate for the TCP listener (TCP refuses to start without TLS)."""
+
+    tls_key_file: str = ""
+    """PEM private key of ``tls_cert_file``."""
+
+    tls_client_ca_file: str = ""
+    """PEM CA bundle; when set, TCP clients must present a certificate it signed (mutual TLS)."""
+
+    audit_log: str = ""
+    """JSON-lines audit trail of every state-changing call; empty means the default path
+    (``/var/lib/sandboxd/audit.jsonl`` as root, ``~/.local/state/sandboxd/audit.jsonl`` otherwise);
+    ``off`` disables it."""
+
+    secrets_file: str = ""
+    """JSON object of secret names to values, for ``secret:NAME`` env references
+    (``SANDBOXD_SECRET_<NAME>`` in the daemon's environment also works)."""
+
+    default_runtime: Literal["runc", "runsc"] = "runc"
+    """OCI runtime of workspaces that name none."""
+
+    default_idle_ttl_s: float = 0.0
+    """Remove a workspace after this long without calls, in seconds; 0 means never."""
+
+    tenant_max_workspaces: int = 0
+    """Most workspaces one tenant may have at once; 0 means no limit."""
+
+    tenant_max_memory_bytes: int = 0
+    """Most memory, summed over one tenant's workspace limits, in bytes; 0 means no limit."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: object) -> Settings:
         """Build settings from ``SANDBOXD_*`` variables in ``environ``, then ``overrides``.
@@ -116,7 +150,18 @@ class Settings:
         settings = cls(**values)  # type: ignore[arg-type]
         if not settings.socket_path:
             settings = dataclasses.replace(settings, socket_path=default_socket_path(environ))
+        if not settings.audit_log:
+            settings = dataclasses.replace(settings, audit_log=default_audit_path(environ))
         return settings
+
+
+def default_audit_path(environ: Mapping[str, str]) -> str:
+    """Where the audit trail goes when no path is set."""
+    if os.geteuid() == 0:
+        return "/var/lib/sandboxd/audit.jsonl"
+    home = environ.get("HOME") or os.path.expanduser("~")
+    state = environ.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state")
+    return os.path.join(state, "sandboxd", "audit.jsonl")
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})

@@ -7,18 +7,28 @@ stored as JSON in its container's ``sandboxd.spec`` label, so ``get`` and
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import dataclasses
 import json
 import posixpath
 import re
 import secrets
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import structlog
 
+from .audit import AuditLog
 from .backend.base import Backend, ContainerInfo, ContainerSpec
-from .errors import ImageNotFoundError, InvalidSpecError, WorkspaceNotFoundError, WorkspaceNotRunningError
+from .errors import (
+    ImageNotFoundError,
+    InvalidSpecError,
+    QuotaExceededError,
+    WorkspaceNotFoundError,
+    WorkspaceNotRunningError,
+)
 from .models import (
     NetworkPolicy,
     ResourceLimits,
@@ -29,11 +39,14 @@ from .models import (
     WorkspaceState,
 )
 from .processes import ExecContext, ProcessTable, check_env
+from .secrets import SecretStore
 from .settings import Settings
+from .tenancy import DEFAULT_TENANT, current_tenant
 
 __all__ = [
     "CAPABILITIES",
     "LABEL_SPEC",
+    "LABEL_TENANT",
     "RESERVED_LABEL_PREFIX",
     "WorkspaceManager",
     "check_workspace_id",
@@ -45,6 +58,7 @@ log = structlog.get_logger(__name__)
 
 RESERVED_LABEL_PREFIX = "sandboxd."
 LABEL_SPEC = "sandboxd.spec"
+LABEL_TENANT = "sandboxd.tenant"
 WORKSPACE_ROOT = "/workspace"
 FALLBACK_USER = "1000:1000"
 """User for images whose own user is root or unset: commands never run as root by default."""
@@ -160,12 +174,33 @@ class WorkspaceManager:
         processes: the process table, told when a workspace goes away.
     """
 
-    def __init__(self, backend: Backend, settings: Settings, processes: ProcessTable) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        settings: Settings,
+        processes: ProcessTable,
+        *,
+        secrets: SecretStore | None = None,
+    ) -> None:
         """Wire the manager."""
         self.backend = backend
         self.settings = settings
         self.processes = processes
+        self.secrets = secrets or SecretStore("", {})
         self._contexts: dict[str, ExecContext] = {}
+        self._activity: dict[str, float] = {}
+        self._started = time.monotonic()
+
+    def touch(self, workspace_id: str) -> None:
+        """Note a call on the workspace (its idle TTL starts again)."""
+        self._activity[workspace_id] = time.monotonic()
+
+    def _owned(self, info: ContainerInfo) -> ContainerInfo:
+        """``info`` if the current tenant owns it; NOT_FOUND otherwise (existence never leaks)."""
+        if info.labels.get(LABEL_TENANT, DEFAULT_TENANT) != current_tenant():
+            msg = f"workspace {info.workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg)
+        return info
 
     # -- validation --------------------------------------------------------------------------------
     def resolve(self, spec: WorkspaceSpec) -> WorkspaceSpec:
@@ -183,6 +218,7 @@ class WorkspaceManager:
                 msg = f"label key {key!r} is not valid (letters, digits, '.', '_', '/', '-'; at most 128)"
                 raise InvalidSpecError(msg)
         check_env(spec.env, "env")
+        self.secrets.check(spec.env, "env")
         limits = spec.limits
         for name, value in (
             ("memory_bytes", limits.memory_bytes),
@@ -233,7 +269,8 @@ class WorkspaceManager:
             labels=dict(spec.labels),
             working_dir=posixpath.normpath(working_dir),
             limits=ResourceLimits(memory_bytes=memory, cpu_millis=cpu, pids=pids),
-            runtime=spec.runtime or Runtime.RUNC,
+            runtime=spec.runtime or Runtime(s.default_runtime),
+            idle_ttl_s=spec.idle_ttl_s if spec.idle_ttl_s is not None else s.default_idle_ttl_s,
             security=dataclasses.replace(spec.security, added_capabilities=tuple(sorted(set(capabilities)))),
         )
 
@@ -254,6 +291,8 @@ class WorkspaceManager:
         if workspace_id:
             check_workspace_id(workspace_id)
         resolved = self.resolve(spec)
+        tenant = current_tenant()
+        await self._check_quota(tenant, resolved.limits.memory_bytes)
         image = await self.backend.image_info(resolved.image)
         if image is None:
             if resolved.image == self.settings.default_image:
@@ -279,7 +318,7 @@ class WorkspaceManager:
                 # container's own processes: a PATH of the caller's must not break `tail` or python3.
                 env={},
                 working_dir=resolved.working_dir,
-                labels={**resolved.labels, LABEL_SPEC: spec_to_json(resolved)},
+                labels={**resolved.labels, LABEL_SPEC: spec_to_json(resolved), LABEL_TENANT: tenant},
                 memory_bytes=resolved.limits.memory_bytes,
                 cpu_millis=resolved.limits.cpu_millis,
                 pids=resolved.limits.pids,
@@ -290,13 +329,33 @@ class WorkspaceManager:
             )
         )
         workspace = self._workspace(info)
-        log.info("workspace.created", workspace_id=workspace_id, image=resolved.image, user=user)
+        self.touch(workspace_id)
+        log.info("workspace.created", workspace_id=workspace_id, image=resolved.image, user=user, tenant=tenant)
         return workspace
+
+    async def _check_quota(self, tenant: str, memory_bytes: int) -> None:
+        """RESOURCE_EXHAUSTED when the tenant is at its workspace count or memory total."""
+        s = self.settings
+        if not (s.tenant_max_workspaces or s.tenant_max_memory_bytes):
+            return
+        mine = [self._workspace(i) for i in await self.backend.list_containers({LABEL_TENANT: tenant})]
+        if s.tenant_max_workspaces and len(mine) >= s.tenant_max_workspaces:
+            msg = f"tenant {tenant!r} already has {len(mine)} workspaces, its limit"
+            raise QuotaExceededError(msg)
+        used = sum(w.spec.limits.memory_bytes for w in mine)
+        if s.tenant_max_memory_bytes and used + memory_bytes > s.tenant_max_memory_bytes:
+            msg = (
+                f"tenant {tenant!r} would use {used + memory_bytes} bytes of memory limits, "
+                f"over its {s.tenant_max_memory_bytes}-byte quota"
+            )
+            raise QuotaExceededError(msg)
 
     async def get(self, workspace_id: str) -> Workspace:
         """Return a workspace; WorkspaceNotFoundError when there is none."""
         check_workspace_id(workspace_id)
-        return self._workspace(await self.backend.inspect_container(workspace_id))
+        workspace = self._workspace(self._owned(await self.backend.inspect_container(workspace_id)))
+        self.touch(workspace_id)
+        return workspace
 
     async def list(self, label_selector: Mapping[str, str]) -> list[Workspace]:
         """Return the workspaces carrying every label in ``label_selector``, oldest first."""
@@ -304,7 +363,8 @@ class WorkspaceManager:
             if key.lower().startswith(RESERVED_LABEL_PREFIX):
                 msg = f"label selector key {key!r} is in the reserved 'sandboxd.' namespace"
                 raise InvalidSpecError(msg)
-        return [self._workspace(info) for info in await self.backend.list_containers(label_selector)]
+        selector = {**label_selector, LABEL_TENANT: current_tenant()}
+        return [self._workspace(info) for info in await self.backend.list_containers(selector)]
 
     async def delete(self, workspace_id: str) -> None:
         """Remove a workspace's container and volume.
@@ -315,12 +375,49 @@ class WorkspaceManager:
             WorkspaceNotFoundError: neither a container nor a volume of that id exists.
         """
         check_workspace_id(workspace_id)
+        try:
+            self._owned(await self.backend.inspect_container(workspace_id))
+        except WorkspaceNotFoundError:
+            # The container may be gone behind sandboxd's back; its volume tells whose it was.
+            labels = await self.backend.volume_labels(workspace_id)
+            if labels is None or labels.get(LABEL_TENANT, DEFAULT_TENANT) != current_tenant():
+                raise
+        await self._remove(workspace_id, "its workspace was deleted")
+        log.info("workspace.deleted", workspace_id=workspace_id)
+
+    async def _remove(self, workspace_id: str, why: str) -> None:
         self._contexts.pop(workspace_id, None)
-        await self.processes.forget_workspace(workspace_id, "its workspace was deleted")
+        self._activity.pop(workspace_id, None)
+        await self.processes.forget_workspace(workspace_id, why)
         if not await self.backend.remove_container(workspace_id):
             msg = f"workspace {workspace_id!r} not found"
             raise WorkspaceNotFoundError(msg)
-        log.info("workspace.deleted", workspace_id=workspace_id)
+
+    async def reap_idle(self, audit: AuditLog | None = None) -> builtins.list[str]:
+        """Remove every workspace idle past its TTL (no call, no running command); return their ids."""
+        now = time.monotonic()
+        removed = []
+        for info in await self.backend.list_containers({}):
+            if LABEL_SPEC not in info.labels:
+                continue
+            ttl = spec_from_json(info.labels[LABEL_SPEC]).idle_ttl_s or 0
+            sessions = self.processes.list(info.workspace_id)
+            if ttl <= 0 or any(s.running for s in sessions):
+                continue
+            last = max([self._activity.get(info.workspace_id, self._started), *(s.last_used for s in sessions)])
+            idle = now - last
+            if idle < ttl:
+                continue
+            with contextlib.suppress(WorkspaceNotFoundError):
+                await self._remove(info.workspace_id, f"its workspace was idle for {ttl:g} s and was removed")
+            removed.append(info.workspace_id)
+            tenant = info.labels.get(LABEL_TENANT, DEFAULT_TENANT)
+            log.info("workspace.reaped", workspace_id=info.workspace_id, idle_ttl_s=ttl, tenant=tenant)
+            if audit is not None:
+                audit.event(
+                    "workspace.reaped", workspace_id=info.workspace_id, tenant=tenant, reason=f"idle for {ttl:g} s"
+                )
+        return removed
 
     async def exec_context(self, workspace_id: str) -> ExecContext:
         """Return what a process needs to run in the workspace.
@@ -331,9 +428,13 @@ class WorkspaceManager:
         """
         context = self._contexts.get(workspace_id)
         if context is not None:
+            if context.tenant != current_tenant():
+                msg = f"workspace {workspace_id!r} not found"
+                raise WorkspaceNotFoundError(msg)
+            self.touch(workspace_id)
             return context
         check_workspace_id(workspace_id)
-        info = await self.backend.inspect_container(workspace_id)
+        info = self._owned(await self.backend.inspect_container(workspace_id))
         workspace = self._workspace(info)
         if workspace.state is not WorkspaceState.RUNNING:
             msg = f"workspace {workspace_id!r} is not running"
@@ -345,8 +446,11 @@ class WorkspaceManager:
             memory_limit_bytes=workspace.spec.limits.memory_bytes,
             os=info.os,
             env=workspace.spec.env,
+            tenant=info.labels.get(LABEL_TENANT, DEFAULT_TENANT),
+            secrets=self.secrets,
         )
         self._contexts[workspace_id] = context
+        self.touch(workspace_id)
         return context
 
     def _workspace(self, info: ContainerInfo) -> Workspace:

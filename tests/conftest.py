@@ -92,6 +92,7 @@ def make_settings(tmp_dir: Path, **overrides: object) -> Settings:
         instance=TEST_INSTANCE,
         docker_retries=False,
         kill_grace_s=1.0,
+        audit_log=str(tmp_dir / "audit.jsonl"),
     )
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
@@ -104,7 +105,12 @@ def spawned_daemon(tmp_dir: Path, **env: str) -> Iterator[tuple[subprocess.Popen
     """
     socket_path = str(tmp_dir / "run" / "sandboxd.sock")
     log_path = tmp_dir / "daemon.log"
-    full_env = {**os.environ, "SANDBOXD_LOG_FORMAT": "json", **env}
+    full_env = {
+        **os.environ,
+        "SANDBOXD_LOG_FORMAT": "json",
+        "SANDBOXD_AUDIT_LOG": str(tmp_dir / "audit.jsonl"),
+        **env,
+    }
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "sandboxd", "--socket", socket_path, "--instance", TEST_INSTANCE, "--no-build"],

@@ -10,6 +10,7 @@ For agent engines: ``Environment`` runs seed 000's tool calls (``tools``) with
 ``config`` reads ``system_config.yaml``, ``mcp_server`` serves MCP.
 """
 
+from ._auth import TLSOptions
 from ._client import (
     EditResult,
     FileInfo,
@@ -97,6 +98,7 @@ __all__ = [
     "SandboxError",
     "Started",
     "SyncSandboxClient",
+    "TLSOptions",
     "ToolCall",
     "ToolCallOutput",
     "ToolCallPartial",

@@ -12,6 +12,7 @@ import grpc
 import tenacity
 from google.protobuf import duration_pb2
 
+from ._auth import TLSOptions, open_channel
 from ._exec import ExecHandle, Exited, exited_from_proto
 from ._paths import default_socket_path
 from ._pb.sandboxd.v1 import file_service_pb2 as fpb
@@ -200,7 +201,15 @@ class SandboxClient:
         socket_path: Unix socket path (alternative to ``address``).
         retries: retry idempotent calls (get/list/delete) on UNAVAILABLE with
             jittered backoff, at most 4 attempts within 10 s.
-        environ: environment used to find the default socket (``os.environ`` if None).
+        environ: environment for the defaults (``os.environ`` if None): the socket,
+            ``SANDBOXD_ADDRESS``, ``SANDBOXD_TOKEN`` and the ``SANDBOXD_TLS_*`` files.
+        token: bearer token for daemons started with a tokens file; None means
+            ``SANDBOXD_TOKEN``.
+        tls: TLS for a TCP address; None means the ``SANDBOXD_TLS_*`` variables
+            (system roots when unset). TCP is always TLS: the daemon serves nothing else.
+
+    Raises:
+        ValueError: a TLS file cannot be read, or TLS options were given for a Unix socket.
     """
 
     def __init__(
@@ -210,14 +219,19 @@ class SandboxClient:
         socket_path: str | None = None,
         retries: bool = True,
         environ: Mapping[str, str] | None = None,
+        token: str | None = None,
+        tls: TLSOptions | None = None,
     ) -> None:
         """Open the channel (lazily connected)."""
+        env = os.environ if environ is None else environ
+        if address is None and not socket_path:
+            address = env.get("SANDBOXD_ADDRESS") or None
         if address is None:
-            address = f"unix:{socket_path or default_socket_path(os.environ if environ is None else environ)}"
+            address = f"unix:{socket_path or default_socket_path(env)}"
         self.address = address
-        self._channel = grpc.aio.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-        )
+        if tls is None and not address.startswith("unix:"):
+            tls = TLSOptions.from_env(env)
+        self._channel = open_channel(address, token=env.get("SANDBOXD_TOKEN", "") if token is None else token, tls=tls)
         self._workspaces = wgrpc.WorkspaceServiceStub(self._channel)
         self._processes = pgrpc.ProcessServiceStub(self._channel)
         self._files = fgrpc.FileServiceStub(self._channel)

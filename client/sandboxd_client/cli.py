@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import ExecHandle, Output, SandboxClient, Started
+from . import ExecHandle, Output, SandboxClient, Started, TLSOptions
 from ._client import ProcessInfo, WorkspaceInfo
 from .errors import NotFoundError, SandboxError
 
@@ -45,7 +45,12 @@ def _size(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandboxctl", description="Drive a sandboxd daemon.")
     parser.add_argument("--socket", help="daemon Unix socket (env SANDBOXD_SOCKET)")
-    parser.add_argument("--address", help="daemon HOST:PORT instead of the Unix socket")
+    parser.add_argument("--address", help="daemon HOST:PORT over TLS instead of the Unix socket (env SANDBOXD_ADDRESS)")
+    parser.add_argument("--token", help="bearer token (env SANDBOXD_TOKEN)")
+    parser.add_argument("--tls-ca", help="PEM CA that signed the daemon's certificate (env SANDBOXD_TLS_CA)")
+    parser.add_argument("--tls-cert", help="PEM client certificate for mutual TLS (env SANDBOXD_TLS_CERT)")
+    parser.add_argument("--tls-key", help="PEM key of --tls-cert (env SANDBOXD_TLS_KEY)")
+    parser.add_argument("--tls-server-name", help="name to check the daemon's certificate against")
     commands = parser.add_subparsers(dest="command", required=True)
 
     create = commands.add_parser("create", help="create a workspace and print its id")
@@ -56,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--network", choices=["none", "bridge"], default="", help="network (default none)")
     create.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="add a label")
     create.add_argument("--name", default="", help="workspace id to use instead of a generated one")
+    create.add_argument("--runtime", choices=["runc", "runsc"], default="", help="OCI runtime (runsc is gVisor)")
+    create.add_argument(
+        "--ttl", type=float, default=None, metavar="SECONDS", help="remove after this long idle; 0 never"
+    )
+    create.add_argument(
+        "--env", "-e", action="append", default=[], metavar="NAME=VALUE", help="environment; VALUE may be secret:NAME"
+    )
 
     run = commands.add_parser("exec", help="run a command, streaming its output; exits with its code")
     run.add_argument("workspace")
@@ -132,11 +144,28 @@ def _command_line(argv: Sequence[str]) -> str:
 
 
 async def _run(opts: argparse.Namespace) -> int:
-    address = opts.address
-    socket_path = opts.socket or os.environ.get("SANDBOXD_SOCKET") or None
-    async with SandboxClient(address, socket_path=socket_path) as client:
+    tls = TLSOptions.from_env(os.environ)
+    tls = TLSOptions(
+        ca_file=opts.tls_ca or tls.ca_file,
+        cert_file=opts.tls_cert or tls.cert_file,
+        key_file=opts.tls_key or tls.key_file,
+        server_name=opts.tls_server_name or tls.server_name,
+    )
+    try:
+        client = SandboxClient(
+            opts.address,
+            socket_path=opts.socket,
+            token=opts.token,
+            tls=tls if tls != TLSOptions() else None,
+        )
+    except ValueError as exc:
+        raise SandboxError(str(exc)) from None
+    async with client:
         if opts.command == "create":
             workspace = await client.create_workspace(
+                env=_pairs(opts.env, "--env"),
+                runtime=opts.runtime,
+                idle_ttl_s=opts.ttl,
                 image=opts.image,
                 memory_bytes=opts.memory,
                 cpu_millis=round(opts.cpus * 1000),

@@ -167,36 +167,44 @@ def _unfinished_escape(tail: str) -> bool:
 class Redactor:
     """Masks secret values in a stream of chunks, even when a value is split across chunks.
 
-    It holds back the last ``len(longest secret) - 1`` characters of each chunk
-    until the next one shows whether they start a secret.
+    Text after the last match is held back (as much as the longest secret but
+    one) until the next chunk shows whether it begins a secret; masks are never
+    scanned again.
     """
 
     def __init__(self, secrets: list[str], mask: str = "[REDACTED]") -> None:
         """Mask ``secrets`` (longest first)."""
         self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
         self.mask = mask
+        self._pattern = re.compile("|".join(re.escape(s) for s in self.secrets)) if self.secrets else None
         self.holdback = max((len(s) for s in self.secrets), default=1) - 1
         """Characters kept back at the end of each chunk until the next one arrives."""
         self._pending = ""
 
     def redact(self, text: str) -> str:
         """Mask every secret in a complete text."""
-        for secret in self.secrets:
-            text = text.replace(secret, self.mask)
-        return text
+        return self._pattern.sub(self.mask, text) if self._pattern is not None else text
+
+    def _scan(self, text: str, *, final: bool) -> str:
+        assert self._pattern is not None
+        out, position = [], 0
+        for match in self._pattern.finditer(text):
+            out += [text[position : match.start()], self.mask]
+            position = match.end()
+        rest = text[position:]
+        keep = "" if final or self.holdback <= 0 else rest[-self.holdback :]
+        out.append(rest[: len(rest) - len(keep)])
+        self._pending = keep
+        return "".join(out)
 
     def feed(self, text: str) -> str:
         """Masked text safe to show now (a possible start of a secret is kept for later)."""
-        if not self.secrets:
+        if self._pattern is None:
             return text
-        text = self.redact(self._pending + text)
-        if self.holdback <= 0:
-            self._pending = ""
-            return text
-        self._pending = text[-self.holdback :]
-        return text[: -self.holdback]
+        return self._scan(self._pending + text, final=False)
 
     def flush(self) -> str:
         """The rest, masked."""
-        text, self._pending = self.redact(self._pending), ""
-        return text
+        if self._pattern is None:
+            return ""
+        return self._scan(self._pending, final=True)

@@ -10,6 +10,7 @@ from google.protobuf import timestamp_pb2
 from sandboxd_client._pb.sandboxd.v1 import file_service_pb2 as fpb
 from sandboxd_client._pb.sandboxd.v1 import file_service_pb2_grpc as fgrpc
 
+from ..audit import audit_fields
 from ..errors import InvalidSpecError
 from ..files import FileManager
 from ._types import Context
@@ -117,6 +118,7 @@ class FileServicer(fgrpc.FileServiceServicer):
                     raise InvalidSpecError(msg)
                 yield message.chunk
 
+        audit_fields(workspace_id=first.target.workspace_id, path=first.target.path)
         path, result = await self.files.upload(first.target.workspace_id, first.target.path, chunks())
         return fpb.UploadResponse(entry_count=int(result["entries"]), size_bytes=int(result["size"]), path=path)
 

@@ -1,4 +1,4 @@
-"""Server interceptor: request context for logs, error mapping, one access-log line per RPC.
+"""Server interceptor: request context for logs, authentication, error mapping, audit, one access line per RPC.
 
 Every SandboxdError becomes its declared gRPC status with its message. Any
 other exception becomes INTERNAL with a generic message; its traceback goes to
@@ -8,6 +8,8 @@ the log only, never onto the wire.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import dataclasses
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,7 +18,9 @@ from typing import Any, NoReturn
 import grpc
 import structlog
 
+from ..audit import STATE_CHANGING, AuditLog, audit_fields, set_audit_tenant, start_audit
 from ..errors import SandboxdError
+from ..tenancy import Authenticator, reset_tenant, tenant_scope
 from ._types import Context
 
 __all__ = ["ErrorInterceptor"]
@@ -27,7 +31,18 @@ _HEALTH_AND_REFLECTION = ("/grpc.health.", "/grpc.reflection.")
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Binds ``request_id``/``rpc``/``peer``, maps errors to statuses, logs ``rpc.finished``."""
+    """Binds ``request_id``/``rpc``/``peer``, authenticates, maps errors to statuses, logs ``rpc.finished``.
+
+    Args:
+        authenticator: turns a call's bearer token into its tenant (health and
+            reflection need none).
+        audit: where state-changing calls are recorded.
+    """
+
+    def __init__(self, authenticator: Authenticator | None = None, audit: AuditLog | None = None) -> None:
+        """Configure authentication and auditing."""
+        self.authenticator = authenticator or Authenticator()
+        self.audit = audit
 
     async def intercept_service(
         self,
@@ -40,15 +55,17 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method = handler_call_details.method
         quiet = method.startswith(_HEALTH_AND_REFLECTION)
+        audited = self.audit is not None and self.audit.enabled and method.rsplit("/", 1)[-1] in STATE_CHANGING
+        call = _Call(method, quiet, None if quiet else self.authenticator, self.audit if audited else None)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary, method, quiet),
+                _wrap_unary(handler.unary_unary, call),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream, method, quiet),  # type: ignore[arg-type]
+                _wrap_stream(handler.unary_stream, call),  # type: ignore[arg-type]
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -56,78 +73,158 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         # then the request iterator instead of a request.
         if handler.stream_unary is not None:
             return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary(handler.stream_unary, method, quiet),
+                _wrap_unary(handler.stream_unary, call),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream is not None:
             return grpc.stream_stream_rpc_method_handler(
-                _wrap_stream(handler.stream_stream, method, quiet),  # type: ignore[arg-type]
+                _wrap_stream(handler.stream_stream, call),  # type: ignore[arg-type]
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
 
 
-def _begin(context: Context, method: str) -> float:
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    method: str
+    quiet: bool
+    authenticator: Authenticator | None
+    audit: AuditLog | None
+
+
+def _begin(context: Context, call: _Call) -> tuple[float, contextvars.Token[str] | None]:
+    """Bind the log context, authenticate (raises UnauthenticatedError), start the audit record."""
     structlog.contextvars.clear_contextvars()
-    metadata = dict(context.invocation_metadata() or ())
-    request_id = str(metadata.get("x-request-id") or secrets.token_hex(8))
-    structlog.contextvars.bind_contextvars(request_id=request_id, rpc=method, peer=context.peer())
-    return time.monotonic()
+    metadata = tuple(context.invocation_metadata() or ())
+    request_id = str(dict(metadata).get("x-request-id") or secrets.token_hex(8))
+    structlog.contextvars.bind_contextvars(request_id=request_id, rpc=call.method, peer=context.peer())
+    start_audit(call.method, context.peer())
+    if call.authenticator is None:
+        return time.monotonic(), None
+    tenant = call.authenticator.tenant(metadata)
+    structlog.contextvars.bind_contextvars(tenant=tenant)
+    set_audit_tenant(tenant)
+    return time.monotonic(), tenant_scope(tenant)
 
 
-async def _fail(context: Context, start: float, quiet: bool, exc: Exception) -> NoReturn:
+_AUDITED_REQUEST_FIELDS = (
+    "workspace_id",
+    "process_id",
+    "command",
+    "workdir",
+    "path",
+    "source_path",
+    "destination_path",
+    "signal",
+    "replace_all",
+    "recursive",
+)
+
+
+def _audit_request(request: Any) -> None:
+    """Record what a request names (never stdin or file contents, only their sizes)."""
+    descriptor = getattr(request, "DESCRIPTOR", None)
+    if descriptor is None:  # a client stream (Upload): its servicer records the target
+        return
+    names = descriptor.fields_by_name
+    audit_fields(**{name: getattr(request, name) for name in _AUDITED_REQUEST_FIELDS if name in names})
+    for name in ("chars", "data", "content"):
+        if name in names and getattr(request, name):
+            audit_fields(input_bytes=len(getattr(request, name)))
+    if "chars" in names and request.chars == "\u0003":
+        audit_fields(ctrl_c=True)
+
+
+def _audit_response(response: Any) -> None:
+    """Record outcomes: a new workspace's id, a process id, exit code and stop reason, a yield."""
+    names = response.DESCRIPTOR.fields_by_name
+    if "workspace" in names and response.HasField("workspace"):
+        audit_fields(workspace_id=response.workspace.workspace_id)
+    if "started" in names and response.HasField("started"):
+        audit_fields(process_id=response.started.process_id)
+    if "yielded" in names and response.HasField("yielded"):
+        audit_fields(yielded=True)
+    if "exited" in names and response.HasField("exited"):
+        exited = response.exited
+        stop_reason = exited.DESCRIPTOR.fields_by_name["stop_reason"].enum_type.values_by_number[exited.stop_reason]
+        audit_fields(
+            exit_code=exited.exit_code,
+            signal=exited.signal or None,
+            stop_reason=stop_reason.name.removeprefix("STOP_REASON_").lower(),
+            oom_killed=exited.oom_killed or None,
+        )
+
+
+async def _fail(context: Context, start: float, call: _Call, exc: Exception) -> NoReturn:
     """Log the outcome and abort the RPC with the status ``exc`` maps to."""
     if isinstance(exc, grpc.aio.AbortError):  # a handler aborted on purpose: already a status
-        _finish(start, context.code() or grpc.StatusCode.UNKNOWN, quiet)
+        _finish(start, context.code() or grpc.StatusCode.UNKNOWN, call)
         raise exc
     if isinstance(exc, SandboxdError):
-        _finish(start, exc.grpc_code, quiet, exc.message)
+        _finish(start, exc.grpc_code, call, exc.message)
         await context.abort(exc.grpc_code, exc.message)
-    _finish(start, grpc.StatusCode.INTERNAL, quiet)
+    _finish(start, grpc.StatusCode.INTERNAL, call)
     log.error("rpc.internal_error", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, "internal error in sandboxd; the daemon log has the details")
 
 
-def _finish(start: float, code: grpc.StatusCode, quiet: bool, message: str = "") -> None:
-    if quiet and code == grpc.StatusCode.OK:
+def _finish(start: float, code: grpc.StatusCode, call: _Call, message: str = "") -> None:
+    duration = round(time.monotonic() - start, 4)
+    if call.audit is not None:
+        call.audit.finish(code=code.name, duration_s=duration, message=message)
+    if call.quiet and code == grpc.StatusCode.OK:
         return
-    fields: dict[str, Any] = {"code": code.name, "duration_s": round(time.monotonic() - start, 4)}
+    fields: dict[str, Any] = {"code": code.name, "duration_s": duration}
     if message:
         fields["message"] = message
     log.info("rpc.finished", **fields)
 
 
-def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str, quiet: bool) -> Callable[..., Awaitable[Any]]:
+def _wrap_unary(behavior: Callable[..., Awaitable[Any]], call: _Call) -> Callable[..., Awaitable[Any]]:
     async def wrapper(request: Any, context: Context) -> Any:
-        start = _begin(context, method)
+        start, scope = time.monotonic(), None
         try:
+            start, scope = _begin(context, call)
+            if call.audit is not None:
+                _audit_request(request)
             response = await behavior(request, context)
+            if call.audit is not None:
+                _audit_response(response)
         except asyncio.CancelledError:
-            _finish(start, grpc.StatusCode.CANCELLED, quiet)
+            _finish(start, grpc.StatusCode.CANCELLED, call)
             raise
         except Exception as exc:
-            await _fail(context, start, quiet, exc)
-        _finish(start, grpc.StatusCode.OK, quiet)
+            await _fail(context, start, call, exc)
+        finally:
+            if scope is not None:
+                reset_tenant(scope)
+        _finish(start, grpc.StatusCode.OK, call)
         return response
 
     return wrapper
 
 
-def _wrap_stream(
-    behavior: Callable[..., AsyncIterator[Any]], method: str, quiet: bool
-) -> Callable[..., AsyncIterator[Any]]:
+def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Callable[..., AsyncIterator[Any]]:
     async def wrapper(request: Any, context: Context) -> AsyncIterator[Any]:
-        start = _begin(context, method)
+        start, scope = time.monotonic(), None
         try:
+            start, scope = _begin(context, call)
+            if call.audit is not None:
+                _audit_request(request)
             async for response in behavior(request, context):
+                if call.audit is not None:
+                    _audit_response(response)
                 yield response
         except asyncio.CancelledError:
-            _finish(start, grpc.StatusCode.CANCELLED, quiet)
+            _finish(start, grpc.StatusCode.CANCELLED, call)
             raise
         except Exception as exc:
-            await _fail(context, start, quiet, exc)
-        _finish(start, grpc.StatusCode.OK, quiet)
+            await _fail(context, start, call, exc)
+        finally:
+            if scope is not None:
+                reset_tenant(scope)
+        _finish(start, grpc.StatusCode.OK, call)
 
     return wrapper

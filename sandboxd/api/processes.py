@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from sandboxd_client._pb.sandboxd.v1 import process_service_pb2 as ppb
 from sandboxd_client._pb.sandboxd.v1 import process_service_pb2_grpc as pgrpc
 
+from ..audit import audit_fields
 from ..errors import InvalidSpecError
 from ..models import StopReason
 from ..processes import ProcessTable, clamp_yield
@@ -77,6 +78,7 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
     async def Input(self, request: ppb.InputRequest, context: Context) -> AsyncIterator[ppb.InputResponse]:
         """Write to stdin or deliver Ctrl-C, then stream output until exit or the window closes."""
         session = self.processes.get(request.process_id)
+        audit_fields(workspace_id=session.context.workspace_id)
         if request.HasField("yield_after"):
             requested = convert.duration_s(request.yield_after)
         else:
@@ -97,6 +99,7 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
     async def Signal(self, request: ppb.SignalRequest, context: Context) -> ppb.SignalResponse:
         """Send one signal to the command's process group."""
         session = self.processes.get(request.process_id)
+        audit_fields(workspace_id=session.context.workspace_id)
         number = parse_signal(request.signal)
         if number == signal.SIGINT:
             await session.interrupt()
@@ -107,6 +110,7 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
     async def Kill(self, request: ppb.KillRequest, context: Context) -> ppb.KillResponse:
         """End the command and everything it started: SIGTERM, grace, SIGKILL."""
         session = self.processes.get(request.process_id)
+        audit_fields(workspace_id=session.context.workspace_id)
         grace = convert.duration_s(request.grace) if request.HasField("grace") else None
         status = await session.kill(reason=StopReason.KILLED, grace_s=grace)
         return ppb.KillResponse(exited=convert.exit_to_proto(status))

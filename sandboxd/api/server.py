@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -25,12 +25,15 @@ from sandboxd_client._pb.sandboxd.v1 import (
     workspace_service_pb2_grpc,
 )
 
+from ..audit import AuditLog
 from ..backend.base import Backend
-from ..errors import SandboxdError
+from ..errors import InvalidSpecError, SandboxdError
 from ..files import FileManager
 from ..images import ensure_default_image
 from ..processes import ProcessTable
+from ..secrets import SecretStore
 from ..settings import Settings
+from ..tenancy import Authenticator
 from ..workspaces import WorkspaceManager
 from .files import FileServicer
 from .interceptors import ErrorInterceptor
@@ -60,15 +63,69 @@ class Daemon:
     files: FileManager
     health: health.aio.HealthServicer
     addresses: list[str]
+    audit: AuditLog
+    reaper: asyncio.Task[None] | None = None
 
     async def stop(self, grace_s: float) -> None:
         """Stop accepting calls, give in-flight ones ``grace_s`` seconds, then release everything."""
+        if self.reaper is not None:
+            self.reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.reaper
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
         await self.processes.close()
         await self.files.close()
         await self.backend.close()
+        self.audit.close()
         log.info("daemon.stopped")
+
+
+REAP_INTERVAL_S = 1.0
+"""How often idle workspaces are looked for; a TTL is honoured to within about this."""
+
+
+async def _reap_forever(workspaces: WorkspaceManager, audit: AuditLog) -> None:
+    """Remove workspaces idle past their TTL, for the daemon's whole life (engine outages included)."""
+    while True:
+        await asyncio.sleep(REAP_INTERVAL_S)
+        try:
+            await workspaces.reap_idle(audit)
+        except SandboxdError as exc:
+            log.warning("workspace.reap_failed", error=exc.message)
+        except Exception:  # the reaper must outlive any one failure
+            log.exception("workspace.reap_failed")
+
+
+def _read_pem(path: str, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        msg = f"cannot read the {what} {path}: {exc.strerror}"
+        raise InvalidSpecError(msg) from None
+
+
+def _tcp_credentials(settings: Settings, authenticator: Authenticator) -> grpc.ServerCredentials:
+    """TLS credentials for the TCP listener (SPEC §2.1: TCP never goes unencrypted or unauthenticated).
+
+    Raises:
+        InvalidSpecError: no certificate and key, or neither tokens nor a client CA.
+    """
+    if not (settings.tls_cert_file and settings.tls_key_file):
+        msg = (
+            f"refusing to listen on {settings.listen_address} without TLS: set --tls-cert and --tls-key "
+            "(SANDBOXD_TLS_CERT_FILE, SANDBOXD_TLS_KEY_FILE)"
+        )
+        raise InvalidSpecError(msg)
+    if not (authenticator.required or settings.tls_client_ca_file):
+        msg = (
+            f"refusing to listen on {settings.listen_address} without authentication: set --tokens-file "
+            "(bearer tokens) or --tls-client-ca (mutual TLS)"
+        )
+        raise InvalidSpecError(msg)
+    pair = (_read_pem(settings.tls_key_file, "TLS key"), _read_pem(settings.tls_cert_file, "TLS certificate"))
+    client_ca = _read_pem(settings.tls_client_ca_file, "client CA") if settings.tls_client_ca_file else None
+    return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
 def _prepare_socket(path: Path) -> None:
@@ -92,16 +149,36 @@ def _prepare_socket(path: Path) -> None:
             probe.close()
 
 
-async def start(settings: Settings, backend: Backend) -> Daemon:
-    """Build the servicers over ``backend`` and start listening.
+async def start(settings: Settings, backend: Backend, *, environ: Mapping[str, str] | None = None) -> Daemon:
+    """Build the servicers over ``backend``, clear orphans, and start listening.
+
+    Args:
+        settings: daemon settings.
+        backend: the container engine.
+        environ: the daemon's environment, read for ``SANDBOXD_SECRET_<NAME>`` secrets.
 
     Raises:
-        SandboxdError: the socket is taken or a port cannot be bound.
+        SandboxdError: the socket is taken, a port cannot be bound, TCP lacks TLS or
+            authentication, or the tokens or secrets file cannot be read.
     """
+    secret_store = SecretStore(settings.secrets_file, environ or {})
+    authenticator = Authenticator(settings.tokens_file)
+    authenticator.load()
+    credentials = _tcp_credentials(settings, authenticator) if settings.listen_address else None
+    audit = AuditLog(settings.audit_log, mask=secret_store.mask_text)
     processes = ProcessTable(backend, settings)
-    workspaces = WorkspaceManager(backend, settings, processes)
+    workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store)
+    try:
+        orphans = await backend.remove_orphans()
+        if orphans:
+            log.warning("daemon.orphans_removed", names=orphans)
+        adopted = await backend.list_containers({})
+        log.info("daemon.adopted", workspaces=[info.workspace_id for info in adopted])
+    except SandboxdError as exc:
+        # The engine may be down now and back later: serve anyway, calls get UNAVAILABLE meanwhile.
+        log.error("daemon.adopt_failed", error=exc.message)  # noqa: TRY400
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor()],
+        interceptors=[ErrorInterceptor(authenticator, audit)],
         options=[
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
@@ -128,18 +205,27 @@ async def start(settings: Settings, backend: Backend) -> Daemon:
         os.umask(old_umask)
     os.chmod(socket_path, 0o600)  # belt and braces: some gRPC versions create it later
     addresses.append(f"unix:{socket_path}")
-    if settings.listen_address:
-        port = server.add_insecure_port(settings.listen_address)
+    if credentials is not None:
+        try:
+            port = server.add_secure_port(settings.listen_address, credentials)
+        except RuntimeError:
+            port = 0
         if port == 0:
             msg = f"cannot listen on {settings.listen_address}"
             raise SandboxdError(msg)
         host = settings.listen_address.rsplit(":", 1)[0]
         addresses.append(f"{host}:{port}")
-        log.warning("daemon.tcp_unauthenticated", address=addresses[-1])
     await server.start()
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("daemon.listening", addresses=addresses, instance=settings.instance)
+    log.info(
+        "daemon.listening",
+        addresses=addresses,
+        instance=settings.instance,
+        tokens=authenticator.required,
+        mutual_tls=bool(settings.tls_client_ca_file),
+        audit_log=settings.audit_log,
+    )
     return Daemon(
         server=server,
         backend=backend,
@@ -148,6 +234,8 @@ async def start(settings: Settings, backend: Backend) -> Daemon:
         files=files,
         health=health_servicer,
         addresses=addresses,
+        audit=audit,
+        reaper=asyncio.create_task(_reap_forever(workspaces, audit), name="idle-reaper"),
     )
 
 
@@ -157,6 +245,7 @@ async def serve(
     *,
     build_image: bool = True,
     progress: Callable[[str], None] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT, then stop gracefully.
 
@@ -165,6 +254,7 @@ async def serve(
         backend: the container engine.
         build_image: find or build the default workspace image before serving.
         progress: receives image-build progress lines.
+        environ: the daemon's environment (``SANDBOXD_SECRET_<NAME>`` secrets).
     """
     if build_image and settings.build_default_image:
         try:
@@ -177,7 +267,7 @@ async def serve(
         except SandboxdError as exc:
             # Serve anyway: workspaces on other images work, and the error says what to do.
             log.error("image.unavailable", image=settings.default_image, error=exc.message)  # noqa: TRY400
-    daemon = await start(settings, backend)
+    daemon = await start(settings, backend, environ=environ)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

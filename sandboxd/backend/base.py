@@ -152,6 +152,18 @@ class Backend(Protocol):
         """Return this daemon's workspace containers carrying every label in ``labels``."""
         ...
 
+    async def volume_labels(self, workspace_id: str) -> Mapping[str, str] | None:
+        """Labels of a workspace's volume, or None when there is none."""
+        ...
+
+    async def remove_orphans(self) -> list[str]:
+        """Remove this daemon's containers and volumes that no workspace owns; return their names.
+
+        Orphans are half-created workspaces: a container that never started or
+        has no workspace spec, a volume without its container.
+        """
+        ...
+
     async def remove_container(self, workspace_id: str) -> bool:
         """Remove the container and its volume; return whether either existed."""
         ...

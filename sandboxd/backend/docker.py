@@ -134,8 +134,9 @@ class DockerBackend:
             return await attempt()
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception(_is_transient),
-            wait=tenacity.wait_exponential_jitter(multiplier=0.1, exp_base=2, max=5.0, jitter=1.0),
-            stop=tenacity.stop_after_attempt(4) | tenacity.stop_after_delay(5.0),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.1, exp_base=2, max=1.0, jitter=0.3),
+            # Bounded so that an engine that is gone is reported UNAVAILABLE within a few seconds.
+            stop=tenacity.stop_after_attempt(4) | tenacity.stop_after_delay(2.5),
             before_sleep=lambda state: log.warning(
                 "retry.scheduled", call=getattr(fn, "__name__", str(fn)), attempt=state.attempt_number
             ),
@@ -259,6 +260,8 @@ class DockerBackend:
             nano_cpus=spec.cpu_millis * 1_000_000,
             network_mode=spec.network,
             runtime=spec.runtime,
+            # An engine restart brings workspaces back; the daemon re-adopts them by label.
+            restart_policy={"Name": "unless-stopped"},
         )
         await self._call(api.create_volume, name=name, labels=labels)
         try:
@@ -322,6 +325,39 @@ class DockerBackend:
                 continue  # removed between the listing and the inspection
             infos.append(self._info(attrs))
         return sorted(infos, key=lambda info: info.create_time)
+
+    async def volume_labels(self, workspace_id: str) -> Mapping[str, str] | None:
+        """Labels of the workspace's volume, or None when there is none (or it is not ours)."""
+        try:
+            attrs = await self._call(self._api().inspect_volume, self._name(workspace_id), idempotent=True)
+        except docker.errors.NotFound:
+            return None
+        labels = attrs.get("Labels") or {}
+        return labels if labels.get(LABEL_INSTANCE) == self.instance else None
+
+    async def remove_orphans(self) -> list[str]:
+        """Remove half-created workspaces of this daemon: unstarted or spec-less containers, lone volumes."""
+        api = self._api()
+        selector = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
+        removed = []
+        containers = await self._call(api.containers, all=True, filters=selector, idempotent=True)
+        live = set()
+        for summary in containers:
+            labels = summary.get("Labels") or {}
+            name = summary["Names"][0].lstrip("/") if summary.get("Names") else summary["Id"]
+            if summary.get("State") == "created" or "sandboxd.spec" not in labels:
+                with contextlib.suppress(docker.errors.NotFound):
+                    await self._call(api.remove_container, summary["Id"], force=True, v=True)
+                    removed.append(name)
+            else:
+                live.add(name)
+        volumes = (await self._call(api.volumes, filters=selector, idempotent=True)).get("Volumes") or []
+        for volume in volumes:
+            if volume["Name"] not in live:
+                with contextlib.suppress(docker.errors.NotFound, BackendError):
+                    await self._call(api.remove_volume, volume["Name"], force=True)
+                    removed.append(volume["Name"])
+        return removed
 
     async def remove_container(self, workspace_id: str) -> bool:
         """Remove container and volume; return whether either existed (missing ones are no error)."""
