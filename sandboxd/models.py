@@ -74,6 +74,8 @@ class ResourceLimits:
     """CPU quota in thousandths of a CPU."""
     pids: int = 0
     """Most processes and threads alive at once."""
+    disk_bytes: int = 0
+    """Size cap of /workspace in bytes (a tmpfs volume); 0 means no cap (a plain Docker volume)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -86,6 +88,8 @@ class SecurityOptions:
     """Turn ``no-new-privileges`` off."""
     user: str = ""
     """User commands run as; empty means the image's non-root user (or 1000:1000)."""
+    read_only_root_filesystem: bool = False
+    """Root filesystem read-only; /workspace and a tmpfs /tmp stay writable."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ recently used idle one (seed 000).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import contextlib
 import datetime
@@ -104,7 +105,7 @@ NON_INTERACTIVE_ENV = {
 
 TTY_ENV = {"TERM": "xterm-256color", "LANG": "C.UTF-8"}
 
-_PROCESS_ID_RE = re.compile(r"^p-(?P<run>[0-9a-f]{4})[0-9a-f]{12}$")
+_PROCESS_ID_RE = re.compile(r"^p-[0-9a-f]{12}$")
 _STOP_PRIORITY = (StopReason.INTERRUPTED, StopReason.TIMEOUT, StopReason.FAILED, StopReason.KILLED)
 _STDERR_TAIL_BYTES = 4096
 
@@ -775,8 +776,8 @@ class ProcessTable:
     """All live process sessions of the daemon, capped at ``settings.max_sessions``.
 
     A session belongs to its workspace's tenant: other tenants get NOT_FOUND.
-    Process ids are ``p-`` + this run's 4 hex digits + 12 random ones, so an id
-    from before a restart is told apart from one that never existed.
+    After a restart, :meth:`end_lost` ends the commands the previous run left
+    in a workspace and remembers their ids, so calls on them say they were lost.
 
     Eviction (seed 000): an exited session first (oldest first), else the least
     recently used idle one, whose whole tree is killed. An evicted id stays known
@@ -788,11 +789,10 @@ class ProcessTable:
         self.backend = backend
         self.settings = settings
         self._sessions: dict[str, ProcessSession] = {}
-        self._evicted: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._evicted: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
+        """Ids no longer in the table: why (a sentence's predicate) and the tenant that may hear it."""
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
-        self.run_id = secrets.token_hex(2)
-        """Begins every process id of this daemon run: an id of an earlier run is known to be lost."""
 
     def get(self, process_id: str) -> ProcessSession:
         """Return a session.
@@ -801,17 +801,11 @@ class ProcessTable:
             ProcessNotFoundError: unknown id, or evicted (the message says which).
         """
         session = self._sessions.get(process_id)
-        if session is not None and session.context.tenant == current_tenant():
+        tenant = current_tenant()
+        if session is not None and session.context.tenant == tenant:
             return session
-        if session is None and process_id in self._evicted:
-            msg = f"process {process_id} was evicted: {self._evicted[process_id]}"
-            raise ProcessNotFoundError(msg)
-        match = _PROCESS_ID_RE.match(process_id)
-        if session is None and match and match["run"] != self.run_id:
-            msg = (
-                f"process {process_id} is lost: the daemon restarted after it started, so its output and "
-                "exit status are gone (it runs on in its workspace until its timeout; `ps` there shows it)"
-            )
+        if session is None and process_id in self._evicted and self._evicted[process_id][1] == tenant:
+            msg = f"process {process_id} {self._evicted[process_id][0]}"
             raise ProcessNotFoundError(msg)
         msg = f"process {process_id!r} not found"
         raise ProcessNotFoundError(msg)
@@ -851,7 +845,7 @@ class ProcessTable:
         async with self._lock:
             while len(self._sessions) >= self.settings.max_sessions:
                 self._evict_one()
-            process_id = f"p-{self.run_id}{secrets.token_hex(6)}"
+            process_id = f"p-{secrets.token_hex(6)}"
             session = ProcessSession(
                 backend=self.backend,
                 context=context,
@@ -881,7 +875,7 @@ class ProcessTable:
             msg = f"all {len(sessions)} process sessions are in use by active calls"
             raise QuotaExceededError(msg)
         self._sessions.pop(victim.process_id, None)
-        self._remember_evicted(victim.process_id, why)
+        self._remember_evicted(victim.process_id, f"was evicted: {why}", victim.context.tenant)
         log.info("process.evicted", process_id=victim.process_id, reason=why)
         task = asyncio.create_task(self._retire(victim))
         self._retiring.add(task)
@@ -892,8 +886,8 @@ class ProcessTable:
             await victim.kill(reason=StopReason.KILLED)
         await victim.close()
 
-    def _remember_evicted(self, process_id: str, why: str) -> None:
-        self._evicted[process_id] = why
+    def _remember_evicted(self, process_id: str, why: str, tenant: str) -> None:
+        self._evicted[process_id] = (why, tenant)
         while len(self._evicted) > 4096:
             self._evicted.popitem(last=False)
 
@@ -901,8 +895,36 @@ class ProcessTable:
         """Drop every session of a workspace (its container is going away)."""
         for session in self.list(workspace_id):
             self._sessions.pop(session.process_id, None)
-            self._remember_evicted(session.process_id, why)
+            self._remember_evicted(session.process_id, f"was evicted: {why}", session.context.tenant)
             await session.close(why)
+
+    async def end_lost(self, workspace_id: str, *, user: str, tenant: str) -> builtins.list[str]:
+        """End the commands an earlier daemon run left in a workspace; return their process ids.
+
+        Their supervisors lost the daemon that read them, so nobody could ever see
+        their output or exit status again: they are killed (SIGTERM, grace, SIGKILL)
+        rather than left to run unseen until their timeouts, and their ids stay
+        known so that later calls say what happened.
+        """
+        config = {"mode": "reap", "marker": f"{MARKER_ENV}=", "grace_s": self.settings.kill_grace_s}
+        code, output = await self.backend.exec_run(
+            workspace_id, script_argv("supervisor.py", config, tokens=True), user=user
+        )
+        try:
+            report = json.loads(output.decode("utf-8", "replace").strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            log.warning("process.lost_scan_failed", workspace_id=workspace_id, exit_code=code)
+            return []
+        lost = [pid for pid in str(report.get("markers", "")).split(",") if _PROCESS_ID_RE.match(pid)]
+        for process_id in lost:
+            why = (
+                "was lost: the daemon restarted while it ran, so its output and exit status are gone; "
+                "the daemon ended it and everything it started"
+            )
+            self._remember_evicted(process_id, why, tenant)
+        if lost:
+            log.warning("process.lost", workspace_id=workspace_id, process_ids=lost)
+        return lost
 
     async def close(self) -> None:
         """Release every session's stream; the commands themselves keep running (each under its timeout)."""

@@ -54,6 +54,9 @@ class Settings:
     default_pids: int = 512
     """Process/thread limit of a workspace that sets none."""
 
+    default_disk_bytes: int = 0
+    """Size cap of /workspace for workspaces that set none, in bytes; 0 means no cap."""
+
     max_memory_bytes: int = 16 * _GIB
     """Largest memory limit a caller may ask for, in bytes."""
 

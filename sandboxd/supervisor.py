@@ -41,7 +41,8 @@ Daemon -> supervisor (stdin):
 
 A second mode, ``mode reap``, kills every process carrying a
 marker environment entry; the daemon uses it when the supervisor of a command
-is gone (the command exited, or the supervisor itself was killed).
+is gone (the command exited, or the supervisor itself was killed), and, with a
+bare ``NAME=`` marker, after a restart to end every command it lost.
 """
 
 import errno
@@ -140,13 +141,26 @@ def process_table():
 
 
 def has_marker(pid, marker):
-    """Whether process ``pid`` carries the ``marker`` (``NAME=value``) in its environment."""
+    """Whether process ``pid`` carries the ``marker`` (``NAME=value``, or ``NAME=`` for any value)."""
+    return marker_value(pid, marker) is not None
+
+
+def marker_value(pid, marker):
+    """The value of ``pid``'s environment entry matching ``marker`` (``NAME=value`` or ``NAME=``), or None."""
     try:
         with open("/proc/%d/environ" % pid, "rb") as fh:
             env = fh.read()
     except OSError:
-        return False
-    return (b"\0" + env).find(b"\0" + marker + b"\0") >= 0 or env.endswith(b"\0" + marker)
+        return None
+    if marker.endswith(b"="):
+        start = (b"\0" + env).find(b"\0" + marker)
+        if start < 0:
+            return None
+        value = env[start + len(marker) :]
+        return value[: value.find(b"\0")] if b"\0" in value else value
+    if (b"\0" + env).find(b"\0" + marker + b"\0") >= 0 or env.endswith(b"\0" + marker):
+        return marker.partition(b"=")[2]
+    return None
 
 
 def tree(root, leader, marker):
@@ -690,6 +704,7 @@ def reap_marked(config):
     marker = config["marker"].encode()
     me = os.getpid()
     found = tree(me, 0, marker)
+    values = sorted(set(v.decode("utf-8", "replace") for v in (marker_value(p, marker) for p in found) if v))
     signal_all(found, signal.SIGTERM)
     deadline = time.monotonic() + float(config.get("grace_s") or 2.0)
     pids = found
@@ -697,7 +712,7 @@ def reap_marked(config):
         time.sleep(0.05)
         pids = tree(me, 0, marker)
     hard_kill(me, 0, marker)
-    sys.stdout.write(dumps({"killed": len(found)}).decode())
+    sys.stdout.write(dumps({"killed": len(found), "markers": ",".join(values)}).decode())
     return 0
 
 

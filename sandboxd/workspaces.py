@@ -7,6 +7,7 @@ stored as JSON in its container's ``sandboxd.spec`` label, so ``get`` and
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import dataclasses
@@ -26,6 +27,7 @@ from .errors import (
     ImageNotFoundError,
     InvalidSpecError,
     QuotaExceededError,
+    SandboxdError,
     WorkspaceNotFoundError,
     WorkspaceNotRunningError,
 )
@@ -66,6 +68,8 @@ FALLBACK_USER = "1000:1000"
 MIN_MEMORY_BYTES = 16 * 1024**2
 MIN_CPU_MILLIS = 10
 MIN_PIDS = 16
+MIN_DISK_BYTES = 4 * 1024**2
+"""Smallest /workspace cap: room for the daemon's spill directory and a few files."""
 """Below this the supervisor, the shell and a command cannot all run."""
 
 CAPABILITIES = frozenset(
@@ -161,6 +165,7 @@ def spec_from_json(text: str) -> WorkspaceSpec:
             added_capabilities=tuple(data["security"]["added_capabilities"]),
             allow_new_privileges=bool(data["security"]["allow_new_privileges"]),
             user=data["security"]["user"],
+            read_only_root_filesystem=bool(data["security"].get("read_only_root_filesystem", False)),
         ),
     )
 
@@ -224,6 +229,7 @@ class WorkspaceManager:
             ("memory_bytes", limits.memory_bytes),
             ("cpu_millis", limits.cpu_millis),
             ("pids", limits.pids),
+            ("disk_bytes", limits.disk_bytes),
         ):
             if value < 0:
                 msg = f"limits.{name} must not be negative, got {value}"
@@ -239,6 +245,12 @@ class WorkspaceManager:
         pids = limits.pids or s.default_pids
         if pids < MIN_PIDS:
             msg = f"limits.pids must be at least {MIN_PIDS}, got {pids}"
+            raise InvalidSpecError(msg)
+        disk = limits.disk_bytes or s.default_disk_bytes
+        if disk and not MIN_DISK_BYTES <= disk <= memory:
+            # A capped /workspace is tmpfs, charged to the memory cgroup: a cap above the memory
+            # limit would end in the OOM killer instead of ENOSPC.
+            msg = f"limits.disk_bytes must be between {MIN_DISK_BYTES} and the memory limit {memory}, got {disk}"
             raise InvalidSpecError(msg)
         working_dir = spec.working_dir or WORKSPACE_ROOT
         if not working_dir.startswith("/") or "\0" in working_dir:
@@ -268,7 +280,7 @@ class WorkspaceManager:
             env=dict(spec.env),
             labels=dict(spec.labels),
             working_dir=posixpath.normpath(working_dir),
-            limits=ResourceLimits(memory_bytes=memory, cpu_millis=cpu, pids=pids),
+            limits=ResourceLimits(memory_bytes=memory, cpu_millis=cpu, pids=pids, disk_bytes=disk),
             runtime=spec.runtime or Runtime(s.default_runtime),
             idle_ttl_s=spec.idle_ttl_s if spec.idle_ttl_s is not None else s.default_idle_ttl_s,
             security=dataclasses.replace(spec.security, added_capabilities=tuple(sorted(set(capabilities)))),
@@ -322,6 +334,8 @@ class WorkspaceManager:
                 memory_bytes=resolved.limits.memory_bytes,
                 cpu_millis=resolved.limits.cpu_millis,
                 pids=resolved.limits.pids,
+                disk_bytes=resolved.limits.disk_bytes,
+                read_only_root_filesystem=resolved.security.read_only_root_filesystem,
                 network=str(resolved.network),
                 runtime=str(resolved.runtime),
                 added_capabilities=resolved.security.added_capabilities,
@@ -418,6 +432,30 @@ class WorkspaceManager:
                     "workspace.reaped", workspace_id=info.workspace_id, tenant=tenant, reason=f"idle for {ttl:g} s"
                 )
         return removed
+
+    async def adopt(self) -> builtins.list[str]:
+        """Take over the workspaces of an earlier run; return their ids.
+
+        Nothing is kept outside Docker, so adoption is reading the labels, plus
+        ending the commands that earlier run left behind (see ``ProcessTable.end_lost``).
+        """
+        infos = [info for info in await self.backend.list_containers({}) if LABEL_SPEC in info.labels]
+        gate = asyncio.Semaphore(8)
+
+        async def end_lost(info: ContainerInfo) -> None:
+            if not info.running:
+                return
+            user = spec_from_json(info.labels[LABEL_SPEC]).security.user or FALLBACK_USER
+            async with gate:
+                try:
+                    await self.processes.end_lost(
+                        info.workspace_id, user=user, tenant=info.labels.get(LABEL_TENANT, DEFAULT_TENANT)
+                    )
+                except SandboxdError as exc:
+                    log.warning("workspace.adopt_failed", workspace_id=info.workspace_id, error=exc.message)
+
+        await asyncio.gather(*(end_lost(info) for info in infos))
+        return [info.workspace_id for info in infos]
 
     async def exec_context(self, workspace_id: str) -> ExecContext:
         """Return what a process needs to run in the workspace.

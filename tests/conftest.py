@@ -49,8 +49,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 class DaemonThread:
     """A sandboxd daemon serving on its own event loop in a background thread."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, environ: dict[str, str] | None = None) -> None:
         self.settings = settings
+        self.environ = environ or {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="sandboxd-test-daemon", daemon=True)
         self.daemon = None
@@ -65,7 +66,9 @@ class DaemonThread:
             instance=self.settings.instance,
             retries=self.settings.docker_retries,
         )
-        self.daemon = asyncio.run_coroutine_threadsafe(start(self.settings, backend), self.loop).result(60)
+        self.daemon = asyncio.run_coroutine_threadsafe(
+            start(self.settings, backend, environ=self.environ), self.loop
+        ).result(60)
         return self
 
     def run(self, coro, timeout: float = 120):  # type: ignore[no-untyped-def]
@@ -119,7 +122,7 @@ def spawned_daemon(tmp_dir: Path, **env: str) -> Iterator[tuple[subprocess.Popen
         )
     try:
         deadline = time.monotonic() + 30
-        while not os.path.exists(socket_path):
+        while not _accepts(socket_path):  # not mere existence: a killed daemon leaves its socket file
             if time.monotonic() > deadline or process.poll() is not None:
                 pytest.fail(f"the daemon did not start: {log_path.read_text()}")
             time.sleep(0.05)
@@ -128,6 +131,19 @@ def spawned_daemon(tmp_dir: Path, **env: str) -> Iterator[tuple[subprocess.Popen
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def _accepts(socket_path: str) -> bool:
+    import socket
+
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(socket_path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def rss_bytes(pid: int) -> int:

@@ -60,12 +60,7 @@ def _read(path: str) -> bytes:
         raise ValueError(msg) from None
 
 
-class _BearerToken(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-    grpc.aio.StreamStreamClientInterceptor,
-):
+class _Bearer:
     """Adds ``authorization: Bearer TOKEN`` to every call (also over the Unix socket, which has no TLS)."""
 
     def __init__(self, token: str) -> None:
@@ -82,15 +77,24 @@ class _BearerToken(
             wait_for_ready=details.wait_for_ready,
         )
 
+
+# grpc.aio files each interceptor under the first call kind it implements, so one class per kind.
+class _BearerUnaryUnary(_Bearer, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
         return await continuation(self._details(client_call_details), request)
 
+
+class _BearerUnaryStream(_Bearer, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
         return await continuation(self._details(client_call_details), request)
 
+
+class _BearerStreamUnary(_Bearer, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
         return await continuation(self._details(client_call_details), request_iterator)
 
+
+class _BearerStreamStream(_Bearer, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
         return await continuation(self._details(client_call_details), request_iterator)
 
@@ -106,7 +110,11 @@ def open_channel(address: str, *, token: str = "", tls: TLSOptions | None = None
     Raises:
         ValueError: a TLS file cannot be read, or TLS options were given for a Unix socket.
     """
-    interceptors = [_BearerToken(token)] if token else None
+    interceptors: list[grpc.aio.ClientInterceptor] | None = None
+    if token:
+        interceptors = [
+            kind(token) for kind in (_BearerUnaryUnary, _BearerUnaryStream, _BearerStreamUnary, _BearerStreamStream)
+        ]
     if address.startswith("unix:"):
         if tls is not None and tls != TLSOptions():
             msg = "TLS options apply to TCP addresses only; the Unix socket is protected by its file mode"

@@ -64,8 +64,13 @@ class WorkspaceInfo:
     memory_bytes: int
     cpu_millis: int
     pids: int
+    disk_bytes: int
+    """Size cap of /workspace; 0 means none."""
     network: str
     runtime: str
+    idle_ttl_s: float
+    """Seconds without calls before the daemon removes the workspace; 0 means never."""
+    read_only_root_filesystem: bool
     create_time: datetime.datetime
     container_id: str
     volume_name: str
@@ -85,8 +90,11 @@ class WorkspaceInfo:
             memory_bytes=spec.limits.memory_bytes,
             cpu_millis=spec.limits.cpu_millis,
             pids=spec.limits.pids,
+            disk_bytes=spec.limits.disk_bytes,
             network={v: k for k, v in _NETWORK.items() if k}.get(spec.network, ""),
             runtime={v: k for k, v in _RUNTIME.items() if k}.get(spec.runtime, ""),
+            idle_ttl_s=spec.idle_ttl.ToNanoseconds() / 1e9,
+            read_only_root_filesystem=spec.security.read_only_root_filesystem,
             create_time=message.create_time.ToDatetime(tzinfo=datetime.UTC),
             container_id=message.container_id,
             volume_name=message.volume_name,
@@ -290,12 +298,14 @@ class SandboxClient:
         memory_bytes: int = 0,
         cpu_millis: int = 0,
         pids: int = 0,
+        disk_bytes: int = 0,
         network: NetworkName | Literal[""] = "",
         runtime: Literal["", "runc", "runsc"] = "",
         idle_ttl_s: float | None = None,
         user: str = "",
         added_capabilities: Sequence[str] = (),
         allow_new_privileges: bool = False,
+        read_only_root_filesystem: bool = False,
         workspace_id: str = "",
     ) -> Workspace:
         """Create and start a workspace; zero/empty arguments take the daemon's defaults.
@@ -311,11 +321,16 @@ class SandboxClient:
             env=dict(env or {}),
             working_dir=working_dir,
             labels=dict(labels or {}),
-            limits=wpb.ResourceLimits(memory_bytes=memory_bytes, cpu_millis=cpu_millis, pids=pids),
+            limits=wpb.ResourceLimits(
+                memory_bytes=memory_bytes, cpu_millis=cpu_millis, pids=pids, disk_bytes=disk_bytes
+            ),
             network=_NETWORK[network],
             runtime=_RUNTIME[runtime],
             security=wpb.SecurityOptions(
-                added_capabilities=list(added_capabilities), allow_new_privileges=allow_new_privileges, user=user
+                added_capabilities=list(added_capabilities),
+                allow_new_privileges=allow_new_privileges,
+                user=user,
+                read_only_root_filesystem=read_only_root_filesystem,
             ),
         )
         if idle_ttl_s is not None:

@@ -58,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--memory", type=_size, default=0, help="memory limit, e.g. 512m")
     create.add_argument("--cpus", type=float, default=0, help="CPU quota in CPUs, e.g. 0.5")
     create.add_argument("--pids", type=int, default=0, help="process limit")
+    create.add_argument("--disk", type=_size, default=0, help="size cap of /workspace (tmpfs), e.g. 256m")
+    create.add_argument("--read-only", action="store_true", help="read-only root fs (/workspace, /tmp stay writable)")
     create.add_argument("--network", choices=["none", "bridge"], default="", help="network (default none)")
     create.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="add a label")
     create.add_argument("--name", default="", help="workspace id to use instead of a generated one")
@@ -170,6 +172,8 @@ async def _run(opts: argparse.Namespace) -> int:
                 memory_bytes=opts.memory,
                 cpu_millis=round(opts.cpus * 1000),
                 pids=opts.pids,
+                disk_bytes=opts.disk,
+                read_only_root_filesystem=opts.read_only,
                 network=opts.network,
                 labels=_pairs(opts.label, "--label"),
                 workspace_id=opts.name,

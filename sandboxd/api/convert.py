@@ -103,6 +103,7 @@ def workspace_spec(message: wpb.WorkspaceSpec) -> WorkspaceSpec:
             memory_bytes=message.limits.memory_bytes,
             cpu_millis=message.limits.cpu_millis,
             pids=message.limits.pids,
+            disk_bytes=message.limits.disk_bytes,
         ),
         network=_enum(_NETWORK_FROM_PB, message.network, "network"),  # type: ignore[arg-type]
         runtime=_enum(_RUNTIME_FROM_PB, message.runtime, "runtime"),  # type: ignore[arg-type]
@@ -111,6 +112,7 @@ def workspace_spec(message: wpb.WorkspaceSpec) -> WorkspaceSpec:
             added_capabilities=tuple(message.security.added_capabilities),
             allow_new_privileges=message.security.allow_new_privileges,
             user=message.security.user,
+            read_only_root_filesystem=message.security.read_only_root_filesystem,
         ),
     )
 
@@ -122,7 +124,10 @@ def _spec_to_proto(spec: WorkspaceSpec) -> wpb.WorkspaceSpec:
         working_dir=spec.working_dir,
         labels=dict(spec.labels),
         limits=wpb.ResourceLimits(
-            memory_bytes=spec.limits.memory_bytes, cpu_millis=spec.limits.cpu_millis, pids=spec.limits.pids
+            memory_bytes=spec.limits.memory_bytes,
+            cpu_millis=spec.limits.cpu_millis,
+            pids=spec.limits.pids,
+            disk_bytes=spec.limits.disk_bytes,
         ),
         network=_NETWORK_TO_PB[spec.network],
         runtime=_RUNTIME_TO_PB[spec.runtime],
@@ -130,6 +135,7 @@ def _spec_to_proto(spec: WorkspaceSpec) -> wpb.WorkspaceSpec:
             added_capabilities=list(spec.security.added_capabilities),
             allow_new_privileges=spec.security.allow_new_privileges,
             user=spec.security.user,
+            read_only_root_filesystem=spec.security.read_only_root_filesystem,
         ),
     )
     if spec.idle_ttl_s is not None:

@@ -94,13 +94,15 @@ class _Call:
     audit: AuditLog | None
 
 
-def _begin(context: Context, call: _Call) -> tuple[float, contextvars.Token[str] | None]:
-    """Bind the log context, authenticate (raises UnauthenticatedError), start the audit record."""
+def _begin(context: Context, call: _Call, request: Any) -> tuple[float, contextvars.Token[str] | None]:
+    """Bind the log context, start the audit record, authenticate (raises UnauthenticatedError)."""
     structlog.contextvars.clear_contextvars()
     metadata = tuple(context.invocation_metadata() or ())
     request_id = str(dict(metadata).get("x-request-id") or secrets.token_hex(8))
     structlog.contextvars.bind_contextvars(request_id=request_id, rpc=call.method, peer=context.peer())
     start_audit(call.method, context.peer())
+    if call.audit is not None:
+        _audit_request(request)  # before authenticating: refused attempts are audited too
     if call.authenticator is None:
         return time.monotonic(), None
     tenant = call.authenticator.tenant(metadata)
@@ -186,9 +188,7 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], call: _Call) -> Callabl
     async def wrapper(request: Any, context: Context) -> Any:
         start, scope = time.monotonic(), None
         try:
-            start, scope = _begin(context, call)
-            if call.audit is not None:
-                _audit_request(request)
+            start, scope = _begin(context, call, request)
             response = await behavior(request, context)
             if call.audit is not None:
                 _audit_response(response)
@@ -210,9 +210,7 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Ca
     async def wrapper(request: Any, context: Context) -> AsyncIterator[Any]:
         start, scope = time.monotonic(), None
         try:
-            start, scope = _begin(context, call)
-            if call.audit is not None:
-                _audit_request(request)
+            start, scope = _begin(context, call, request)
             async for response in behavior(request, context):
                 if call.audit is not None:
                     _audit_response(response)

@@ -36,6 +36,9 @@ class ContainerSpec:
     runtime: str
     added_capabilities: Sequence[str]
     no_new_privileges: bool
+    disk_bytes: int = 0
+    """Size cap of the workspace volume; 0 means a plain volume."""
+    read_only_root_filesystem: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

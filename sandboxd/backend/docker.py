@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import functools
 import json
+import socket
 import struct
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -97,11 +98,26 @@ class DockerBackend:
         return self._api_client
 
     def _check_socket(self) -> None:
-        """Fail fast, and without the SDK leaking a socket, when the engine's socket file is absent."""
+        """Fail fast when nothing listens on the engine's Unix socket.
+
+        docker-py's ``UnixHTTPConnection.connect`` leaks its socket when the connect
+        fails; probing first (tens of microseconds) keeps an engine outage from
+        leaking a descriptor per call.
+        """
         url = urlparse(self.docker_host)
-        if url.scheme == "unix" and not Path(url.path).exists():
+        if url.scheme != "unix":
+            return
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(url.path)
+        except FileNotFoundError:
             msg = f"Docker engine unreachable at {self.docker_host}: no such socket"
-            raise DockerUnavailableError(msg)
+            raise DockerUnavailableError(msg) from None
+        except OSError as exc:
+            msg = f"Docker engine unreachable at {self.docker_host}: {exc.strerror or exc}"
+            raise DockerUnavailableError(msg) from None
+        finally:
+            probe.close()
 
     def _translate(self, exc: Exception) -> SandboxdError:
         if isinstance(exc, SandboxdError):
@@ -121,14 +137,21 @@ class DockerBackend:
     async def _call(self, fn: Callable[..., T], *args: Any, idempotent: bool = False, **kwargs: Any) -> T:
         """Run a blocking SDK call off the event loop, translating its errors."""
 
-        async def attempt() -> T:
+        def probed() -> T:
             self._check_socket()
+            return fn(*args, **kwargs)
+
+        async def attempt() -> T:
             try:
-                return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
+                return await asyncio.to_thread(probed)
             except (docker.errors.NotFound, docker.errors.ImageNotFound):
                 raise
             except Exception as exc:  # every SDK failure is translated, none escapes raw
-                raise self._translate(exc) from exc
+                error = self._translate(exc)
+                if isinstance(error, DockerUnavailableError):
+                    # The pool's connections died with the engine: start over with fresh ones.
+                    await self.close()
+                raise error from exc
 
         if not (idempotent and self._retries):
             return await attempt()
@@ -262,8 +285,18 @@ class DockerBackend:
             runtime=spec.runtime,
             # An engine restart brings workspaces back; the daemon re-adopts them by label.
             restart_policy={"Name": "unless-stopped"},
+            read_only=spec.read_only_root_filesystem,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,mode=1777,size={spec.memory_bytes}"}
+            if spec.read_only_root_filesystem
+            else None,
         )
-        await self._call(api.create_volume, name=name, labels=labels)
+        driver_opts = None
+        if spec.disk_bytes:
+            # The local driver mounts a size-capped tmpfs: a hard cap that works on every storage
+            # driver (fuse-overlayfs and overlay2 on ext4 have no per-volume quota). Mode 1777:
+            # the workspace user, whoever it is, must own its files.
+            driver_opts = {"type": "tmpfs", "device": "tmpfs", "o": f"size={spec.disk_bytes},mode=1777"}
+        await self._call(api.create_volume, name=name, labels=labels, driver_opts=driver_opts)
         try:
             created = await self._call(
                 api.create_container,

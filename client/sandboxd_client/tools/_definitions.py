@@ -77,7 +77,7 @@ def builtin_definitions() -> dict[str, ToolDefinitionConfig]:
                     "description": _CALL_DESCRIPTION,
                     "process_id": {
                         "type": "string",
-                        "description": "The process_id exec_command returned, e.g. 'p-1a2b3c4d5e6f7a8b'.",
+                        "description": "The process_id exec_command returned, e.g. 'p-1a2b3c4d5e6f'.",
                     },
                     "chars": {
                         "type": "string",
@@ -242,7 +242,7 @@ def builtin_definitions() -> dict[str, ToolDefinitionConfig]:
                     "description": _CALL_DESCRIPTION,
                     "process_id": {
                         "type": "string",
-                        "description": "The process_id exec_command returned, e.g. 'p-1a2b3c4d5e6f7a8b'.",
+                        "description": "The process_id exec_command returned, e.g. 'p-1a2b3c4d5e6f'.",
                     },
                     "grace_ms": {
                         "type": "integer",

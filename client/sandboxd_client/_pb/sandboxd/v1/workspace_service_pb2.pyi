@@ -39,24 +39,28 @@ WORKSPACE_STATE_RUNNING: WorkspaceState
 WORKSPACE_STATE_STOPPED: WorkspaceState
 
 class ResourceLimits(_message.Message):
-    __slots__ = ("memory_bytes", "cpu_millis", "pids")
+    __slots__ = ("memory_bytes", "cpu_millis", "pids", "disk_bytes")
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     CPU_MILLIS_FIELD_NUMBER: _ClassVar[int]
     PIDS_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     memory_bytes: int
     cpu_millis: int
     pids: int
-    def __init__(self, memory_bytes: _Optional[int] = ..., cpu_millis: _Optional[int] = ..., pids: _Optional[int] = ...) -> None: ...
+    disk_bytes: int
+    def __init__(self, memory_bytes: _Optional[int] = ..., cpu_millis: _Optional[int] = ..., pids: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
 
 class SecurityOptions(_message.Message):
-    __slots__ = ("added_capabilities", "allow_new_privileges", "user")
+    __slots__ = ("added_capabilities", "allow_new_privileges", "user", "read_only_root_filesystem")
     ADDED_CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     ALLOW_NEW_PRIVILEGES_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_ROOT_FILESYSTEM_FIELD_NUMBER: _ClassVar[int]
     added_capabilities: _containers.RepeatedScalarFieldContainer[str]
     allow_new_privileges: bool
     user: str
-    def __init__(self, added_capabilities: _Optional[_Iterable[str]] = ..., allow_new_privileges: _Optional[bool] = ..., user: _Optional[str] = ...) -> None: ...
+    read_only_root_filesystem: bool
+    def __init__(self, added_capabilities: _Optional[_Iterable[str]] = ..., allow_new_privileges: _Optional[bool] = ..., user: _Optional[str] = ..., read_only_root_filesystem: _Optional[bool] = ...) -> None: ...
 
 class WorkspaceSpec(_message.Message):
     __slots__ = ("image", "env", "working_dir", "labels", "limits", "network", "runtime", "idle_ttl", "security")

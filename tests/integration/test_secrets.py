@@ -1,0 +1,155 @@
+"""Secrets by reference (seed 002): injected into the command only, masked in everything that leaves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sandboxd_client import SandboxClient, Yielded
+
+from tests.conftest import DaemonThread, make_settings, spawned_daemon
+from tests.integration.helpers import collect
+
+pytestmark = pytest.mark.timeout(180)
+
+DEMO = "s3cr3t-Valu3-0f-demo-9f8e7d"
+API_KEY = 'sk-"quoted\\and spaced"-4242'  # JSON escaping must not let it slip past the mask
+
+
+@pytest.fixture(scope="module")
+def secret_daemon(tmp_path_factory: pytest.TempPathFactory, default_image: str):  # type: ignore[no-untyped-def]
+    tmp = tmp_path_factory.mktemp("secrets")
+    secrets_file = tmp / "secrets.json"
+    secrets_file.write_text(json.dumps({"demo": DEMO}))
+    settings = make_settings(tmp, secrets_file=str(secrets_file))
+    thread = DaemonThread(settings, environ={"SANDBOXD_SECRET_api_key": API_KEY}).start()
+    yield thread, Path(settings.audit_log)
+    thread.stop()
+
+
+@pytest.fixture
+async def secret_client(secret_daemon):  # type: ignore[no-untyped-def]
+    async with SandboxClient(socket_path=secret_daemon[0].socket_path, retries=False) as client:
+        yield client
+
+
+async def test_echo_prints_the_mask_and_the_spec_keeps_the_reference(secret_client, secret_daemon) -> None:  # type: ignore[no-untyped-def]
+    ws = await secret_client.create_workspace(env={"TOKEN": "secret:demo"})
+    try:
+        result = await ws.exec('echo "$TOKEN"; echo "$TOKEN" >&2').wait()
+        assert result.stdout == "[REDACTED:demo]\n"
+        assert result.stderr == "[REDACTED:demo]\n"
+        # The command really had the value: its length and a hash of it prove it without printing it.
+        proof = await ws.exec('printf %s "$TOKEN" | wc -c; printf %s "$TOKEN" | sha256sum | cut -c1-16').wait()
+        import hashlib
+
+        assert proof.stdout.split() == [str(len(DEMO)), hashlib.sha256(DEMO.encode()).hexdigest()[:16]]
+        assert ws.info.env == {"TOKEN": "secret:demo"}
+        assert (await secret_client.get_workspace(ws.workspace_id)).info.env == {"TOKEN": "secret:demo"}
+    finally:
+        await ws.delete()
+    audit = secret_daemon[1].read_text()
+    assert DEMO not in audit
+    assert ws.workspace_id in audit
+
+
+async def test_value_split_across_output_chunks_is_masked(secret_client) -> None:  # type: ignore[no-untyped-def]
+    """The value leaves in two writes 300 ms apart (two frames, two chunks): still one mask."""
+    ws = await secret_client.create_workspace()
+    try:
+        half = len(DEMO) // 2
+        command = (
+            f"printf 'before %s' \"${{K:0:{half}}}\"; sleep 0.3; printf '%s after\\n' \"${{K:{half}}}\"; "
+            f"printf '%s' \"${{K:0:5}}\"; sleep 0.3; printf ' tail\\n'"
+        )
+        events, out, _ = await collect(ws.exec(command, env={"K": "secret:demo"}))
+        assert out == f"before [REDACTED:demo] after\n{DEMO[:5]} tail\n"
+        chunks = [e for e in events if getattr(e, "stream", "") == "stdout"]
+        assert len(chunks) >= 2  # it really arrived in pieces
+    finally:
+        await ws.delete()
+
+
+async def test_value_with_quotes_and_a_prefix_that_ends_the_output(secret_client, secret_daemon) -> None:  # type: ignore[no-untyped-def]
+    """A secret's first bytes at the very end of the output are released at exit, unmasked (they are not it)."""
+    ws = await secret_client.create_workspace(env={"KEY": "secret:api_key"})
+    try:
+        result = await ws.exec('printf "%s|" "$KEY"; printf "%s" "${KEY:0:4}"').wait()
+        assert result.stdout == "[REDACTED:api_key]|" + API_KEY[:4]
+        await ws.exec('echo "$KEY"', env={"EXTRA": "secret:demo"}).wait()
+    finally:
+        await ws.delete()
+    audit = secret_daemon[1].read_text()
+    assert API_KEY not in audit
+    assert json.dumps(API_KEY)[1:-1] not in audit
+
+
+async def test_yielded_and_polled_output_is_masked(secret_client) -> None:  # type: ignore[no-untyped-def]
+    ws = await secret_client.create_workspace(env={"TOKEN": "secret:demo"})
+    try:
+        events, out, _ = await collect(ws.exec('echo "a $TOKEN"; read line; echo "b $TOKEN $line"', yield_after_s=0.5))
+        assert out == "a [REDACTED:demo]\n"
+        assert isinstance(events[-1], Yielded)
+        result = await secret_client.input(events[-1].process_id, "x\n").wait()
+        assert result.stdout == "b [REDACTED:demo] x\n"
+    finally:
+        await ws.delete()
+
+
+async def test_tty_output_is_masked(secret_client) -> None:  # type: ignore[no-untyped-def]
+    ws = await secret_client.create_workspace(env={"TOKEN": "secret:demo"})
+    try:
+        result = await ws.exec('echo "$TOKEN"', tty=True).wait()
+        assert result.stdout.replace("\r", "") == "[REDACTED:demo]\n"
+    finally:
+        await ws.delete()
+
+
+async def test_exec_env_reference_and_unknown_one(secret_client) -> None:  # type: ignore[no-untyped-def]
+    from sandboxd_client import InvalidArgumentError
+
+    ws = await secret_client.create_workspace()
+    try:
+        assert (await ws.exec('echo "$T"', env={"T": "secret:demo"}).wait()).stdout == "[REDACTED:demo]\n"
+        with pytest.raises(InvalidArgumentError, match="env T: unknown secret 'missing'"):
+            await ws.exec("true", env={"T": "secret:missing"}).wait()
+    finally:
+        await ws.delete()
+
+
+def test_daemon_process_log_and_audit_hold_no_secret_value(tmp_path: Path, default_image: str) -> None:
+    """The real `python -m sandboxd`: value from its environment, debug logging, a failing command echoing it."""
+    import asyncio
+
+    value = "env-secret-Zq9wX2vB7n"
+
+    async def use(socket_path: str) -> tuple[str, str]:
+        async with SandboxClient(socket_path=socket_path, retries=False) as client:
+            ws = await client.create_workspace(env={"TOKEN": "secret:demo"})
+            try:
+                result = await ws.exec('echo "$TOKEN"; echo "$TOKEN" >&2; exit 7').wait()
+                return result.stdout, result.stderr
+            finally:
+                await ws.delete()
+
+    with spawned_daemon(tmp_path, SANDBOXD_SECRET_demo=value, SANDBOXD_LOG_LEVEL="debug") as (_p, socket, log):
+        stdout, stderr = asyncio.run(use(socket))
+    assert stdout == stderr == "[REDACTED:demo]\n"
+    daemon_log = log.read_text()
+    assert "workspace.created" in daemon_log  # the log is really there
+    assert value not in daemon_log
+    audit = (tmp_path / "audit.jsonl").read_text()
+    assert '"rpc": "Exec"' in audit and value not in audit
+
+
+def test_too_short_secret_is_refused_at_start(tmp_path: Path) -> None:
+    from sandboxd.errors import InvalidSpecError
+    from sandboxd.secrets import SecretStore
+
+    with pytest.raises(InvalidSpecError, match="shorter than 4 characters"):
+        SecretStore("", {"SANDBOXD_SECRET_pin": "123"})
+    bad = tmp_path / "secrets.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(InvalidSpecError, match="must be a JSON object"):
+        SecretStore(str(bad), {})

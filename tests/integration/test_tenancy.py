@@ -1,0 +1,390 @@
+"""Bearer tokens, tenant isolation, quotas, TLS on TCP, and the audit trail, against a real daemon."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sandboxd_client import (
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    SandboxClient,
+    TLSOptions,
+    UnauthenticatedError,
+    UnavailableError,
+)
+
+from sandboxd.errors import InvalidSpecError
+from sandboxd.tenancy import create_token
+from tests.conftest import DaemonThread, make_settings
+from tests.integration.helpers import start_yielded
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def tenants(tmp_path_factory: pytest.TempPathFactory, default_image: str):  # type: ignore[no-untyped-def]
+    """A daemon that requires tokens, with tenants ``team-a`` and ``team-b`` and small quotas."""
+    tmp = tmp_path_factory.mktemp("tenancy")
+    tokens = tmp / "tokens.json"
+    token_a, token_b = create_token(tokens, "team-a"), create_token(tokens, "team-b")
+    settings = make_settings(
+        tmp,
+        tokens_file=str(tokens),
+        tenant_max_workspaces=2,
+        tenant_max_memory_bytes=3 * 1024**3,
+    )
+    thread = DaemonThread(settings).start()
+    yield thread, token_a, token_b, Path(settings.audit_log)
+    thread.stop()
+
+
+def _client(thread: DaemonThread, token: str | None) -> SandboxClient:
+    return SandboxClient(socket_path=thread.socket_path, retries=False, token=token or "")
+
+
+def _audit(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+class TestTokens:
+    async def test_no_token_and_bad_token_are_unauthenticated(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        thread, _a, _b, _audit_path = tenants
+        for token in (None, "sbd_not-a-real-token"):
+            async with _client(thread, token) as client:
+                with pytest.raises(UnauthenticatedError, match="bearer token"):
+                    await client.list_workspaces()
+                with pytest.raises(UnauthenticatedError):
+                    await client.create_workspace()
+
+    async def test_health_needs_no_token(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        async with _client(tenants[0], None) as client:
+            assert await client.health() == "SERVING"
+
+    def test_token_is_stored_hashed_and_never_logged(self, tenants, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        """`sandboxd token create` prints the token once; the file holds only its sha256."""
+        tokens = tmp_path / "tokens.json"
+        result = subprocess.run(
+            [sys.executable, "-m", "sandboxd", "token", "create", "--tenant", "team-c", "--tokens-file", str(tokens)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        token = result.stdout.strip()
+        assert token.startswith("sbd_") and len(token) > 40
+        stored = json.loads(tokens.read_text())["tokens"]
+        assert [entry["tenant"] for entry in stored] == ["team-c"]
+        assert token not in tokens.read_text()
+        assert tokens.stat().st_mode & 0o777 == 0o600
+        import hashlib
+
+        assert stored[0]["sha256"] == hashlib.sha256(token.encode()).hexdigest()
+        # Neither this token nor the fixture's appear in the daemon log.
+        log = (Path(__file__).resolve().parents[2] / ".pytest_cache" / "sandboxd-test.log").read_text()
+        for secret in (token, tenants[1], tenants[2]):
+            assert secret not in log
+
+    def test_bad_tenant_name_is_refused(self, tmp_path: Path) -> None:
+        result = subprocess.run(
+            [sys.executable, "-m", "sandboxd", "token", "create", "--tenant", "Team A", "--tokens-file", str(tmp_path)],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 1
+        assert "lowercase letters" in result.stderr
+
+
+class TestIsolation:
+    async def test_other_tenant_sees_nothing_and_gets_not_found(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        thread, token_a, token_b, _audit_path = tenants
+        async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+            ws = await a.create_workspace(labels={"test": "isolation"})
+            try:
+                await ws.write_file("/workspace/secret.txt", "team a only\n")
+                process_id = await start_yielded(ws, "sleep 60")
+                assert [w.workspace_id for w in await a.list_workspaces()] == [ws.workspace_id]
+                assert await b.list_workspaces() == []
+                assert await b.list_workspaces({"test": "isolation"}) == []
+                wid = ws.workspace_id
+                expected = f"workspace '{wid}' not found"
+                for attempt in (
+                    lambda: b.get_workspace(wid),
+                    lambda: b.exec(wid, "true").wait(),
+                    lambda: b.read_file(wid, "/workspace/secret.txt"),
+                    lambda: b.write_file(wid, "/workspace/secret.txt", "overwritten"),
+                    lambda: b.list_processes(wid),
+                    lambda: b.delete_workspace(wid),
+                ):
+                    with pytest.raises(NotFoundError) as caught:
+                        await attempt()
+                    assert caught.value.message == expected
+                # A process id is no handle across tenants either.
+                for attempt in (
+                    lambda: b.input(process_id, "").wait(),
+                    lambda: b.kill(process_id),
+                    lambda: b.signal(process_id, "SIGTERM"),
+                ):
+                    with pytest.raises(NotFoundError, match=f"process '{process_id}' not found"):
+                        await attempt()
+                # A's workspace, file and process are untouched.
+                assert "team a only" in (await ws.read_file("/workspace/secret.txt")).content
+                assert [p.running for p in await a.list_processes(wid)] == [True]
+                await a.kill(process_id)
+            finally:
+                await ws.delete()
+
+    async def test_workspace_quota(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        """Two workspaces per tenant: the third is RESOURCE_EXHAUSTED, and the other tenant is unaffected."""
+        thread, token_a, token_b, _audit_path = tenants
+        async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+            made = [await a.create_workspace(), await a.create_workspace()]
+            try:
+                with pytest.raises(ResourceExhaustedError, match="tenant 'team-a' already has 2 workspaces"):
+                    await a.create_workspace()
+                other = await b.create_workspace()
+                await other.delete()
+            finally:
+                for ws in made:
+                    await ws.delete()
+
+    async def test_memory_quota(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        thread, token_a, _b, _audit_path = tenants
+        async with _client(thread, token_a) as a:
+            ws = await a.create_workspace(memory_bytes=2 * 1024**3)
+            try:
+                with pytest.raises(ResourceExhaustedError, match=r"would use 4294967296 bytes .* over its 3221225472"):
+                    await a.create_workspace(memory_bytes=2 * 1024**3)
+            finally:
+                await ws.delete()
+
+
+class TestAudit:
+    async def test_state_changing_calls_are_audited(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        thread, token_a, _b, audit_path = tenants
+        async with _client(thread, token_a) as a:
+            ws = await a.create_workspace(labels={"test": "audit"})
+            await ws.exec("exit 3").wait()
+            await ws.write_file("/workspace/a.txt", "x")
+            await a.list_workspaces()  # reads are not audited
+            await ws.delete()
+        async with _client(thread, None) as anonymous:
+            with pytest.raises(UnauthenticatedError):
+                await anonymous.delete_workspace(ws.workspace_id)
+        mine = [e for e in _audit(audit_path) if e.get("workspace_id") == ws.workspace_id]
+        assert [e["rpc"] for e in mine] == [
+            "CreateWorkspace",
+            "Exec",
+            "WriteFile",
+            "DeleteWorkspace",
+            "DeleteWorkspace",
+        ]
+        create, execute, write, delete, refused = mine
+        assert all(e["tenant"] == "team-a" for e in (create, execute, write, delete))
+        assert all(e["code"] == "OK" for e in (create, execute, write, delete))
+        assert execute["command"] == "exit 3"
+        assert execute["exit_code"] == 3
+        assert execute["stop_reason"] == "exited"
+        assert str(execute["process_id"]).startswith("p-")
+        assert write["path"] == "/workspace/a.txt" and write["input_bytes"] == 1
+        assert refused["code"] == "UNAUTHENTICATED" and refused["tenant"] is None
+        for entry in mine:
+            assert entry["peer"]
+            assert isinstance(entry["duration_s"], float)
+            datetime.datetime.fromisoformat(str(entry["time"]))
+        assert not any(e["rpc"] == "ListWorkspaces" for e in _audit(audit_path))
+        assert audit_path.stat().st_mode & 0o777 == 0o600
+
+
+def _certificates(directory: Path) -> dict[str, Path]:
+    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate, all signed by the CA."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    paths: dict[str, Path] = {}
+
+    def write(name: str, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
+        paths[f"{name}_key"] = directory / f"{name}.key"
+        paths[f"{name}_key"].write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        paths[f"{name}_cert"] = directory / f"{name}.pem"
+        paths[f"{name}_cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    def issue(name: str, issuer_key, issuer_name, key, *, ca: bool = False, sans=()):  # type: ignore[no-untyped-def]
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer_name or subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = issue("sandboxd test CA", ca_key, None, ca_key, ca=True)
+    write("ca", ca_key, ca_cert)
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    write("server", server_key, issue("localhost", ca_key, ca_cert.subject, server_key, sans=sans))
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    write("client", client_key, issue("agent", ca_key, ca_cert.subject, client_key))
+    other_key = ec.generate_private_key(ec.SECP256R1())
+    write("stranger", other_key, issue("stranger", other_key, None, other_key, ca=True))
+    return paths
+
+
+class TestTcp:
+    async def test_tcp_without_tls_refuses_to_start(self, tmp_path: Path) -> None:
+        from sandboxd.api.server import start
+        from sandboxd.backend.docker import DockerBackend
+
+        settings = make_settings(tmp_path, listen_address="127.0.0.1:0")
+        backend = DockerBackend(docker_host=settings.docker_host, instance=settings.instance, retries=False)
+        try:
+            with pytest.raises(InvalidSpecError, match="without TLS"):
+                await start(settings, backend)
+        finally:
+            await backend.close()
+        assert not Path(settings.socket_path).exists()
+
+    async def test_tls_without_any_authentication_refuses_to_start(self, tmp_path: Path) -> None:
+        from sandboxd.api.server import start
+        from sandboxd.backend.docker import DockerBackend
+
+        certs = _certificates(tmp_path)
+        settings = make_settings(
+            tmp_path,
+            listen_address="127.0.0.1:0",
+            tls_cert_file=str(certs["server_cert"]),
+            tls_key_file=str(certs["server_key"]),
+        )
+        backend = DockerBackend(docker_host=settings.docker_host, instance=settings.instance, retries=False)
+        try:
+            with pytest.raises(InvalidSpecError, match="without authentication"):
+                await start(settings, backend)
+        finally:
+            await backend.close()
+
+    async def test_tls_with_tokens(self, tmp_path: Path, default_image: str) -> None:
+        certs = _certificates(tmp_path)
+        tokens = tmp_path / "tokens.json"
+        token = create_token(tokens, "remote")
+        settings = make_settings(
+            tmp_path,
+            listen_address="127.0.0.1:0",
+            tls_cert_file=str(certs["server_cert"]),
+            tls_key_file=str(certs["server_key"]),
+            tokens_file=str(tokens),
+        )
+        thread = DaemonThread(settings).start()
+        try:
+            address = thread.daemon.addresses[-1]  # type: ignore[union-attr]
+            assert address.startswith("127.0.0.1:") and not address.endswith(":0")
+            trusted = TLSOptions(ca_file=str(certs["ca_cert"]))
+            async with SandboxClient(address, token=token, tls=trusted, retries=False) as client:
+                ws = await client.create_workspace()
+                try:
+                    assert (await ws.exec("echo over tls").wait()).stdout == "over tls\n"
+                finally:
+                    await ws.delete()
+            async with SandboxClient(address, token="", tls=trusted, retries=False) as client:
+                with pytest.raises(UnauthenticatedError):
+                    await client.list_workspaces()
+            # A daemon certificate the client does not trust: the handshake fails, nothing is sent.
+            untrusted = TLSOptions(ca_file=str(certs["stranger_cert"]))
+            async with SandboxClient(address, token=token, tls=untrusted, retries=False) as client:
+                with pytest.raises(UnavailableError):
+                    await client.list_workspaces()
+        finally:
+            thread.stop()
+
+    async def test_mutual_tls(self, tmp_path: Path, default_image: str) -> None:
+        certs = _certificates(tmp_path)
+        settings = make_settings(
+            tmp_path,
+            listen_address="127.0.0.1:0",
+            tls_cert_file=str(certs["server_cert"]),
+            tls_key_file=str(certs["server_key"]),
+            tls_client_ca_file=str(certs["ca_cert"]),
+        )
+        thread = DaemonThread(settings).start()
+        try:
+            address = thread.daemon.addresses[-1]  # type: ignore[union-attr]
+            with_cert = TLSOptions(
+                ca_file=str(certs["ca_cert"]), cert_file=str(certs["client_cert"]), key_file=str(certs["client_key"])
+            )
+            async with SandboxClient(address, tls=with_cert, token="", retries=False) as client:
+                assert await client.list_workspaces() == []
+            no_cert = TLSOptions(ca_file=str(certs["ca_cert"]))
+            async with SandboxClient(address, tls=no_cert, token="", retries=False) as client:
+                with pytest.raises(UnavailableError):
+                    await client.list_workspaces()
+            foreign = TLSOptions(
+                ca_file=str(certs["ca_cert"]),
+                cert_file=str(certs["stranger_cert"]),
+                key_file=str(certs["stranger_key"]),
+            )
+            async with SandboxClient(address, tls=foreign, token="", retries=False) as client:
+                with pytest.raises(UnavailableError):
+                    await client.list_workspaces()
+        finally:
+            thread.stop()
+
+    def test_tls_options_for_a_unix_socket_are_refused(self) -> None:
+        with pytest.raises(ValueError, match="TCP addresses only"):
+            SandboxClient("unix:/tmp/x.sock", tls=TLSOptions(ca_file="/x"))
+
+
+class TestCli:
+    def test_cli_token_runtime_ttl_env(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        """sandboxctl --token/SANDBOXD_TOKEN, create --runtime --ttl --env, and the same refusals as the API."""
+        import os
+
+        thread, token_a, _b, _audit_path = tenants
+        base = [sys.executable, "-m", "sandboxd_client.cli", "--socket", thread.socket_path]
+        env = {**os.environ, "SANDBOXD_TOKEN": token_a}
+        created = subprocess.run(
+            [*base, "create", "--runtime", "runc", "--ttl", "600", "--env", "GREETING=hello", "--label", "test=cli"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert created.returncode == 0, created.stderr
+        workspace_id = created.stdout.strip()
+        try:
+            shown = subprocess.run(
+                [*base, "--token", token_a, "exec", workspace_id, "--", "echo $GREETING"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert (shown.returncode, shown.stdout) == (0, "hello\n")
+            refused = subprocess.run([*base, "ls"], capture_output=True, text=True, timeout=60)
+            assert refused.returncode == 1
+            assert refused.stderr.startswith("sandboxctl: this daemon needs a bearer token")
+        finally:
+            subprocess.run([*base, "rm", workspace_id], env=env, check=True, capture_output=True, timeout=60)
+
+    async def test_unknown_secret_reference_is_invalid(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        async with _client(tenants[0], tenants[1]) as a:
+            with pytest.raises(InvalidArgumentError, match="unknown secret 'nope'"):
+                await a.create_workspace(env={"TOKEN": "secret:nope"})
