@@ -541,10 +541,22 @@ class DockerExecStream:
         return await self._inspect()
 
     async def close(self) -> None:
-        """Close the connection."""
-        self._writer.close()
+        """Close the connection, discarding stdin the exec never read.
+
+        A graceful close first flushes the write buffer, which never empties when
+        the process is gone and the engine stops reading (a write to a full disk
+        that failed early): that would hang the call, so such a connection is aborted.
+        """
+        transport = self._writer.transport
+        if transport.get_write_buffer_size():
+            transport.abort()
+        else:
+            self._writer.close()
         with contextlib.suppress(ConnectionError, OSError):
-            await self._writer.wait_closed()
+            try:
+                await asyncio.wait_for(self._writer.wait_closed(), 5.0)
+            except TimeoutError:
+                transport.abort()
 
 
 def _reason(exc: BaseException) -> str:

@@ -175,6 +175,17 @@ class TestOddPaths:
         with pytest.raises(InvalidArgumentError, match="not a directory"):
             await client.write_file(ws, "a/f.txt/g", "x")
 
+    async def test_large_write_refused_early_answers_at_once(self, client, workspace) -> None:
+        """8 MiB to a path the user may not write: the in-container side fails before reading it all,
+        the engine stops reading stdin, and the call must still end at once (it used to hang 120 s)."""
+        from sandboxd_client import PermissionDeniedError
+
+        began = time.monotonic()
+        with pytest.raises(PermissionDeniedError):
+            await client.write_file(workspace.workspace_id, "/etc/passwd", b"x" * 8 * 1024 * 1024)
+        assert time.monotonic() - began < 10
+        assert await fileops_left(workspace) == []
+
     async def test_form_feed_does_not_shift_diff_lines(self, client, workspace) -> None:
         """Control characters inside lines do not move diff line numbers (lines end at newline only)."""
         lines = [f"line{i}" for i in range(1, 21)]
