@@ -31,13 +31,15 @@ RUN python3 -m venv /opt/sandboxd \
 # Non-root: access to the engine comes from the socket's group (--group-add / group_add).
 RUN groupadd --gid 10001 sandboxd \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin sandboxd \
- && install -d -o sandboxd -g sandboxd -m 0700 /run/sandboxd
+ && install -d -o sandboxd -g sandboxd -m 0700 /run/sandboxd /var/lib/sandboxd
 
 ENV PATH=/opt/sandboxd/bin:$PATH \
     SANDBOXD_SOCKET=/run/sandboxd/sandboxd.sock \
+    SANDBOXD_AUDIT_LOG=/var/lib/sandboxd/audit.jsonl \
     SANDBOXD_LOG_FORMAT=json
 USER sandboxd
-VOLUME ["/run/sandboxd"]
+# The socket, and the audit trail (keep it: mount a volume or host directory there).
+VOLUME ["/run/sandboxd", "/var/lib/sandboxd"]
 EXPOSE 50051
 HEALTHCHECK --interval=5s --timeout=5s --start-period=10s --retries=3 CMD ["sandboxctl", "health"]
 ENTRYPOINT ["sandboxd"]

@@ -20,6 +20,8 @@ from typing import Any
 
 import structlog
 
+from .errors import InvalidSpecError
+
 __all__ = ["STATE_CHANGING", "AuditLog", "audit_fields", "start_audit"]
 
 log = structlog.get_logger(__name__)
@@ -72,14 +74,26 @@ class AuditLog:
     """
 
     def __init__(self, path: str, *, mask: Callable[[str], str] = lambda text: text) -> None:
-        """Open the trail for appending."""
+        """Open the trail for appending.
+
+        Raises:
+            InvalidSpecError: the file cannot be created or opened (the daemon will not
+                run without the trail it was asked to keep).
+        """
         self.path = path
         self.mask = mask
         self._lock = threading.Lock()
         self._fd = -1
         if path and path != "off":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            except OSError as exc:
+                msg = (
+                    f"cannot open the audit log {path}: {exc.strerror} "
+                    "(set SANDBOXD_AUDIT_LOG to a writable path, or to 'off')"
+                )
+                raise InvalidSpecError(msg) from None
 
     @property
     def enabled(self) -> bool:

@@ -586,7 +586,8 @@ class FileManager:
                 feeder.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await feeder
-            await stream.close()
+            # Once the result is in, stdin the operation never read (it failed early) is moot.
+            await stream.close(discard_input=finished)
             if not finished:
                 self._spawn(self._reap(workspace_id, context.user, marker))
 

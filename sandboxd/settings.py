@@ -117,6 +117,11 @@ class Settings:
     default_runtime: Literal["runc", "runsc"] = "runc"
     """OCI runtime of workspaces that name none."""
 
+    runsc_network: bool = False
+    """Whether the engine's runsc can join Docker networks. ``scripts/install-runsc`` registers it
+    with ``--network=none`` (it cannot on engines like this one), so bridge workspaces under runsc
+    are refused rather than silently left offline."""
+
     default_idle_ttl_s: float = 0.0
     """Remove a workspace after this long without calls, in seconds; 0 means never."""
 

@@ -252,6 +252,13 @@ class WorkspaceManager:
             # limit would end in the OOM killer instead of ENOSPC.
             msg = f"limits.disk_bytes must be between {MIN_DISK_BYTES} and the memory limit {memory}, got {disk}"
             raise InvalidSpecError(msg)
+        runtime = spec.runtime or Runtime(s.default_runtime)
+        if runtime is Runtime.RUNSC and spec.network is NetworkPolicy.BRIDGE and not s.runsc_network:
+            msg = (
+                "network 'bridge' is not available under runtime 'runsc' on this daemon (its gVisor runs "
+                "with --network=none; set SANDBOXD_RUNSC_NETWORK=true once the engine's runsc can network)"
+            )
+            raise InvalidSpecError(msg)
         working_dir = spec.working_dir or WORKSPACE_ROOT
         if not working_dir.startswith("/") or "\0" in working_dir:
             msg = f"working_dir must be an absolute path, got {working_dir!r}"
@@ -281,7 +288,7 @@ class WorkspaceManager:
             labels=dict(spec.labels),
             working_dir=posixpath.normpath(working_dir),
             limits=ResourceLimits(memory_bytes=memory, cpu_millis=cpu, pids=pids, disk_bytes=disk),
-            runtime=spec.runtime or Runtime(s.default_runtime),
+            runtime=runtime,
             idle_ttl_s=spec.idle_ttl_s if spec.idle_ttl_s is not None else s.default_idle_ttl_s,
             security=dataclasses.replace(spec.security, added_capabilities=tuple(sorted(set(capabilities)))),
         )

@@ -24,6 +24,19 @@ import pytest
 from sandboxd.settings import Settings
 
 TEST_INSTANCE = f"test-{secrets.token_hex(4)}"
+INSTANCES = {TEST_INSTANCE}
+"""Every instance label this run used: the session finalizer cleans and checks them all."""
+
+
+def new_instance() -> str:
+    """A private instance label for a test's own daemon.
+
+    Daemons sharing an instance adopt, reap (idle TTL) and clear orphans of each
+    other's workspaces, as they should; a test's extra daemon therefore gets its own.
+    """
+    instance = f"{TEST_INSTANCE}-{secrets.token_hex(3)}"
+    INSTANCES.add(instance)
+    return instance
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -88,11 +101,11 @@ class DaemonThread:
 
 
 def make_settings(tmp_dir: Path, **overrides: object) -> Settings:
-    """Settings for a test daemon: private socket, this session's instance label, no retries."""
+    """Settings for a test daemon: private socket, a private instance label (unless given), no retries."""
     base = Settings.from_env(
         {k: v for k, v in os.environ.items() if k == "DOCKER_HOST"},
         socket_path=str(tmp_dir / "sandboxd.sock"),
-        instance=TEST_INSTANCE,
+        instance=new_instance(),
         docker_retries=False,
         kill_grace_s=1.0,
         audit_log=str(tmp_dir / "audit.jsonl"),
@@ -101,11 +114,15 @@ def make_settings(tmp_dir: Path, **overrides: object) -> Settings:
 
 
 @contextlib.contextmanager
-def spawned_daemon(tmp_dir: Path, **env: str) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+def spawned_daemon(
+    tmp_dir: Path, instance: str = "", **env: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
     """Run `python -m sandboxd` as its own process (for RSS and signal tests).
 
-    Yields the process, its socket path and the file its log goes to.
+    Yields the process, its socket path and the file its log goes to. ``instance``
+    defaults to a private one; pass the same one to play a restart.
     """
+    instance = instance or new_instance()
     socket_path = str(tmp_dir / "run" / "sandboxd.sock")
     log_path = tmp_dir / "daemon.log"
     full_env = {
@@ -116,7 +133,7 @@ def spawned_daemon(tmp_dir: Path, **env: str) -> Iterator[tuple[subprocess.Popen
     }
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sandboxd", "--socket", socket_path, "--instance", TEST_INSTANCE, "--no-build"],
+            [sys.executable, "-m", "sandboxd", "--socket", socket_path, "--instance", instance, "--no-build"],
             env=full_env,
             stderr=log,
         )
@@ -167,19 +184,17 @@ def docker_client():  # type: ignore[no-untyped-def]
     except Exception as exc:
         pytest.fail(f"these tests need a running Docker engine: {exc}")
     yield client
-    _remove_labelled(client)
-    leftovers = client.containers.list(all=True, filters={"label": f"sandboxd.instance={TEST_INSTANCE}"})
-    volumes = client.volumes.list(filters={"label": f"sandboxd.instance={TEST_INSTANCE}"})
+    leftovers, volumes = [], []
+    for instance in sorted(INSTANCES):
+        selector = {"label": f"sandboxd.instance={instance}"}
+        leftovers += client.containers.list(all=True, filters=selector)
+        volumes += client.volumes.list(filters=selector)
+        for container in client.containers.list(all=True, filters=selector):
+            container.remove(force=True, v=True)
+        for volume in client.volumes.list(filters=selector):
+            volume.remove(force=True)
     client.close()
     assert not leftovers and not volumes, f"left behind: {leftovers} {volumes}"
-
-
-def _remove_labelled(client) -> None:  # type: ignore[no-untyped-def]
-    selector = {"label": f"sandboxd.instance={TEST_INSTANCE}"}
-    for container in client.containers.list(all=True, filters=selector):
-        container.remove(force=True, v=True)
-    for volume in client.volumes.list(filters=selector):
-        volume.remove(force=True)
 
 
 @pytest.fixture(scope="session")
@@ -226,7 +241,7 @@ def derived_images(docker_client, default_image: str) -> dict[str, str]:  # type
 @pytest.fixture(scope="session")
 def daemon(default_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonThread]:
     """One daemon for the whole session, on a private Unix socket."""
-    thread = DaemonThread(make_settings(tmp_path_factory.mktemp("daemon"))).start()
+    thread = DaemonThread(make_settings(tmp_path_factory.mktemp("daemon"), instance=TEST_INSTANCE)).start()
     yield thread
     thread.stop()
 
@@ -240,11 +255,52 @@ async def client(daemon: DaemonThread):  # type: ignore[no-untyped-def]
         yield connected
 
 
+RUNTIME_SUITES = frozenset({"test_exec_basic", "test_exec_sessions", "test_files"})
+"""Modules whose ``workspace`` tests run under every OCI runtime: runc and gVisor's runsc."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Run the exec, Ctrl-C and file suites once per runtime (``-k runsc`` picks gVisor's half)."""
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if module in RUNTIME_SUITES and "workspace" in metafunc.fixturenames:
+        metafunc.parametrize("runtime", ["runc", pytest.param("runsc", marks=pytest.mark.runsc)])
+
+
+def _engine_runtimes() -> set[str]:
+    import docker
+
+    client = docker.from_env()
+    try:
+        return set(client.info().get("Runtimes") or {})
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def runsc_available() -> bool:
+    """Whether the engine has gVisor's runtime; CI (``SANDBOXD_REQUIRE_RUNSC=1``) insists on it."""
+    if "runsc" in _engine_runtimes():
+        return True
+    if os.environ.get("SANDBOXD_REQUIRE_RUNSC") == "1":
+        pytest.fail("the engine has no runsc runtime; run scripts/install-runsc (as root)")
+    return False
+
+
 @pytest.fixture
-async def workspace(client, request: pytest.FixtureRequest) -> AsyncIterator[object]:  # type: ignore[no-untyped-def]
+def runtime() -> str:
+    """The OCI runtime of the ``workspace`` fixture (parametrised for ``RUNTIME_SUITES``)."""
+    return ""
+
+
+@pytest.fixture
+async def workspace(client, runtime: str, request: pytest.FixtureRequest) -> AsyncIterator[object]:  # type: ignore[no-untyped-def]
     """A fresh default workspace per test, deleted afterwards."""
     marker = request.node.get_closest_marker("workspace")
     options = dict(marker.kwargs) if marker else {}
+    if runtime == "runsc" and not request.getfixturevalue("runsc_available"):
+        pytest.skip("the engine has no runsc runtime (scripts/install-runsc registers it)")
+    if runtime:
+        options.setdefault("runtime", runtime)
     created = await client.create_workspace(labels={"test": request.node.name}, **options)
     yield created
     await client.delete_workspace(created.workspace_id)

@@ -82,8 +82,12 @@ class ExecStream(Protocol):
         """Return the exec's exit code once it has ended, else None."""
         ...
 
-    async def close(self) -> None:
-        """Hang up; the command keeps running but loses its stdin and readers."""
+    async def close(self, *, discard_input: bool = False) -> None:
+        """Hang up; the command keeps running but loses its stdin and readers.
+
+        Stdin already written but not yet taken is delivered first (within a few
+        seconds), unless ``discard_input``: then the connection is dropped at once.
+        """
         ...
 
 

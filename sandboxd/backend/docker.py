@@ -540,23 +540,24 @@ class DockerExecStream:
         """Return the exec's exit code once Docker reports it ended, else None."""
         return await self._inspect()
 
-    async def close(self) -> None:
-        """Close the connection, discarding stdin the exec never read.
+    async def close(self, *, discard_input: bool = False) -> None:
+        """Close the connection: flush pending stdin (at most 2 s), or drop it with ``discard_input``.
 
-        A graceful close first flushes the write buffer, which never empties when
-        the process is gone and the engine stops reading (a write to a full disk
-        that failed early): that would hang the call, so such a connection is aborted.
+        A graceful close waits for the write buffer to drain, which never happens
+        when the process is gone and the engine stops reading its stdin (a write to
+        a full disk that failed early): so the wait is bounded, then the connection
+        is aborted.
         """
         transport = self._writer.transport
-        if transport.get_write_buffer_size():
+        self._writer.close()  # marks the writer closed; the transport flushes, then closes
+        if discard_input:
             transport.abort()
-        else:
-            self._writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             try:
-                await asyncio.wait_for(self._writer.wait_closed(), 5.0)
+                await asyncio.wait_for(self._writer.wait_closed(), 2.0)
             except TimeoutError:
                 transport.abort()
+                await self._writer.wait_closed()
 
 
 def _reason(exc: BaseException) -> str:

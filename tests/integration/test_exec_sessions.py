@@ -289,19 +289,27 @@ class TestPty:
 
 
 class TestHostile:
-    async def test_zombies_are_reaped(self, workspace) -> None:
-        """300 orphaned `(sleep 0.01 &)` leave no zombie behind."""
-        await workspace.exec("for i in $(seq 300); do (sleep 0.01 &); done; sleep 1").wait(check=True)
+    async def test_zombies_are_reaped(self, workspace, runtime: str) -> None:
+        """300 orphaned `(sleep 0.01 &)` leave no zombie behind (100 under gVisor, where forks are slow)."""
+        count = 100 if runtime == "runsc" else 300
+        await workspace.exec(f"for i in $(seq {count}); do (sleep 0.01 &); done; sleep 1").wait(check=True)
         result = await workspace.exec("ps -eo stat= | grep -c '^Z' || true").wait()
         assert result.stdout.strip() == "0"
 
     @pytest.mark.workspace(memory_bytes=256 * 1024**2)
-    async def test_oom_is_reported_and_workspace_survives(self, workspace) -> None:
-        """A memory bomb in 256 MiB is oom_killed with the limit; the workspace and its files survive."""
+    async def test_oom_is_reported_and_workspace_survives(self, workspace, runtime: str) -> None:
+        """A memory bomb in 256 MiB is oom_killed with the limit; the workspace and its files survive.
+
+        Under gVisor the sandbox's own memory accounting refuses the allocation first
+        (the program fails, exit 1) and the cgroup OOM killer never strikes.
+        """
         await workspace.exec("echo precious > keep.txt").wait(check=True)
         result = await workspace.exec("""python3 -c "a=[b'x'*10**7 for _ in range(10**6)]" """).wait()
-        assert (result.exit_code, result.signal, result.oom_killed) == (137, "SIGKILL", True)
-        assert str(256 * 1024**2) in result.message
+        if runtime == "runsc":
+            assert (result.exit_code, result.signal, result.oom_killed) == (1, "", False)
+        else:
+            assert (result.exit_code, result.signal, result.oom_killed) == (137, "SIGKILL", True)
+            assert str(256 * 1024**2) in result.message
         after = await workspace.exec("echo alive; cat keep.txt").wait()
         assert after.stdout == "alive\nprecious\n"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sandboxd_client import NotFoundError, SandboxClient, UnavailableError
 
-from tests.conftest import TEST_INSTANCE, DaemonThread, make_settings, spawned_daemon
+from tests.conftest import DaemonThread, make_settings, new_instance, spawned_daemon
 from tests.integration.helpers import ps, start_yielded
 
 pytestmark = pytest.mark.timeout(180)
@@ -86,6 +86,7 @@ def _docker():  # type: ignore[no-untyped-def]
 class TestRestart:
     def test_kill_9_then_restart_readopts_and_reports_lost_processes(self, tmp_path: Path, default_image: str) -> None:
         client_docker = _docker()
+        instance = new_instance()  # both runs of the daemon share it: that is what a restart is
 
         async def before(socket_path: str) -> tuple[str, str]:
             async with SandboxClient(socket_path=socket_path, retries=False) as client:
@@ -94,15 +95,15 @@ class TestRestart:
                 process_id = await start_yielded(ws, "sleep 600")
                 return ws.workspace_id, process_id
 
-        with spawned_daemon(tmp_path) as (daemon, socket_path, _log):
+        with spawned_daemon(tmp_path, instance) as (daemon, socket_path, _log):
             workspace_id, process_id = asyncio.run(before(socket_path))
             daemon.send_signal(signal.SIGKILL)
             daemon.wait(30)
 
         # Debris a crash mid-create leaves: a container that never started, a volume without container.
-        labels = {"sandboxd.managed": "true", "sandboxd.instance": TEST_INSTANCE}
-        client_docker.containers.create(default_image, ["true"], labels=labels, name=f"sandboxd-{TEST_INSTANCE}-half")
-        client_docker.volumes.create(name=f"sandboxd-{TEST_INSTANCE}-lonely", labels=labels)
+        labels = {"sandboxd.managed": "true", "sandboxd.instance": instance}
+        client_docker.containers.create(default_image, ["true"], labels=labels, name=f"sandboxd-{instance}-half")
+        client_docker.volumes.create(name=f"sandboxd-{instance}-lonely", labels=labels)
 
         async def after(socket_path: str) -> None:
             async with SandboxClient(socket_path=socket_path, retries=False) as client:
@@ -120,18 +121,18 @@ class TestRestart:
                 assert await ps(ws, r"sleep 600") == []  # ended at restart, not left running unseen
                 owned = {w.workspace_id for w in await client.list_workspaces()}
                 containers = client_docker.containers.list(
-                    all=True, filters={"label": f"sandboxd.instance={TEST_INSTANCE}"}
+                    all=True, filters={"label": f"sandboxd.instance={instance}"}
                 )
                 names = {c.name for c in containers}
-                assert f"sandboxd-{TEST_INSTANCE}-half" not in names
+                assert f"sandboxd-{instance}-half" not in names
                 assert {c.labels["sandboxd.workspace_id"] for c in containers} <= owned
                 volumes = {
-                    v.name for v in client_docker.volumes.list(filters={"label": f"sandboxd.instance={TEST_INSTANCE}"})
+                    v.name for v in client_docker.volumes.list(filters={"label": f"sandboxd.instance={instance}"})
                 }
-                assert f"sandboxd-{TEST_INSTANCE}-lonely" not in volumes
+                assert f"sandboxd-{instance}-lonely" not in volumes
                 await ws.delete()
 
-        with spawned_daemon(tmp_path) as (_daemon, socket_path, log):
+        with spawned_daemon(tmp_path, instance) as (_daemon, socket_path, log):
             asyncio.run(after(socket_path))
         assert "daemon.orphans_removed" in log.read_text()
         client_docker.close()
