@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from . import frames
-from .backend.base import Backend
+from .backend.base import Backend, ExecStream
 from .errors import (
     ExecTimeoutError,
     FailedPreconditionError,
@@ -533,12 +533,20 @@ class FileManager:
         """
         context = await self.workspaces.exec_context(workspace_id)
         marker = f"{_OP_MARKER}={secrets.token_hex(8)}"
-        stream = await self.backend.exec_stream(
-            workspace_id,
-            script_argv("fileops.py", request),
-            env={_OP_MARKER: marker.split("=", 1)[1]},
-            user=context.user,
+        opening = asyncio.ensure_future(
+            self.backend.exec_stream(
+                workspace_id,
+                script_argv("fileops.py", request),
+                env={_OP_MARKER: marker.split("=", 1)[1]},
+                user=context.user,
+            )
         )
+        try:
+            stream = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # Cancelled while the engine was starting it: let it start, then hang up and reap.
+            self._spawn(self._abandon_opening(opening, workspace_id, context.user, marker))
+            raise
         feeder: asyncio.Task[None] | None = None
         finished = False
 
@@ -590,6 +598,13 @@ class FileManager:
             await stream.close(discard_input=finished)
             if not finished:
                 self._spawn(self._reap(workspace_id, context.user, marker))
+
+    async def _abandon_opening(
+        self, opening: asyncio.Future[ExecStream], workspace_id: str, user: str, marker: str
+    ) -> None:
+        with contextlib.suppress(Exception):
+            await (await opening).close(discard_input=True)
+        await self._reap(workspace_id, user, marker)
 
     async def _reap(self, workspace_id: str, user: str, marker: str) -> None:
         config = {"mode": "reap", "marker": marker, "grace_s": 0.5}

@@ -390,9 +390,16 @@ class ProcessSession:
             FailedPreconditionError: the image cannot run the supervisor (no python3).
         """
         # The exec itself gets no caller environment: only the supervisor's child does.
-        self._stream = await self.backend.exec_stream(
-            self.context.workspace_id, self._argv(), env={}, user=self.context.user
+        opening = asyncio.ensure_future(
+            self.backend.exec_stream(self.context.workspace_id, self._argv(), env={}, user=self.context.user)
         )
+        try:
+            self._stream = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            # Cancelled while the engine was starting the exec: the command may be starting
+            # anyway, with nobody to see it. Let the opening finish, then end what it started.
+            await asyncio.shield(self._abandon_opening(opening))
+            raise
         self._pump_task = asyncio.create_task(self._pump(), name=f"pump-{self.process_id}")
         try:
             await self._started
@@ -407,6 +414,13 @@ class ProcessSession:
         self._timer_task = asyncio.create_task(self._timeout(), name=f"timeout-{self.process_id}")
         log.info("process.started", process_id=self.process_id, workspace_id=self.context.workspace_id, pid=self.pid)
         return ExecStarted(process_id=self.process_id, pid=self.pid, start_time=self.start_time)
+
+    async def _abandon_opening(self, opening: asyncio.Future[ExecStream]) -> None:
+        try:
+            self._stream = await opening
+        except Exception:  # it failed to start: then there is nothing to end
+            return
+        await self._abandon()
 
     async def _abandon(self) -> None:
         """Kill a command nobody will ever see: tell its supervisor, then reap by marker as a backstop."""

@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from sandboxd_client.text import StreamRedactor
+
 from .errors import InvalidSpecError
 
 __all__ = ["MIN_SECRET_CHARS", "REFERENCE_PREFIX", "BytesRedactor", "SecretStore"]
@@ -101,59 +103,9 @@ class SecretStore:
         return BytesRedactor(self.values)
 
 
-class BytesRedactor:
-    """Masks secret values in a byte stream, even when one is split across chunks.
-
-    A chunk's tail that begins some secret (at most the longest value but one
-    bytes) is held back until the next chunk, or the end, shows whether the
-    secret follows; other bytes pass at once, so a prompt is never delayed.
-    Masks are never scanned again, so a value that appears inside a mask cannot
-    make the output grow.
-    """
+class BytesRedactor(StreamRedactor[bytes]):
+    """Masks each secret as ``[REDACTED:NAME]`` in a byte stream, across chunk boundaries."""
 
     def __init__(self, values: Mapping[str, str]) -> None:
-        """Mask each ``values`` entry as ``[REDACTED:NAME]``."""
-        pairs = sorted(
-            ((v.encode(), f"[REDACTED:{n}]".encode()) for n, v in values.items() if v), key=lambda p: -len(p[0])
-        )
-        self._masks = dict(pairs)
-        self._pattern = re.compile(b"|".join(re.escape(value) for value, _ in pairs)) if pairs else None
-        self._hold = max((len(value) for value, _ in pairs), default=1) - 1
-        self._pending = b""
-
-    @property
-    def active(self) -> bool:
-        """Whether there is anything to mask."""
-        return self._pattern is not None
-
-    def _scan(self, data: bytes, *, final: bool) -> bytes:
-        assert self._pattern is not None
-        out, position = [], 0
-        for match in self._pattern.finditer(data):
-            out += [data[position : match.start()], self._masks[match.group()]]
-            position = match.end()
-        rest = data[position:]
-        keep = b"" if final else self._partial(rest)
-        out.append(rest[: len(rest) - len(keep)])
-        self._pending = keep
-        return b"".join(out)
-
-    def _partial(self, data: bytes) -> bytes:
-        """The longest tail of ``data`` that begins some secret: only it must wait for more."""
-        for size in range(min(self._hold, len(data)), 0, -1):
-            tail = data[-size:]
-            if any(value.startswith(tail) for value in self._masks):
-                return tail
-        return b""
-
-    def feed(self, data: bytes) -> bytes:
-        """What can be released now, masked."""
-        if self._pattern is None:
-            return data
-        return self._scan(self._pending + data, final=False)
-
-    def flush(self) -> bytes:
-        """The held-back rest, masked."""
-        if self._pattern is None:
-            return b""
-        return self._scan(self._pending, final=True)
+        """Mask the ``values`` (name -> value)."""
+        super().__init__({v.encode(): f"[REDACTED:{n}]".encode() for n, v in values.items() if v}, b"")

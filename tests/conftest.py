@@ -43,7 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """Send the daemon's JSON logs to a file next to the test run, not into every test's output."""
     from sandboxd.logging import configure_logging
 
-    log_path = Path(config.rootpath) / ".pytest_cache" / "sandboxd-test.log"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    log_path = Path(config.rootpath) / ".pytest_cache" / f"sandboxd-test{'-' + worker if worker else ''}.log"
+    os.environ["SANDBOXD_TEST_LOG"] = str(log_path)
     log_path.parent.mkdir(exist_ok=True)
     config._sandboxd_log = log_path.open("w")  # type: ignore[attr-defined]
     configure_logging(level="info", fmt="json", stream=config._sandboxd_log, cache=False)  # type: ignore[attr-defined]

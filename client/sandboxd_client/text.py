@@ -8,8 +8,10 @@ the head, with a marker saying how many characters were left out.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import AnyStr, Generic
 
-__all__ = ["CleanStream", "Redactor", "cap", "clean", "collapse_redraws", "strip_ansi"]
+__all__ = ["CleanStream", "Redactor", "StreamRedactor", "cap", "clean", "collapse_redraws", "strip_ansi"]
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ESC \), and two-character escapes (ESC + one byte).
 _ANSI = re.compile(
@@ -164,47 +166,76 @@ def _unfinished_escape(tail: str) -> bool:
     return False
 
 
-class Redactor:
-    """Masks secret values in a stream of chunks, even when a value is split across chunks.
+class StreamRedactor(Generic[AnyStr]):
+    """Masks secret values in a stream of chunks (text or bytes), even when one is split across chunks.
 
-    Text after the last match is held back (as much as the longest secret but
-    one) until the next chunk shows whether it begins a secret; masks are never
-    scanned again.
+    Args:
+        masks: each secret value and what replaces it (longer values win where they overlap).
+        empty: ``""`` for text, ``b""`` for bytes.
+
+    A chunk's tail that begins some secret (at most :attr:`holdback` long) is
+    held back until the next chunk, or the end, shows whether the secret
+    follows; anything else passes at once, so a prompt is never delayed. Masks
+    are never scanned again, so a value inside a mask cannot make output grow.
     """
 
-    def __init__(self, secrets: list[str], mask: str = "[REDACTED]") -> None:
-        """Mask ``secrets`` (longest first)."""
-        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-        self.mask = mask
-        self._pattern = re.compile("|".join(re.escape(s) for s in self.secrets)) if self.secrets else None
-        self.holdback = max((len(s) for s in self.secrets), default=1) - 1
-        """Characters kept back at the end of each chunk until the next one arrives."""
-        self._pending = ""
+    def __init__(self, masks: Mapping[AnyStr, AnyStr], empty: AnyStr) -> None:
+        """Compile the values, longest first."""
+        self._masks: dict[AnyStr, AnyStr] = {value: mask for value, mask in masks.items() if value}
+        values = sorted(self._masks, key=len, reverse=True)
+        bar = empty + (b"|" if isinstance(empty, bytes) else "|")
+        self._pattern: re.Pattern[AnyStr] | None = (
+            re.compile(bar.join(re.escape(v) for v in values)) if values else None
+        )
+        self._empty: AnyStr = empty
+        self.holdback = max((len(v) for v in values), default=1) - 1
+        """Most characters (or bytes) kept back at the end of a chunk until the next one arrives."""
+        self._pending: AnyStr = empty
 
-    def redact(self, text: str) -> str:
+    def redact(self, text: AnyStr) -> AnyStr:
         """Mask every secret in a complete text."""
-        return self._pattern.sub(self.mask, text) if self._pattern is not None else text
+        if self._pattern is None:
+            return text
+        return self._pattern.sub(lambda match: self._masks[match.group()], text)
 
-    def _scan(self, text: str, *, final: bool) -> str:
+    def _partial(self, text: AnyStr) -> AnyStr:
+        """The longest tail of ``text`` that begins some secret: only it must wait for more."""
+        for size in range(min(self.holdback, len(text)), 0, -1):
+            tail = text[-size:]
+            if any(value.startswith(tail) for value in self._masks):
+                return tail
+        return self._empty
+
+    def _scan(self, text: AnyStr, *, final: bool) -> AnyStr:
         assert self._pattern is not None
-        out, position = [], 0
+        out: list[AnyStr] = []
+        position = 0
         for match in self._pattern.finditer(text):
-            out += [text[position : match.start()], self.mask]
+            out += [text[position : match.start()], self._masks[match.group()]]
             position = match.end()
         rest = text[position:]
-        keep = "" if final or self.holdback <= 0 else rest[-self.holdback :]
+        keep = self._empty if final else self._partial(rest)
         out.append(rest[: len(rest) - len(keep)])
         self._pending = keep
-        return "".join(out)
+        return self._empty.join(out)
 
-    def feed(self, text: str) -> str:
+    def feed(self, text: AnyStr) -> AnyStr:
         """Masked text safe to show now (a possible start of a secret is kept for later)."""
         if self._pattern is None:
             return text
         return self._scan(self._pending + text, final=False)
 
-    def flush(self) -> str:
+    def flush(self) -> AnyStr:
         """The rest, masked."""
         if self._pattern is None:
-            return ""
+            return self._empty
         return self._scan(self._pending, final=True)
+
+
+class Redactor(StreamRedactor[str]):
+    """Masks ``secrets`` in text chunks with one ``mask`` (see :class:`StreamRedactor`)."""
+
+    def __init__(self, secrets: list[str], mask: str = "[REDACTED]") -> None:
+        """Mask every value of ``secrets``."""
+        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        super().__init__(dict.fromkeys(self.secrets, mask), "")

@@ -120,9 +120,7 @@ class TestRestart:
                     await client.kill("p-000000000000")  # never existed: no claim that it was lost
                 assert await ps(ws, r"sleep 600") == []  # ended at restart, not left running unseen
                 owned = {w.workspace_id for w in await client.list_workspaces()}
-                containers = client_docker.containers.list(
-                    all=True, filters={"label": f"sandboxd.instance={instance}"}
-                )
+                containers = client_docker.containers.list(all=True, filters={"label": f"sandboxd.instance={instance}"})
                 names = {c.name for c in containers}
                 assert f"sandboxd-{instance}-half" not in names
                 assert {c.labels["sandboxd.workspace_id"] for c in containers} <= owned

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +86,7 @@ class TestTokens:
 
         assert stored[0]["sha256"] == hashlib.sha256(token.encode()).hexdigest()
         # Neither this token nor the fixture's appear in the daemon log.
-        log = (Path(__file__).resolve().parents[2] / ".pytest_cache" / "sandboxd-test.log").read_text()
+        log = Path(os.environ["SANDBOXD_TEST_LOG"]).read_text()
         for secret in (token, tenants[1], tenants[2]):
             assert secret not in log
 
@@ -251,24 +252,25 @@ def _certificates(directory: Path) -> dict[str, Path]:
     return paths
 
 
+async def _refused_start(settings, match: str) -> None:  # type: ignore[no-untyped-def]
+    """Starting a daemon with ``settings`` fails with INVALID_ARGUMENT matching ``match``, binding nothing."""
+    from sandboxd.api.server import start
+    from sandboxd.backend.docker import DockerBackend
+
+    backend = DockerBackend(docker_host=settings.docker_host, instance=settings.instance, retries=False)
+    try:
+        with pytest.raises(InvalidSpecError, match=match):
+            await start(settings, backend)
+    finally:
+        await backend.close()
+    assert not Path(settings.socket_path).exists()
+
+
 class TestTcp:
     async def test_tcp_without_tls_refuses_to_start(self, tmp_path: Path) -> None:
-        from sandboxd.api.server import start
-        from sandboxd.backend.docker import DockerBackend
-
-        settings = make_settings(tmp_path, listen_address="127.0.0.1:0")
-        backend = DockerBackend(docker_host=settings.docker_host, instance=settings.instance, retries=False)
-        try:
-            with pytest.raises(InvalidSpecError, match="without TLS"):
-                await start(settings, backend)
-        finally:
-            await backend.close()
-        assert not Path(settings.socket_path).exists()
+        await _refused_start(make_settings(tmp_path, listen_address="127.0.0.1:0"), "without TLS")
 
     async def test_tls_without_any_authentication_refuses_to_start(self, tmp_path: Path) -> None:
-        from sandboxd.api.server import start
-        from sandboxd.backend.docker import DockerBackend
-
         certs = _certificates(tmp_path)
         settings = make_settings(
             tmp_path,
@@ -276,12 +278,7 @@ class TestTcp:
             tls_cert_file=str(certs["server_cert"]),
             tls_key_file=str(certs["server_key"]),
         )
-        backend = DockerBackend(docker_host=settings.docker_host, instance=settings.instance, retries=False)
-        try:
-            with pytest.raises(InvalidSpecError, match="without authentication"):
-                await start(settings, backend)
-        finally:
-            await backend.close()
+        await _refused_start(settings, "without authentication")
 
     async def test_tls_with_tokens(self, tmp_path: Path, default_image: str) -> None:
         certs = _certificates(tmp_path)

@@ -181,9 +181,9 @@ class TestSignals:
 
     async def test_trap_keeps_its_own_code(self, run) -> None:
         """A shell trapping SIGINT exits with its own code."""
-        sup = await run("trap 'echo got INT; exit 42' INT; while :; do sleep 0.1; done")
+        sup = await run("trap 'echo got INT; exit 42' INT; echo ready; while :; do sleep 0.1; done")
         await sup.started()
-        await asyncio.sleep(0.3)
+        assert await sup.next() == (frames.STDOUT, b"ready\n")  # the trap is in place (no fixed sleep)
         await sup.send(frames.encode_signal(2, interrupt=True))
         out, _, status = await sup.until_exit()
         assert (out, status["exit_code"], status["signal"]) == (b"got INT\n", 42, 0)
