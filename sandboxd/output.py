@@ -46,14 +46,15 @@ class OutputBuffer:
 
     Args:
         max_bytes: most undelivered bytes held (SPEC default 1 MiB).
+        readers: readers counted as attached from the start (a call that is about to read).
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, *, readers: int = 0) -> None:
         """Create an empty buffer."""
         self.max_bytes = max_bytes
         self._items: collections.deque[OutputChunk | _Gap] = collections.deque()
         self._size = 0
-        self._readers = 0
+        self._readers = readers
         self._closed = False
         self.dropped_bytes = 0
         """Total bytes dropped over the buffer's life."""

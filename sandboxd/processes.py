@@ -306,7 +306,10 @@ class ProcessSession:
         self.process_id = process_id
         self.settings = settings
         self.timeout_s = spec.timeout_s if spec.timeout_s is not None else settings.exec_timeout_s
-        self.buffer = OutputBuffer(spec.max_output_bytes or settings.output_buffer_bytes)
+        # The Exec call that starts the command reads it next: it counts as attached from the
+        # start, or output printed before its stream attaches could be dropped past the cap.
+        self.buffer = OutputBuffer(spec.max_output_bytes or settings.output_buffer_bytes, readers=1)
+        self._reserved_reader = True
         self.pid = 0
         self.start_time = datetime.datetime.now(datetime.UTC)
         self._started_at = time.monotonic()
@@ -349,6 +352,9 @@ class ProcessSession:
     def release(self) -> None:
         """The first call is done with the session: from now on it may be evicted when idle."""
         self._fresh = False
+        if self._reserved_reader:  # it left without ever reading
+            self._reserved_reader = False
+            self._spawn(self.buffer.detach())
 
     @property
     def elapsed_s(self) -> float:
@@ -722,7 +728,10 @@ class ProcessSession:
             yield self.exit or Yielded(process_id=self.process_id, elapsed_s=self.elapsed_s)
             return
         self._attached += 1
-        await self.buffer.attach()
+        if self._reserved_reader:
+            self._reserved_reader = False  # the starting call's reservation becomes this attachment
+        else:
+            await self.buffer.attach()
         finished = False
         try:
             deadline = time.monotonic() + yield_after_s
