@@ -42,7 +42,8 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(msg) from None
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
+    """The argument parser; ``command_split``: an exec's command was already cut off at ``--``."""
     parser = argparse.ArgumentParser(prog="sandboxctl", description="Drive a sandboxd daemon.")
     parser.add_argument("--socket", help="daemon Unix socket (env SANDBOXD_SOCKET)")
     parser.add_argument("--address", help="daemon HOST:PORT over TLS instead of the Unix socket (env SANDBOXD_ADDRESS)")
@@ -78,7 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, default=None, help="seconds before the command is killed")
     run.add_argument("-i", "--interactive", action="store_true", help="forward standard input to the command")
     run.add_argument("-t", "--tty", action="store_true", help="run under a terminal; your terminal goes raw")
-    run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    # Once the command is cut off at `--`, options may follow the workspace: they must not be
+    # swallowed as the command's words (REMAINDER would take them, and they would be lost).
+    run.add_argument("argv", nargs="*" if command_split else argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
     ps = commands.add_parser("ps", help="list a workspace's process sessions")
     ps.add_argument("workspace")
@@ -545,8 +548,11 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``sandboxctl``; return its exit status."""
     head, command = _split_command(list(sys.argv[1:] if argv is None else argv))
-    opts = _parser().parse_args(head)
+    parser = _parser(command_split=command is not None)
+    opts = parser.parse_args(head)
     if command is not None:
+        if opts.argv:
+            parser.error(f"unexpected arguments before '--': {' '.join(opts.argv)}")
         opts.argv = command
     try:
         return asyncio.run(_run(opts))

@@ -133,6 +133,17 @@ class TestCli:
         assert removed.returncode == 0
         assert self._ctl(daemon, "ls", "-q", "--label", "cli=yes").stdout == ""
 
+    def test_exec_options_after_the_workspace(self, daemon, workspace_id) -> None:
+        """`exec WS --timeout 1 -e X=1 -w /tmp -- CMD`: options after the workspace apply, as documented."""
+        run = self._ctl(
+            daemon, "exec", workspace_id, "--timeout", "1", "-e", "X=1", "-w", "/tmp", "--", "echo $X $PWD; sleep 30"
+        )
+        assert run.stdout == "1 /tmp\n"
+        assert run.returncode in {137, 143}  # killed at the 1 s timeout, not after 30 s
+        stray = self._ctl(daemon, "exec", workspace_id, "oops", "--", "true")
+        assert stray.returncode == 2
+        assert "unexpected arguments before '--': oops" in stray.stderr
+
     def test_error_is_one_line(self, daemon) -> None:
         """A refused call prints exactly one `sandboxctl: ...` line and exits 1."""
         run = self._ctl(daemon, "exec", "ws-nope", "--", "true")
