@@ -84,6 +84,7 @@ class AuditLog:
         self.mask = mask
         self._lock = threading.Lock()
         self._fd = -1
+        self._torn = False
         if path and path != "off":
             try:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +118,25 @@ class AuditLog:
             }
         )
 
+    def begin(self) -> None:
+        """Write the current call's line ahead of its outcome, marked ``"phase": "begin"``.
+
+        For calls that start something that outlives a crash of the daemon (a command,
+        a workspace): the trail then shows it even if the final line is never written.
+        """
+        record = _RECORD.get()
+        if record is None or record["rpc"] not in STATE_CHANGING:
+            return
+        self._write(
+            {
+                "rpc": record["rpc"],
+                "phase": "begin",
+                "tenant": record.get("tenant"),
+                "peer": record["peer"],
+                **record["fields"],
+            }
+        )
+
     def event(self, event: str, **fields: Any) -> None:
         """Write a line for something the daemon did by itself."""
         self._write({"event": event, **fields})
@@ -127,12 +147,34 @@ class AuditLog:
         entry = {"time": datetime.datetime.now(datetime.UTC).isoformat(), **entry}
         # Masked before encoding: JSON escaping would hide a value with quotes or backslashes.
         masked = {key: self.mask(value) if isinstance(value, str) else value for key, value in entry.items()}
-        line = json.dumps(masked, ensure_ascii=False, default=str) + "\n"
+        line = (json.dumps(masked, ensure_ascii=False, default=str) + "\n").encode()
         with self._lock:
             try:
-                os.write(self._fd, line.encode())
+                self._reopen_if_moved()
+                if self._torn:
+                    # The last line was cut short by a failed write: end it, or this one joins it.
+                    line = b"\n" + line
+                self._torn = True
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+                self._torn = False
             except OSError as exc:  # a full disk must not take calls down; it is logged loudly
                 log.error("audit.write_failed", error=str(exc))  # noqa: TRY400 - no traceback needed
+
+    def _reopen_if_moved(self) -> None:
+        """Follow the path: after logrotate (or a deletion) lines go to a new file there, not the old one."""
+        try:
+            current = os.stat(self.path)
+        except FileNotFoundError:
+            current = None
+        opened = os.fstat(self._fd)
+        if current is not None and (current.st_ino, current.st_dev) == (opened.st_ino, opened.st_dev):
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.close(self._fd)
+        self._fd, self._torn = fd, False
+        log.info("audit.reopened", path=self.path)
 
     def close(self) -> None:
         """Close the file."""

@@ -24,7 +24,7 @@ import secrets
 import struct
 import warnings
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Coroutine, Sequence
 from typing import Any
 
 import structlog
@@ -42,6 +42,7 @@ from .errors import (
     SandboxdError,
 )
 from .incontainer import engine_refusal, looks_like_frames, script_argv
+from .processes import ExecContext
 from .workspaces import WorkspaceManager
 
 __all__ = [
@@ -528,6 +529,21 @@ class FileManager:
     ) -> AsyncIterator[tuple[bytes, bytes]]:
         """Run one fileops request; yield its ``D``/``L`` frames, end with ``R`` or raise its error.
 
+        The workspace counts as in use until the call ends: a long upload is never idle-reaped.
+        """
+        op_frames = self._op_frames(workspace_id, request, stdin)
+        try:
+            async with self.workspaces.in_use(workspace_id):
+                async for item in op_frames:
+                    yield item
+        finally:
+            await op_frames.aclose()
+
+    async def _op_frames(
+        self, workspace_id: str, request: dict[str, Any], stdin: AsyncIterable[bytes] | None
+    ) -> AsyncGenerator[tuple[bytes, bytes], None]:
+        """The body of :meth:`_stream`.
+
         The in-container process carries a marker: if the call ends any other way
         (cancelled, timed out, the stream broken), it is killed rather than left behind.
         """
@@ -539,13 +555,14 @@ class FileManager:
                 script_argv("fileops.py", request),
                 env={_OP_MARKER: marker.split("=", 1)[1]},
                 user=context.user,
+                container_id=context.container_id,
             )
         )
         try:
             stream = await asyncio.shield(opening)
         except asyncio.CancelledError:
             # Cancelled while the engine was starting it: let it start, then hang up and reap.
-            self._spawn(self._abandon_opening(opening, workspace_id, context.user, marker))
+            self._spawn(self._abandon_opening(opening, context, marker))
             raise
         feeder: asyncio.Task[None] | None = None
         finished = False
@@ -597,19 +614,22 @@ class FileManager:
             # Once the result is in, stdin the operation never read (it failed early) is moot.
             await stream.close(discard_input=finished)
             if not finished:
-                self._spawn(self._reap(workspace_id, context.user, marker))
+                self._spawn(self._reap(context, marker))
 
-    async def _abandon_opening(
-        self, opening: asyncio.Future[ExecStream], workspace_id: str, user: str, marker: str
-    ) -> None:
+    async def _abandon_opening(self, opening: asyncio.Future[ExecStream], context: ExecContext, marker: str) -> None:
         with contextlib.suppress(Exception):
             await (await opening).close(discard_input=True)
-        await self._reap(workspace_id, user, marker)
+        await self._reap(context, marker)
 
-    async def _reap(self, workspace_id: str, user: str, marker: str) -> None:
+    async def _reap(self, context: ExecContext, marker: str) -> None:
         config = {"mode": "reap", "marker": marker, "grace_s": 0.5}
         with contextlib.suppress(SandboxdError):
-            await self.backend.exec_run(workspace_id, script_argv("supervisor.py", config, tokens=True), user=user)
+            await self.backend.exec_run(
+                context.workspace_id,
+                script_argv("supervisor.py", config, tokens=True),
+                user=context.user,
+                container_id=context.container_id,
+            )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

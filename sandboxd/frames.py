@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 __all__ = [
     "CLOSE_STDIN",
+    "ENV",
     "EXITED",
     "FAILED",
     "HEADER",
@@ -28,6 +29,7 @@ __all__ = [
     "FrameDecoder",
     "FrameError",
     "encode",
+    "encode_env",
     "encode_json",
     "encode_kill",
     "encode_resize",
@@ -42,6 +44,7 @@ STDOUT = b"1"
 STDERR = b"2"
 EXITED = b"X"
 STDIN = b"I"
+ENV = b"E"
 CLOSE_STDIN = b"C"
 SIGNAL = b"S"
 KILL = b"K"
@@ -58,6 +61,15 @@ class FrameError(Exception):
 def encode(kind: bytes, payload: bytes = b"") -> bytes:
     """Return one frame."""
     return HEADER.pack(kind, len(payload)) + payload
+
+
+def encode_env(env: Mapping[str, str]) -> bytes:
+    """Return the ``E`` frame: ``NAME``, NUL, ``VALUE``, NUL, ... (names and values hold no NUL; ``check_env``)."""
+    payload = b"".join(
+        name.encode("utf-8", "surrogateescape") + b"\0" + value.encode("utf-8", "surrogateescape") + b"\0"
+        for name, value in env.items()
+    )
+    return encode(ENV, payload)
 
 
 def encode_json(kind: bytes, obj: object) -> bytes:

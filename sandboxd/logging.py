@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, TextIO
 
 import structlog
@@ -37,17 +37,20 @@ def configure_logging(
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    if mask is not None:
-        shared.append(_masking(mask))
     renderer: structlog.types.Processor
     if use_console:
-        renderer = structlog.dev.ConsoleRenderer()
+        console = structlog.dev.ConsoleRenderer()
+        # The console renderer formats tracebacks itself: mask the finished line as well.
+        renderer = console if mask is None else _masked_output(console, mask)
     else:
         # Tracebacks as data, without local variables: those can hold commands, env and output.
         shared.append(
             structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False))
         )
         renderer = structlog.processors.JSONRenderer()
+    if mask is not None:
+        # Last, so that exception text rendered above is masked too.
+        shared.append(_masking(mask))
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
@@ -67,12 +70,26 @@ def configure_logging(
 
 
 def _masking(mask: Callable[[str], str]) -> structlog.types.Processor:
+    def masked(value: Any) -> Any:
+        if isinstance(value, str):
+            return mask(value)
+        if isinstance(value, Mapping):
+            return {key: masked(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [masked(item) for item in value]
+        return value
+
     def processor(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         for key, value in event_dict.items():
-            if isinstance(value, str):
-                event_dict[key] = mask(value)
-            elif isinstance(value, (list, tuple)):
-                event_dict[key] = [mask(item) if isinstance(item, str) else item for item in value]
+            event_dict[key] = masked(value)
         return event_dict
+
+    return processor
+
+
+def _masked_output(renderer: structlog.types.Processor, mask: Callable[[str], str]) -> structlog.types.Processor:
+    def processor(logger: Any, name: str, event_dict: MutableMapping[str, Any]) -> Any:
+        rendered = renderer(logger, name, event_dict)
+        return mask(rendered) if isinstance(rendered, str) else rendered
 
     return processor

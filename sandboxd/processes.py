@@ -15,6 +15,7 @@ import asyncio
 import builtins
 import collections
 import contextlib
+import dataclasses
 import datetime
 import enum
 import json
@@ -247,6 +248,7 @@ class ExecContext:
         env: the workspace's environment, given to every command (never to sandboxd's own tools).
         tenant: the tenant owning the workspace; only its calls may see the workspace's processes.
         secrets: resolves ``secret:NAME`` env values and masks their values in output.
+        container_id: the workspace's container; commands run in exactly it (empty: by name).
     """
 
     def __init__(
@@ -260,6 +262,7 @@ class ExecContext:
         env: Mapping[str, str] | None = None,
         tenant: str = DEFAULT_TENANT,
         secrets: SecretStore | None = None,
+        container_id: str = "",
     ) -> None:
         """Bundle the workspace facts."""
         self.workspace_id = workspace_id
@@ -270,6 +273,7 @@ class ExecContext:
         self.env = dict(env or {})
         self.tenant = tenant
         self.secrets = secrets or SecretStore("", {})
+        self.container_id = container_id
 
 
 class _State(enum.Enum):
@@ -373,7 +377,8 @@ class ProcessSession:
             "grace_s": self.settings.kill_grace_s,
             "spill_path": self.spill_path if self.spec.spill_after_bytes > 0 else "",
             "spill_after_bytes": self.spec.spill_after_bytes,
-            "env": self._env(),
+            # The environment goes over stdin: an argv is world-readable (`ps`), secrets included.
+            "env_on_stdin": True,
             "merge_stderr": self.spec.merge_stderr,
         }
         return script_argv("supervisor.py", config, tokens=True)
@@ -385,7 +390,7 @@ class ProcessSession:
     def _env(self) -> dict[str, str]:
         """The command's environment on top of the image's: defaults, workspace env, exec env, marker."""
         defaults = TTY_ENV if self.spec.tty else NON_INTERACTIVE_ENV
-        env = self.context.secrets.resolve({**self.context.env, **self.spec.env})
+        env = self.context.secrets.resolve({**self.context.env, **self.spec.env}, self.context.tenant)
         return {**defaults, **env, MARKER_ENV: self.process_id}
 
     async def start(self) -> ExecStarted:
@@ -397,7 +402,13 @@ class ProcessSession:
         """
         # The exec itself gets no caller environment: only the supervisor's child does.
         opening = asyncio.ensure_future(
-            self.backend.exec_stream(self.context.workspace_id, self._argv(), env={}, user=self.context.user)
+            self.backend.exec_stream(
+                self.context.workspace_id,
+                self._argv(),
+                env={},
+                user=self.context.user,
+                container_id=self.context.container_id,
+            )
         )
         try:
             self._stream = await asyncio.shield(opening)
@@ -406,6 +417,8 @@ class ProcessSession:
             # anyway, with nobody to see it. Let the opening finish, then end what it started.
             await asyncio.shield(self._abandon_opening(opening))
             raise
+        with contextlib.suppress(ConnectionError, OSError):  # a stream already gone ends in the pump
+            await self._stream.write(frames.encode_env(self._env()))
         self._pump_task = asyncio.create_task(self._pump(), name=f"pump-{self.process_id}")
         try:
             await self._started
@@ -416,9 +429,11 @@ class ProcessSession:
         except BaseException:
             await self.close()
             raise
-        self._state = _State.RUNNING
-        self._timer_task = asyncio.create_task(self._timeout(), name=f"timeout-{self.process_id}")
         log.info("process.started", process_id=self.process_id, workspace_id=self.context.workspace_id, pid=self.pid)
+        # A fast command may have exited (and the pump recorded it) before this resumed.
+        if self._state is _State.STARTING:
+            self._state = _State.RUNNING
+            self._timer_task = asyncio.create_task(self._timeout(), name=f"timeout-{self.process_id}")
         return ExecStarted(process_id=self.process_id, pid=self.pid, start_time=self.start_time)
 
     async def _abandon_opening(self, opening: asyncio.Future[ExecStream]) -> None:
@@ -543,6 +558,9 @@ class ProcessSession:
         return "the command's supervisor ended without an exit status (was it killed?)"
 
     def _fail_start(self, error: SandboxdError) -> None:
+        # Its text comes from the container (a command can write to its supervisor's stderr).
+        error.message = self.context.secrets.mask_text(error.message)
+        error.args = (error.message,)
         if not self._started.done():
             self._started.set_exception(error)
         self._finish(
@@ -576,7 +594,10 @@ class ProcessSession:
     def _finish(self, status: ExitStatus) -> None:
         if self.exit is not None:
             return
-        self.exit = status
+        # Messages and paths may carry text from the container: secrets never leave in them.
+        mask = self.context.secrets.mask_text
+        self.exit = dataclasses.replace(status, message=mask(status.message), spill_path=mask(status.spill_path))
+        status = self.exit
         self._state = _State.EXITED
         self._exited.set()
         if self._timer_task is not None and self._timer_task is not asyncio.current_task():
@@ -659,7 +680,9 @@ class ProcessSession:
             case InterruptPlan.PROCESS_GROUP:
                 await self._send(frames.encode_signal(int(signal.SIGINT), interrupt=True))
             case list():
-                await self.backend.exec_run(self.context.workspace_id, plan, user=self.context.user)
+                await self.backend.exec_run(
+                    self.context.workspace_id, plan, user=self.context.user, container_id=self.context.container_id
+                )
 
     async def resize(self, columns: int, rows: int) -> None:
         """Set the terminal size of a tty command (its foreground group gets SIGWINCH).
@@ -707,7 +730,10 @@ class ProcessSession:
         config = {"mode": "reap", "marker": f"{MARKER_ENV}={self.process_id}", "grace_s": grace_s}
         try:
             await self.backend.exec_run(
-                self.context.workspace_id, script_argv("supervisor.py", config, tokens=True), user=self.context.user
+                self.context.workspace_id,
+                script_argv("supervisor.py", config, tokens=True),
+                user=self.context.user,
+                container_id=self.context.container_id,
             )
         except SandboxdError as exc:
             log.warning("process.reap_failed", process_id=self.process_id, error=exc.message)
@@ -864,10 +890,18 @@ class ProcessTable:
             msg = "command and workdir must not contain NUL characters"
             raise InvalidSpecError(msg)
         check_env(spec.env, "env")
-        context.secrets.check(spec.env, "env")
+        context.secrets.check(spec.env, "env", context.tenant)
         async with self._lock:
-            while len(self._sessions) >= self.settings.max_sessions:
-                self._evict_one()
+            tenant = context.tenant
+            tenant_cap = self.settings.tenant_max_sessions or self.settings.max_sessions
+            while True:
+                mine = sum(1 for s in self._sessions.values() if s.context.tenant == tenant)
+                if mine >= tenant_cap:
+                    self._evict_one(tenant, f"tenant {tenant!r} is at its {tenant_cap} process sessions")
+                elif len(self._sessions) >= self.settings.max_sessions:
+                    self._evict_one(tenant, f"the daemon is at its {self.settings.max_sessions} process sessions")
+                else:
+                    break
             process_id = f"p-{secrets.token_hex(6)}"
             session = ProcessSession(
                 backend=self.backend,
@@ -885,9 +919,16 @@ class ProcessTable:
             raise
         return session, started
 
-    def _evict_one(self) -> None:
-        """Take a victim out of the table now; kill it in the background (never under the lock)."""
-        sessions = list(self._sessions.values())
+    def _evict_one(self, tenant: str, full: str) -> None:
+        """Take one of ``tenant``'s sessions out of the table now; kill it in the background.
+
+        Only the tenant's own sessions are candidates: one tenant's load never ends
+        another's commands (seed 000's order, within the tenant).
+
+        Raises:
+            QuotaExceededError: none of the tenant's sessions may go (all attached, or it has none).
+        """
+        sessions = [s for s in self._sessions.values() if s.context.tenant == tenant]
         exited = [s for s in sessions if not s.running]
         idle = sorted((s for s in sessions if s.running and s.idle), key=lambda s: s.last_used)
         if exited:
@@ -895,7 +936,8 @@ class ProcessTable:
         elif idle:
             victim, why = idle[0], "it was the least recently used idle session when the table was full"
         else:
-            msg = f"all {len(sessions)} process sessions are in use by active calls"
+            busy = f"all {len(sessions)} of its sessions are in use by active calls" if sessions else "it has none"
+            msg = f"{full} and none can be evicted: {busy}"
             raise QuotaExceededError(msg)
         self._sessions.pop(victim.process_id, None)
         self._remember_evicted(victim.process_id, f"was evicted: {why}", victim.context.tenant)

@@ -32,8 +32,10 @@ class SecretStore:
     """The secrets the daemon knows.
 
     Args:
-        secrets_file: JSON object ``{"NAME": "value"}``; empty for none.
-        environ: the daemon's environment (``SANDBOXD_SECRET_<NAME>`` entries count).
+        secrets_file: JSON object; each entry ``"NAME": "value"`` (any tenant may use it) or
+            ``"NAME": {"value": "...", "tenants": ["team-a"]}`` (only those tenants may); empty
+            for none. Values are masked in every tenant's output either way.
+        environ: the daemon's environment (``SANDBOXD_SECRET_<NAME>`` entries count, for all tenants).
     """
 
     def __init__(self, secrets_file: str, environ: Mapping[str, str]) -> None:
@@ -43,6 +45,8 @@ class SecretStore:
             InvalidSpecError: the secrets file cannot be read or is not a JSON object, or a
                 name is malformed or a value shorter than ``MIN_SECRET_CHARS``.
         """
+        self.tenants: dict[str, frozenset[str]] = {}
+        """Secrets kept to some tenants: name -> the tenants that may use it."""
         self.values: dict[str, str] = {
             key[len(_ENV_PREFIX) :]: value for key, value in environ.items() if key.startswith(_ENV_PREFIX) and value
         }
@@ -57,7 +61,8 @@ class SecretStore:
             if not isinstance(data, dict):
                 msg = f'the secrets file {secrets_file} must be a JSON object {{"NAME": "value"}}'
                 raise InvalidSpecError(msg)
-            self.values.update({str(k): str(v) for k, v in data.items() if v})
+            for name, entry in data.items():
+                self._load_entry(secrets_file, str(name), entry)
         for name, value in self.values.items():
             if not _NAME_RE.match(name):
                 msg = f"secret name {name!r} must be letters, digits, '_', '.' or '-', starting with a letter or '_'"
@@ -67,8 +72,33 @@ class SecretStore:
                 msg = f"secret {name!r} is shorter than {MIN_SECRET_CHARS} characters, too short to mask in output"
                 raise InvalidSpecError(msg)
 
-    def check(self, env: Mapping[str, str], field: str) -> None:
-        """Refuse references to secrets the daemon does not have.
+    def _load_entry(self, secrets_file: str, name: str, entry: object) -> None:
+        if isinstance(entry, dict):
+            value, tenants = entry.get("value"), entry.get("tenants")
+            if not isinstance(value, str) or not (
+                isinstance(tenants, list) and tenants and all(isinstance(t, str) for t in tenants)
+            ):
+                msg = (
+                    f'secret {name!r} in {secrets_file}: an object entry needs a string "value" '
+                    'and a non-empty list of tenant names in "tenants"'
+                )
+                raise InvalidSpecError(msg)
+            self.tenants[name] = frozenset(tenants)
+        elif entry:
+            value = str(entry)
+        else:
+            return
+        if value:
+            self.values[name] = value
+
+    def allowed(self, name: str, tenant: str) -> bool:
+        """Whether ``tenant`` may use the secret ``name`` (it exists and is not kept from that tenant)."""
+        return name in self.values and (name not in self.tenants or tenant in self.tenants[name])
+
+    def check(self, env: Mapping[str, str], field: str, tenant: str) -> None:
+        """Refuse references to secrets the daemon does not have, or keeps from ``tenant``.
+
+        Both read the same ("unknown secret"): a tenant learns nothing of others' secrets.
 
         Raises:
             InvalidSpecError: naming the variable and the unknown secret.
@@ -76,17 +106,17 @@ class SecretStore:
         for key, value in env.items():
             if value.startswith(REFERENCE_PREFIX):
                 name = value[len(REFERENCE_PREFIX) :]
-                if not _NAME_RE.match(name) or name not in self.values:
+                if not _NAME_RE.match(name) or not self.allowed(name, tenant):
                     msg = (
                         f"{field} {key}: unknown secret {name!r} (set it in the secrets file or SANDBOXD_SECRET_{name})"
                     )
                     raise InvalidSpecError(msg)
 
-    def resolve(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The env with every reference replaced by its value (for the command only)."""
+    def resolve(self, env: Mapping[str, str], tenant: str) -> dict[str, str]:
+        """The env with every reference ``tenant`` may use replaced by its value (for the command only)."""
         resolved = {}
         for key, value in env.items():
-            if value.startswith(REFERENCE_PREFIX) and value[len(REFERENCE_PREFIX) :] in self.values:
+            if value.startswith(REFERENCE_PREFIX) and self.allowed(value[len(REFERENCE_PREFIX) :], tenant):
                 resolved[key] = self.values[value[len(REFERENCE_PREFIX) :]]
             else:
                 resolved[key] = value

@@ -131,6 +131,10 @@ class Settings:
     tenant_max_memory_bytes: int = 0
     """Most memory, summed over one tenant's workspace limits, in bytes; 0 means no limit."""
 
+    tenant_max_sessions: int = 0
+    """Live process sessions per tenant; 0 means ``max_sessions``. Eviction only ever picks the
+    starting tenant's own sessions, so with several tenants keep their sum within ``max_sessions``."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: object) -> Settings:
         """Build settings from ``SANDBOXD_*`` variables in ``environ``, then ``overrides``.

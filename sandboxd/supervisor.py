@@ -35,6 +35,9 @@ Supervisor -> daemon (stdout):
     alive; ``spill_path`` is set when the output passed ``spill_after_bytes`` and
     was copied, whole, to that file).
 Daemon -> supervisor (stdin):
+    ``E`` the command's environment, ``NAME\0VALUE\0...``: the first frame, sent
+    before anything else when the config says ``env_on_stdin 1``, so values
+    (secrets among them) never appear in an argv that ``ps`` shows;
     ``I`` bytes for the command's stdin; ``C`` close its stdin; ``S`` signal the
     process group, ``"NUMBER,INTERRUPT"`` (signal 0 only marks a Ctrl-C); ``K``
     kill the whole tree, ``"GRACE_SECONDS"``; ``W`` terminal size ``"COLUMNS,ROWS"``.
@@ -57,6 +60,7 @@ HEADER = struct.Struct(">cI")
 READ_SIZE = 65536
 MAX_PENDING_INPUT = 16 * 1024 * 1024
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
 _CATCHABLE = [s for s in range(1, 65) if s not in (signal.SIGKILL, signal.SIGSTOP)]
 _OOM_FILES = ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events")
 
@@ -114,14 +118,48 @@ def oom_kill_count():
 
 
 def set_subreaper():
-    """Make orphaned descendants reparent to this process; best effort."""
+    """Make orphaned descendants reparent to this process and shield it from them; best effort.
+
+    Not dumpable: the command runs as the same user, and could otherwise open
+    ``/proc/$PPID/fd/1`` to forge frames to the daemon, or read the environment
+    (secrets included) out of this process. ``execve`` makes the command dumpable
+    again, so its own tools (``ps``, ``gdb`` on its children) are unaffected.
+    """
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     except Exception:  # noqa: BLE001 - no ctypes or no prctl: marker scan still works
         pass
+
+
+def read_exact(fd, size):
+    """Read exactly ``size`` bytes from a blocking fd; None at end of file first."""
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def read_env_frame(fd):
+    """The ``E`` frame that opens stdin, as a dict; None when stdin ends or says something else."""
+    head = read_exact(fd, HEADER.size)
+    if head is None:
+        return None
+    kind, size = HEADER.unpack(head)
+    payload = read_exact(fd, size)
+    if kind != b"E" or payload is None:
+        return None
+    fields = payload.split(b"\0")[:-1]
+    return {
+        name.decode("utf-8", "surrogateescape"): value.decode("utf-8", "surrogateescape")
+        for name, value in zip(fields[0::2], fields[1::2])
+    }
 
 
 def process_table():
@@ -309,6 +347,7 @@ class Supervisor:
         self.env = dict(os.environ)
         self.env.update(env)
         self.merge_stderr = config.get("merge_stderr") == "1"
+        self.env_on_stdin = config.get("env_on_stdin") == "1"
         self.last_input = b"\n"
 
     # -- frames -----------------------------------------------------------
@@ -558,6 +597,14 @@ class Supervisor:
     # -- main loop ----------------------------------------------------------
     def run(self):
         set_subreaper()
+        if self.env_on_stdin:
+            env = read_env_frame(0)
+            if env is None:
+                self.send_json(
+                    b"F", {"stage": "env", "errno": 0, "message": "the daemon never sent the command's environment"}
+                )
+                return 0
+            self.env.update(env)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_IGN)
         # A SIGCHLD wakes select() at once, so an exit is seen without polling.

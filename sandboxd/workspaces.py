@@ -16,7 +16,7 @@ import posixpath
 import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import structlog
@@ -28,6 +28,7 @@ from .errors import (
     InvalidSpecError,
     QuotaExceededError,
     SandboxdError,
+    WorkspaceExistsError,
     WorkspaceNotFoundError,
     WorkspaceNotRunningError,
 )
@@ -194,6 +195,11 @@ class WorkspaceManager:
         self.secrets = secrets or SecretStore("", {})
         self._contexts: dict[str, ExecContext] = {}
         self._activity: dict[str, float] = {}
+        self._busy: dict[str, int] = {}
+        self._quota_lock = asyncio.Lock()
+        self._reserved: dict[str, builtins.list[int]] = {}
+        """Memory limits of each tenant's creates in flight, counted against its quota."""
+        self._creating_ids: set[str] = set()
         self._started = time.monotonic()
 
     def touch(self, workspace_id: str) -> None:
@@ -223,7 +229,7 @@ class WorkspaceManager:
                 msg = f"label key {key!r} is not valid (letters, digits, '.', '_', '/', '-'; at most 128)"
                 raise InvalidSpecError(msg)
         check_env(spec.env, "env")
-        self.secrets.check(spec.env, "env")
+        self.secrets.check(spec.env, "env", current_tenant())
         limits = spec.limits
         for name, value in (
             ("memory_bytes", limits.memory_bytes),
@@ -311,7 +317,26 @@ class WorkspaceManager:
             check_workspace_id(workspace_id)
         resolved = self.resolve(spec)
         tenant = current_tenant()
-        await self._check_quota(tenant, resolved.limits.memory_bytes)
+        workspace_id = workspace_id or f"ws-{secrets.token_hex(6)}"
+        if workspace_id in self._creating_ids:
+            # Two concurrent creates of one id: the second must neither wait nor undo the first.
+            msg = f"workspace {workspace_id!r} already exists"
+            raise WorkspaceExistsError(msg)
+        memory = resolved.limits.memory_bytes
+        async with self._quota_lock:  # concurrent creates must not all pass one quota
+            await self._check_quota(tenant, memory)
+            self._creating_ids.add(workspace_id)
+            self._reserved.setdefault(tenant, []).append(memory)
+        try:
+            return await self._create(resolved, workspace_id, tenant)
+        finally:
+            self._creating_ids.discard(workspace_id)
+            self._reserved[tenant].remove(memory)
+            if not self._reserved[tenant]:
+                del self._reserved[tenant]
+
+    async def _create(self, resolved: WorkspaceSpec, workspace_id: str, tenant: str) -> Workspace:
+        self._contexts.pop(workspace_id, None)  # an earlier workspace of that id, removed behind our back
         image = await self.backend.image_info(resolved.image)
         if image is None:
             if resolved.image == self.settings.default_image:
@@ -328,7 +353,6 @@ class WorkspaceManager:
             image.user if image.user.split(":")[0] not in {"", "root", "0"} else FALLBACK_USER
         )
         resolved = dataclasses.replace(resolved, security=dataclasses.replace(resolved.security, user=user))
-        workspace_id = workspace_id or f"ws-{secrets.token_hex(6)}"
         info = await self.backend.create_container(
             ContainerSpec(
                 workspace_id=workspace_id,
@@ -360,10 +384,11 @@ class WorkspaceManager:
         if not (s.tenant_max_workspaces or s.tenant_max_memory_bytes):
             return
         mine = [self._workspace(i) for i in await self.backend.list_containers({LABEL_TENANT: tenant})]
-        if s.tenant_max_workspaces and len(mine) >= s.tenant_max_workspaces:
-            msg = f"tenant {tenant!r} already has {len(mine)} workspaces, its limit"
+        creating = self._reserved.get(tenant, [])
+        if s.tenant_max_workspaces and len(mine) + len(creating) >= s.tenant_max_workspaces:
+            msg = f"tenant {tenant!r} already has {len(mine) + len(creating)} workspaces, its limit"
             raise QuotaExceededError(msg)
-        used = sum(w.spec.limits.memory_bytes for w in mine)
+        used = sum(w.spec.limits.memory_bytes for w in mine) + sum(creating)
         if s.tenant_max_memory_bytes and used + memory_bytes > s.tenant_max_memory_bytes:
             msg = (
                 f"tenant {tenant!r} would use {used + memory_bytes} bytes of memory limits, "
@@ -415,36 +440,51 @@ class WorkspaceManager:
             raise WorkspaceNotFoundError(msg)
 
     async def reap_idle(self, audit: AuditLog | None = None) -> builtins.list[str]:
-        """Remove every workspace idle past its TTL (no call, no running command); return their ids."""
+        """Remove every workspace idle past its TTL (no call in flight, none for TTL, no running command).
+
+        Returns:
+            The ids removed.
+        """
         now = time.monotonic()
         removed = []
-        for info in await self.backend.list_containers({}):
-            if LABEL_SPEC not in info.labels:
+        # Every second: one listing, no per-container inspect.
+        for workspace_id, labels in (await self.backend.container_labels()).items():
+            if LABEL_SPEC not in labels or self._busy.get(workspace_id):
                 continue
-            ttl = spec_from_json(info.labels[LABEL_SPEC]).idle_ttl_s or 0
-            sessions = self.processes.list(info.workspace_id)
+            ttl = spec_from_json(labels[LABEL_SPEC]).idle_ttl_s or 0
+            sessions = self.processes.list(workspace_id)
             if ttl <= 0 or any(s.running for s in sessions):
                 continue
-            last = max([self._activity.get(info.workspace_id, self._started), *(s.last_used for s in sessions)])
-            idle = now - last
-            if idle < ttl:
+            last = max([self._activity.get(workspace_id, self._started), *(s.last_used for s in sessions)])
+            if now - last < ttl:
                 continue
             with contextlib.suppress(WorkspaceNotFoundError):
-                await self._remove(info.workspace_id, f"its workspace was idle for {ttl:g} s and was removed")
-            removed.append(info.workspace_id)
-            tenant = info.labels.get(LABEL_TENANT, DEFAULT_TENANT)
-            log.info("workspace.reaped", workspace_id=info.workspace_id, idle_ttl_s=ttl, tenant=tenant)
+                await self._remove(workspace_id, f"its workspace was idle for {ttl:g} s and was removed")
+            removed.append(workspace_id)
+            tenant = labels.get(LABEL_TENANT, DEFAULT_TENANT)
+            log.info("workspace.reaped", workspace_id=workspace_id, idle_ttl_s=ttl, tenant=tenant)
             if audit is not None:
-                audit.event(
-                    "workspace.reaped", workspace_id=info.workspace_id, tenant=tenant, reason=f"idle for {ttl:g} s"
-                )
+                audit.event("workspace.reaped", workspace_id=workspace_id, tenant=tenant, reason=f"idle for {ttl:g} s")
         return removed
 
-    async def adopt(self) -> builtins.list[str]:
+    @contextlib.asynccontextmanager
+    async def in_use(self, workspace_id: str) -> AsyncIterator[None]:
+        """Mark a call on the workspace as in flight: the idle reaper leaves it alone until it ends."""
+        self._busy[workspace_id] = self._busy.get(workspace_id, 0) + 1
+        try:
+            yield
+        finally:
+            self._busy[workspace_id] -= 1
+            if not self._busy[workspace_id]:
+                del self._busy[workspace_id]
+            self.touch(workspace_id)
+
+    async def adopt(self, audit: AuditLog | None = None) -> builtins.list[str]:
         """Take over the workspaces of an earlier run; return their ids.
 
         Nothing is kept outside Docker, so adoption is reading the labels, plus
-        ending the commands that earlier run left behind (see ``ProcessTable.end_lost``).
+        ending the commands that earlier run left behind (see ``ProcessTable.end_lost``),
+        each of which gets a ``process.lost`` line in ``audit``.
         """
         infos = [info for info in await self.backend.list_containers({}) if LABEL_SPEC in info.labels]
         gate = asyncio.Semaphore(8)
@@ -454,12 +494,21 @@ class WorkspaceManager:
                 return
             user = spec_from_json(info.labels[LABEL_SPEC]).security.user or FALLBACK_USER
             async with gate:
+                tenant = info.labels.get(LABEL_TENANT, DEFAULT_TENANT)
                 try:
-                    await self.processes.end_lost(
-                        info.workspace_id, user=user, tenant=info.labels.get(LABEL_TENANT, DEFAULT_TENANT)
-                    )
+                    lost = await self.processes.end_lost(info.workspace_id, user=user, tenant=tenant)
                 except SandboxdError as exc:
                     log.warning("workspace.adopt_failed", workspace_id=info.workspace_id, error=exc.message)
+                    return
+            for process_id in lost:
+                if audit is not None:
+                    audit.event(
+                        "process.lost",
+                        workspace_id=info.workspace_id,
+                        process_id=process_id,
+                        tenant=tenant,
+                        reason="the daemon restarted while it ran; it was ended",
+                    )
 
         await asyncio.gather(*(end_lost(info) for info in infos))
         return [info.workspace_id for info in infos]
@@ -493,6 +542,7 @@ class WorkspaceManager:
             env=workspace.spec.env,
             tenant=info.labels.get(LABEL_TENANT, DEFAULT_TENANT),
             secrets=self.secrets,
+            container_id=info.container_id,
         )
         self._contexts[workspace_id] = context
         self.touch(workspace_id)

@@ -198,25 +198,29 @@ class StreamRedactor(Generic[AnyStr]):
             return text
         return self._pattern.sub(lambda match: self._masks[match.group()], text)
 
-    def _partial(self, text: AnyStr) -> AnyStr:
-        """The longest tail of ``text`` that begins some secret: only it must wait for more."""
+    def _partial(self, text: AnyStr) -> int:
+        """Length of the longest tail of ``text`` that some secret continues: only it must wait for more."""
         for size in range(min(self.holdback, len(text)), 0, -1):
             tail = text[-size:]
-            if any(value.startswith(tail) for value in self._masks):
-                return tail
-        return self._empty
+            if any(len(value) > size and value.startswith(tail) for value in self._masks):
+                return size
+        return 0
 
     def _scan(self, text: AnyStr, *, final: bool) -> AnyStr:
         assert self._pattern is not None
+        cut = len(text) if final else len(text) - self._partial(text)
         out: list[AnyStr] = []
         position = 0
         for match in self._pattern.finditer(text):
+            if match.end() > cut:
+                # A shorter secret inside what may yet become a longer one (a password inside a
+                # URL that holds it): wait, or the longer one's other parts would go out unmasked.
+                cut = min(cut, match.start())
+                break
             out += [text[position : match.start()], self._masks[match.group()]]
             position = match.end()
-        rest = text[position:]
-        keep = self._empty if final else self._partial(rest)
-        out.append(rest[: len(rest) - len(keep)])
-        self._pending = keep
+        out.append(text[position:cut])
+        self._pending = text[cut:]
         return self._empty.join(out)
 
     def feed(self, text: AnyStr) -> AnyStr:

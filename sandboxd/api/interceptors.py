@@ -103,12 +103,15 @@ def _begin(context: Context, call: _Call, request: Any) -> tuple[float, contextv
     start_audit(call.method, context.peer())
     if call.audit is not None:
         _audit_request(request)  # before authenticating: refused attempts are audited too
-    if call.authenticator is None:
-        return time.monotonic(), None
-    tenant = call.authenticator.tenant(metadata)
-    structlog.contextvars.bind_contextvars(tenant=tenant)
-    set_audit_tenant(tenant)
-    return time.monotonic(), tenant_scope(tenant)
+    scope = None
+    if call.authenticator is not None:
+        tenant = call.authenticator.tenant(metadata)
+        structlog.contextvars.bind_contextvars(tenant=tenant)
+        set_audit_tenant(tenant)
+        scope = tenant_scope(tenant)
+    if call.audit is not None and call.method.endswith("/CreateWorkspace"):
+        call.audit.begin()  # a crash mid-create still leaves the attempt on record
+    return time.monotonic(), scope
 
 
 _AUDITED_REQUEST_FIELDS = (
@@ -214,6 +217,8 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Ca
             async for response in behavior(request, context):
                 if call.audit is not None:
                     _audit_response(response)
+                    if call.method.endswith("/Exec") and response.HasField("started"):
+                        call.audit.begin()  # the command runs now, whatever becomes of this call
                 yield response
         except asyncio.CancelledError:
             _finish(start, grpc.StatusCode.CANCELLED, call)

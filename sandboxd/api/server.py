@@ -172,7 +172,7 @@ async def start(settings: Settings, backend: Backend, *, environ: Mapping[str, s
         orphans = await backend.remove_orphans()
         if orphans:
             log.warning("daemon.orphans_removed", names=orphans)
-        log.info("daemon.adopted", workspaces=await workspaces.adopt())
+        log.info("daemon.adopted", workspaces=await workspaces.adopt(audit))
     except SandboxdError as exc:
         # The engine may be down now and back later: serve anyway, calls get UNAVAILABLE meanwhile.
         log.error("daemon.adopt_failed", error=exc.message)  # noqa: TRY400

@@ -159,6 +159,10 @@ class Backend(Protocol):
         """Return this daemon's workspace containers carrying every label in ``labels``."""
         ...
 
+    async def container_labels(self) -> Mapping[str, Mapping[str, str]]:
+        """Labels of each of this daemon's workspace containers, by workspace id (one cheap listing)."""
+        ...
+
     async def volume_labels(self, workspace_id: str) -> Mapping[str, str] | None:
         """Labels of a workspace's volume, or None when there is none."""
         ...
@@ -182,8 +186,12 @@ class Backend(Protocol):
         *,
         env: Mapping[str, str],
         user: str,
+        container_id: str = "",
     ) -> ExecStream:
         """Start ``argv`` in the container with stdin attached and return its stream.
+
+        ``container_id``, when given, pins the exact container: a workspace of the same id
+        created since (after this one was removed behind the daemon's back) is never entered.
 
         Raises:
             WorkspaceNotFoundError: the container is gone.
@@ -191,8 +199,10 @@ class Backend(Protocol):
         """
         ...
 
-    async def exec_run(self, workspace_id: str, argv: Sequence[str], *, user: str) -> tuple[int, bytes]:
-        """Run ``argv`` to completion and return ``(exit_code, stdout + stderr)``."""
+    async def exec_run(
+        self, workspace_id: str, argv: Sequence[str], *, user: str, container_id: str = ""
+    ) -> tuple[int, bytes]:
+        """Run ``argv`` to completion and return ``(exit_code, stdout + stderr)`` (``container_id`` as above)."""
         ...
 
     async def close(self) -> None:

@@ -271,6 +271,17 @@ class DockerBackend:
         if existing:
             msg = f"workspace {spec.workspace_id!r} already exists"
             raise WorkspaceExistsError(msg)
+        try:
+            await self._call(api.inspect_volume, name, idempotent=True)
+        except docker.errors.NotFound:
+            pass
+        else:
+            # A volume with no container: its workspace was removed behind the daemon's back.
+            # The engine would hand it, files and all, to the new workspace (perhaps another
+            # tenant's): it goes first.
+            log.warning("workspace.leftover_volume_removed", workspace_id=spec.workspace_id)
+            with contextlib.suppress(docker.errors.NotFound):
+                await self._call(api.remove_volume, name, force=True, idempotent=True)
         host_config = api.create_host_config(
             init=True,
             mounts=[Mount(target=WORKSPACE_MOUNT, source=name, type="volume")],
@@ -321,10 +332,11 @@ class DockerBackend:
             await self.remove_container(spec.workspace_id)
             raise self._translate(docker.errors.APIError(str(exc))) from exc
         except BackendError as exc:
-            await self.remove_container(spec.workspace_id)
             if "Conflict" in exc.message or "already in use" in exc.message:
+                # Another create of this name won the race: what exists is its workspace.
                 msg = f"workspace {spec.workspace_id!r} already exists"
                 raise WorkspaceExistsError(msg) from exc
+            await self.remove_container(spec.workspace_id)
             msg = f"the Docker engine rejected the workspace: {exc.message}"
             raise InvalidSpecError(msg) from exc
         except BaseException:
@@ -358,6 +370,13 @@ class DockerBackend:
                 continue  # removed between the listing and the inspection
             infos.append(self._info(attrs))
         return sorted(infos, key=lambda info: info.create_time)
+
+    async def container_labels(self) -> Mapping[str, Mapping[str, str]]:
+        """Labels of each workspace container, by workspace id, from the listing alone (no inspects)."""
+        filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
+        listed = await self._call(self._api().containers, all=True, filters=filters, idempotent=True)
+        labelled = ((summary.get("Labels") or {}) for summary in listed)
+        return {labels[LABEL_WORKSPACE]: labels for labels in labelled if labels.get(LABEL_WORKSPACE)}
 
     async def volume_labels(self, workspace_id: str) -> Mapping[str, str] | None:
         """Labels of the workspace's volume, or None when there is none (or it is not ours)."""
@@ -413,9 +432,10 @@ class DockerBackend:
         *,
         env: Mapping[str, str],
         user: str,
+        container_id: str = "",
     ) -> DockerExecStream:
         """Start ``argv`` with stdin attached; return the raw multiplexed stream."""
-        exec_id = await self._exec_create(workspace_id, argv, env=env, user=user, stdin=True)
+        exec_id = await self._exec_create(workspace_id, argv, env=env, user=user, stdin=True, container_id=container_id)
         reader, writer = await self._connect()
         body = json.dumps({"Detach": False, "Tty": False}).encode()
         request = (
@@ -452,20 +472,29 @@ class DockerBackend:
         code = inspected.get("ExitCode")
         return None if code is None else int(code)
 
-    async def exec_run(self, workspace_id: str, argv: Sequence[str], *, user: str) -> tuple[int, bytes]:
+    async def exec_run(
+        self, workspace_id: str, argv: Sequence[str], *, user: str, container_id: str = ""
+    ) -> tuple[int, bytes]:
         """Run ``argv`` to completion; return ``(exit_code, stdout + stderr)``."""
-        exec_id = await self._exec_create(workspace_id, argv, env={}, user=user, stdin=False)
+        exec_id = await self._exec_create(workspace_id, argv, env={}, user=user, stdin=False, container_id=container_id)
         output = await self._call(self._api().exec_start, exec_id)
         inspected = await self._call(self._api().exec_inspect, exec_id, idempotent=True)
         return int(inspected.get("ExitCode") or 0), output
 
     async def _exec_create(
-        self, workspace_id: str, argv: Sequence[str], *, env: Mapping[str, str], user: str, stdin: bool
+        self,
+        workspace_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        user: str,
+        stdin: bool,
+        container_id: str,
     ) -> str:
         try:
             created = await self._call(
                 self._api().exec_create,
-                self._name(workspace_id),
+                container_id or self._name(workspace_id),
                 list(argv),
                 stdin=stdin,
                 stdout=True,

@@ -406,3 +406,15 @@ class TestSessions:
         assert listed[running].command == "sleep 50"
         assert any(not p.running and p.exited and p.exited.exit_code == 0 for p in listed.values())
         await client.kill(running)
+
+    async def test_fast_commands_are_listed_as_exited(self, client, workspace) -> None:
+        """A command that exits before its start is acknowledged is never listed as running."""
+        finished = set()
+        for _ in range(12):
+            result = await workspace.exec("true").wait()
+            assert result.exit_code == 0
+            finished.add(result.process_id)
+        listed = {p.process_id: p for p in await client.list_processes(workspace.workspace_id)}
+        still_running = [pid for pid in finished if listed[pid].running]
+        assert still_running == []
+        assert {listed[pid].exited.exit_code for pid in finished} == {0}

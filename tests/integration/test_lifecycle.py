@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
+import io
 import json
 import os
 import signal
 import socket
+import tarfile
 import threading
 import time
 import warnings
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -76,6 +80,40 @@ class TestIdleTtl:
         finally:
             thread.stop()
 
+    async def test_file_call_in_flight_keeps_a_workspace(self, tmp_path: Path, default_image: str) -> None:
+        """An upload trickling in for 3 s on a 1 s TTL finishes; the TTL runs again only after it."""
+        payload = io.BytesIO()
+        with tarfile.open(fileobj=payload, mode="w") as tar:
+            data = b"slow but complete\n" * 4096
+            entry = tarfile.TarInfo("slow.txt")
+            entry.size = len(data)
+            tar.addfile(entry, io.BytesIO(data))
+        archive = payload.getvalue()
+
+        async def trickle() -> AsyncIterator[bytes]:
+            step = len(archive) // 4 + 1
+            for start in range(0, len(archive), step):
+                yield archive[start : start + step]
+                await asyncio.sleep(0.8)
+
+        thread = DaemonThread(make_settings(tmp_path)).start()
+        try:
+            async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+                ws = await client.create_workspace(idle_ttl_s=1)
+                try:
+                    assert await ws.client.upload(ws.workspace_id, "/workspace", trickle()) == 1
+                    result = await ws.exec("sha256sum < /workspace/slow.txt").wait()
+                    assert result.stdout.split()[0] == hashlib.sha256(data).hexdigest()
+                    deadline = time.monotonic() + 6
+                    while ws.workspace_id in {w.workspace_id for w in await client.list_workspaces()}:
+                        assert time.monotonic() < deadline, "the workspace was never reaped after the call"
+                        await asyncio.sleep(0.25)
+                finally:
+                    with contextlib.suppress(NotFoundError):
+                        await ws.delete()
+        finally:
+            thread.stop()
+
 
 def _docker():  # type: ignore[no-untyped-def]
     import docker
@@ -134,6 +172,13 @@ class TestRestart:
             asyncio.run(after(socket_path))
         assert "daemon.orphans_removed" in log.read_text()
         client_docker.close()
+        audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+        lost = [e for e in audit if e.get("event") == "process.lost"]
+        assert [(e["process_id"], e["workspace_id"], e["tenant"]) for e in lost] == [
+            (process_id, workspace_id, "default")
+        ]
+        # The first run died before its Exec call's final line: the line written ahead is there.
+        assert any(e.get("phase") == "begin" and e.get("process_id") == process_id for e in audit)
 
 
 class _EngineProxy:

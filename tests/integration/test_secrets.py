@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -114,6 +115,47 @@ async def test_exec_env_reference_and_unknown_one(secret_client) -> None:  # typ
         assert (await ws.exec('echo "$T"', env={"T": "secret:demo"}).wait()).stdout == "[REDACTED:demo]\n"
         with pytest.raises(InvalidArgumentError, match="env T: unknown secret 'missing'"):
             await ws.exec("true", env={"T": "secret:missing"}).wait()
+    finally:
+        await ws.delete()
+
+
+async def test_no_argv_holds_a_value_in_the_workspace_or_on_the_host(secret_client) -> None:  # type: ignore[no-untyped-def]
+    """`ps` shows every argv to every user: the value must be in none (it goes over stdin)."""
+    ws = await secret_client.create_workspace(env={"TOKEN": "secret:demo"})
+    try:
+        running = await ws.exec("sleep 30", yield_after_s=0.5).wait()
+        assert running.running
+        # Inside: any argv holding the value would come back masked.
+        listing = await ws.exec("ps -eo args --no-headers; cat /proc/[0-9]*/cmdline | tr '\\0' ' '").wait()
+        assert "sleep 30" in listing.stdout
+        assert "REDACTED" not in listing.stdout
+        # On the host, where the engine runs containers' processes (nothing is masked there).
+        host = b""
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                host += cmdline.read_bytes()
+        assert DEMO.encode() not in host
+        await secret_client.kill(running.process_id)
+    finally:
+        await ws.delete()
+
+
+async def test_a_command_cannot_reach_its_supervisor(secret_client) -> None:  # type: ignore[no-untyped-def]
+    """The supervisor is not dumpable: the command can neither write to its pipes nor read its memory."""
+    ws = await secret_client.create_workspace(env={"TOKEN": "secret:demo"})
+    try:
+        probe = (
+            '(echo "leak:$TOKEN" > /proc/$PPID/fd/2) 2>/dev/null; echo "fd2=$?"; '
+            "(printf 'X\\0\\0\\0\\2{}' > /proc/$PPID/fd/1) 2>/dev/null; echo \"fd1=$?\"; "
+            '(cat /proc/$PPID/environ > /dev/null) 2>/dev/null; echo "environ=$?"; '
+            "sleep 0.5; kill -9 $PPID"
+        )
+        result = await ws.exec(probe).wait()
+        assert result.stdout == "fd2=1\nfd1=1\nenviron=1\n"
+        # Killing the supervisor is possible; what the daemon says about it carries no value.
+        assert result.stop_reason == "failed"
+        assert DEMO not in result.message
+        assert "leak:" not in result.message
     finally:
         await ws.delete()
 

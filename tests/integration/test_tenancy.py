@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from sandboxd_client import (
+    AlreadyExistsError,
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
@@ -153,6 +155,129 @@ class TestIsolation:
                 for ws in made:
                     await ws.delete()
 
+    async def test_concurrent_creates_cannot_pass_the_quota_together(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        """Six creates at once against a limit of two: exactly two workspaces, four RESOURCE_EXHAUSTED."""
+        thread, token_a, _b, _audit_path = tenants
+        async with _client(thread, token_a) as a:
+            results = await asyncio.gather(*(a.create_workspace() for _ in range(6)), return_exceptions=True)
+            made = [r for r in results if not isinstance(r, BaseException)]
+            try:
+                refused = [r for r in results if isinstance(r, ResourceExhaustedError)]
+                assert (len(made), len(refused)) == (2, 4), results
+                assert len(await a.list_workspaces()) == 2
+            finally:
+                for ws in made:
+                    await ws.delete()
+
+    async def test_concurrent_creates_of_one_id_leave_the_winner_intact(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        thread, token_a, token_b, _audit_path = tenants
+        async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+            results = await asyncio.gather(
+                a.create_workspace(workspace_id="race-1"),
+                b.create_workspace(workspace_id="race-1"),
+                return_exceptions=True,
+            )
+            made = [r for r in results if not isinstance(r, BaseException)]
+            assert len(made) == 1, results
+            assert [type(r) for r in results if isinstance(r, BaseException)] == [AlreadyExistsError]
+            try:
+                assert (await made[0].exec("echo alive").wait()).stdout == "alive\n"
+            finally:
+                await made[0].delete()
+
+    async def test_workspace_removed_behind_the_daemon_and_its_id_reused(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        """A's container is removed outside sandboxd; B then creates the same id.
+
+        A must not reach B's new workspace through anything it held, and B must not
+        inherit A's files from the volume the removal left behind.
+        """
+        thread, token_a, token_b, _audit_path = tenants
+        name = f"sandboxd-{thread.settings.instance}-reused-1"
+        async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+            ws_a = await a.create_workspace(workspace_id="reused-1")
+            await ws_a.write_file("/workspace/a.txt", "team a's file\n")
+            assert (await ws_a.exec("true").wait()).exit_code == 0  # the daemon now knows the workspace
+            subprocess.run(["docker", "rm", "-f", name], check=True, capture_output=True)
+            ws_b = await b.create_workspace(workspace_id="reused-1")
+            try:
+                listing = await ws_b.exec("ls -A /workspace").wait()
+                assert listing.stdout == ""
+                expected = "workspace 'reused-1' not found"
+                for attempt in (
+                    lambda: a.exec("reused-1", "touch /workspace/from-a").wait(),
+                    lambda: a.read_file("reused-1", "/workspace/a.txt"),
+                    lambda: a.write_file("reused-1", "/workspace/from-a", "x"),
+                    lambda: a.delete_workspace("reused-1"),
+                ):
+                    with pytest.raises(NotFoundError) as caught:
+                        await attempt()
+                    assert caught.value.message == expected
+                assert (await ws_b.exec("ls -A /workspace").wait()).stdout == ""
+            finally:
+                await ws_b.delete()
+
+    async def test_session_eviction_stays_within_the_tenant(self, tmp_path: Path, default_image: str) -> None:
+        """Daemon cap 3, tenant cap 2: B's and C's load never ends A's background commands."""
+        tokens = tmp_path / "tokens.json"
+        token_a, token_b, token_c = (create_token(tokens, name) for name in ("team-a", "team-b", "team-c"))
+        thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens), max_sessions=3, tenant_max_sessions=2))
+        thread.start()
+        try:
+            async with _client(thread, token_a) as a, _client(thread, token_b) as b, _client(thread, token_c) as c:
+                ws_a, ws_b, ws_c = (await a.create_workspace(), await b.create_workspace(), await c.create_workspace())
+                a_first = await start_yielded(ws_a, "sleep 300")
+                a_second = await start_yielded(ws_a, "sleep 300")
+                b_first = await start_yielded(ws_b, "sleep 300")
+                # The daemon is full: B's new command evicts B's own idle one, never A's.
+                b_second = await start_yielded(ws_b, "sleep 300")
+                with pytest.raises(NotFoundError, match="was evicted"):
+                    await b.input(b_first, "").wait()
+                # C has nothing to give up: refused, and nobody else pays for it.
+                with pytest.raises(ResourceExhaustedError, match="daemon is at its 3 process sessions"):
+                    await ws_c.exec("true").wait()
+                assert sorted(p.process_id for p in await a.list_processes(ws_a.workspace_id) if p.running) == sorted(
+                    [a_first, a_second]
+                )
+                # A at its own cap of 2 evicts its least recently used one.
+                await a.input(a_first, "", yield_after_s=0.25).wait()
+                await start_yielded(ws_a, "sleep 300")
+                with pytest.raises(NotFoundError, match="was evicted"):
+                    await a.input(a_second, "").wait()
+                assert [p.running for p in await b.list_processes(ws_b.workspace_id)] == [True]
+                assert (await b.input(b_second, "", yield_after_s=0.25).wait()).running
+                for ws in (ws_a, ws_b, ws_c):
+                    await ws.delete()
+        finally:
+            thread.stop()
+
+    async def test_a_secret_kept_to_one_tenant(self, tmp_path: Path, default_image: str) -> None:
+        tokens = tmp_path / "tokens.json"
+        token_a, token_b = create_token(tokens, "team-a"), create_token(tokens, "team-b")
+        secrets_file = tmp_path / "secrets.json"
+        secrets_file.write_text(json.dumps({"db": {"value": "team-a-db-pw", "tenants": ["team-a"]}}))
+        thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens), secrets_file=str(secrets_file)))
+        thread.start()
+        try:
+            async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+                with pytest.raises(InvalidArgumentError, match="env PW: unknown secret 'db'"):
+                    await b.create_workspace(env={"PW": "secret:db"})
+                ws_b = await b.create_workspace()
+                try:
+                    with pytest.raises(InvalidArgumentError, match="env PW: unknown secret 'db'"):
+                        await ws_b.exec("true", env={"PW": "secret:db"}).wait()
+                    # B cannot use it, and cannot print it either.
+                    assert (await ws_b.exec("echo team-a-db-pw").wait()).stdout == "[REDACTED:db]\n"
+                finally:
+                    await ws_b.delete()
+                ws_a = await a.create_workspace(env={"PW": "secret:db"})
+                try:
+                    proof = await ws_a.exec('[ "$PW" = team-a-db-pw ] && echo same').wait()
+                    assert proof.stdout == "same\n"
+                finally:
+                    await ws_a.delete()
+        finally:
+            thread.stop()
+
     async def test_memory_quota(self, tenants) -> None:  # type: ignore[no-untyped-def]
         thread, token_a, _b, _audit_path = tenants
         async with _client(thread, token_a) as a:
@@ -176,7 +301,15 @@ class TestAudit:
         async with _client(thread, None) as anonymous:
             with pytest.raises(UnauthenticatedError):
                 await anonymous.delete_workspace(ws.workspace_id)
-        mine = [e for e in _audit(audit_path) if e.get("workspace_id") == ws.workspace_id]
+        entries = _audit(audit_path)
+        about = [e for e in entries if e.get("workspace_id") == ws.workspace_id]
+        # Written ahead, so a crash of the daemon mid-call still leaves the command on record.
+        begins = [e for e in about if e.get("phase") == "begin"]
+        assert [(e["rpc"], e["command"], e["tenant"]) for e in begins] == [("Exec", "exit 3", "team-a")]
+        assert about.index(begins[0]) < next(i for i, e in enumerate(about) if e["rpc"] == "Exec" and "code" in e)
+        assert any(e.get("phase") == "begin" and e["rpc"] == "CreateWorkspace" for e in entries)
+        mine = [e for e in about if "phase" not in e]
+        assert begins[0]["process_id"] == next(e["process_id"] for e in mine if e["rpc"] == "Exec")
         assert [e["rpc"] for e in mine] == [
             "CreateWorkspace",
             "Exec",

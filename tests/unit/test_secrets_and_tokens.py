@@ -26,6 +26,16 @@ def test_every_split_point_is_masked(cut: int) -> None:
     assert _run(BytesRedactor(VALUES), [text[:cut], text[cut:]]) == expected
 
 
+@pytest.mark.parametrize("cut", range(1, 38))
+def test_a_secret_inside_a_longer_one_never_unmasks_the_longer_one(cut: int) -> None:
+    """The password inside the URL ends before the URL does: at no split may the URL's rest go out."""
+    values = {"DB_PW": "hunter2pw", "DB_URL": "postgres://app:hunter2pw@db:5432/x"}
+    text = b"url=postgres://app:hunter2pw@db:5432/x; pw=hunter2pw."
+    expected = b"url=[REDACTED:DB_URL]; pw=[REDACTED:DB_PW]."
+    assert _run(BytesRedactor(values), [text[:cut], text[cut:]]) == expected
+    assert _run(BytesRedactor(values), [bytes([b]) for b in text]) == expected
+
+
 def test_byte_at_a_time_and_longest_match_first() -> None:
     text = b"s3cr3t-demo-value demo-value"
     assert _run(BytesRedactor(VALUES), [bytes([b]) for b in text]) == b"[REDACTED:demo] [REDACTED:nested]"
@@ -51,11 +61,28 @@ def test_references_resolve_only_for_the_command(tmp_path: Path) -> None:
     store = SecretStore(str(path), {"SANDBOXD_SECRET_env_one": "value-from-env", "OTHER": "x"})
     env = {"A": "secret:demo", "B": "secret:env_one", "C": "plain", "D": "secret:"}
     with pytest.raises(InvalidSpecError, match="env D: unknown secret ''"):
-        store.check(env, "env")
+        store.check(env, "env", DEFAULT_TENANT)
     del env["D"]
-    store.check(env, "env")
-    assert store.resolve(env) == {"A": "value-from-file", "B": "value-from-env", "C": "plain"}
+    store.check(env, "env", DEFAULT_TENANT)
+    assert store.resolve(env, DEFAULT_TENANT) == {"A": "value-from-file", "B": "value-from-env", "C": "plain"}
     assert set(store.values) == {"demo", "env_one"}
+
+
+def test_a_secret_kept_to_some_tenants(tmp_path: Path) -> None:
+    """Another tenant gets "unknown secret", exactly as for a name that does not exist; all mask it."""
+    path = tmp_path / "secrets.json"
+    path.write_text(json.dumps({"db": {"value": "team-a-db-pw", "tenants": ["team-a"]}, "shared": "for-everyone"}))
+    store = SecretStore(str(path), {})
+    env = {"PW": "secret:db", "S": "secret:shared"}
+    store.check(env, "env", "team-a")
+    assert store.resolve(env, "team-a") == {"PW": "team-a-db-pw", "S": "for-everyone"}
+    with pytest.raises(InvalidSpecError, match=r"^env PW: unknown secret 'db' \(set it"):
+        store.check(env, "env", "team-b")
+    assert store.resolve(env, "team-b") == {"PW": "secret:db", "S": "for-everyone"}
+    assert store.mask_text("team-a-db-pw") == "[REDACTED:db]"
+    path.write_text(json.dumps({"db": {"value": "team-a-db-pw", "tenants": []}}))
+    with pytest.raises(InvalidSpecError, match='needs a string "value" and a non-empty list of tenant names'):
+        SecretStore(str(path), {})
 
 
 def test_tokens_are_hashed_and_map_to_tenants(tmp_path: Path) -> None:
@@ -105,9 +132,86 @@ def test_audit_lines_are_masked_before_encoding(tmp_path: Path) -> None:
     assert (tmp_path / "audit.jsonl").stat().st_mode & 0o777 == 0o600
 
 
+def test_audit_follows_rotation_and_deletion(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(str(path))
+    log.event("one")
+    path.rename(tmp_path / "audit.jsonl.1")  # logrotate's default: move, then expect a new file
+    log.event("two")
+    path.unlink()
+    log.event("three")
+    log.close()
+    assert [json.loads(line)["event"] for line in (tmp_path / "audit.jsonl.1").read_text().splitlines()] == ["one"]
+    assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == ["three"]
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_torn_audit_line_does_not_swallow_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write cut short (disk full) leaves half a line; the next entry still starts a line of its own."""
+    import errno
+    import os
+
+    import sandboxd.audit
+
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(str(path))
+    real_write = os.write
+    calls = []
+
+    def half_then_full_disk(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data)[:10])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sandboxd.audit.os, "write", half_then_full_disk)
+    log.event("lost")  # 10 bytes, then the disk is full: logged, never raised
+    monkeypatch.setattr(sandboxd.audit.os, "write", real_write)
+    log.event("kept")
+    log.close()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    assert json.loads(lines[1])["event"] == "kept"
+    assert calls == [calls[0], calls[0] - 10]  # the rest of the line was retried, not dropped at once
+
+
 def test_unwritable_audit_log_refuses_to_start(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(InvalidSpecError, match=r"cannot open the audit log .*SANDBOXD_AUDIT_LOG"):
         AuditLog(str(blocker / "audit.jsonl"))
     assert not AuditLog("off").enabled
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_logs_mask_nested_fields_and_exception_text(fmt: str) -> None:
+    """A secret inside a nested field or an exception's message never reaches a log line."""
+    import io
+    import logging
+
+    import structlog
+
+    from sandboxd.logging import configure_logging
+
+    store = SecretStore("", {"SANDBOXD_SECRET_DB": "pw-9f8e7d"})
+    out = io.StringIO()
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        configure_logging(fmt=fmt, stream=out, cache=False, mask=store.mask_text)
+        log = structlog.get_logger("test.masking")
+        log.info("nested", detail={"url": "db://u:pw-9f8e7d@h", "more": ["x pw-9f8e7d"]})
+        try:
+            _fail("connect failed for pw-9f8e7d")
+        except RuntimeError:
+            log.exception("boom")
+    finally:
+        root.handlers[:], root.level = saved
+        structlog.reset_defaults()
+    text = out.getvalue()
+    assert "pw-9f8e7d" not in text
+    assert text.count("[REDACTED:DB]") >= 3
+
+
+def _fail(message: str) -> None:
+    raise RuntimeError(message)

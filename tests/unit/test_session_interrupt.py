@@ -16,7 +16,9 @@ class RecordingBackend:
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[str], str]] = []
 
-    async def exec_run(self, workspace_id: str, argv: list[str], *, user: str) -> tuple[int, bytes]:
+    async def exec_run(
+        self, workspace_id: str, argv: list[str], *, user: str, container_id: str = ""
+    ) -> tuple[int, bytes]:
         self.calls.append((workspace_id, list(argv), user))
         return 0, b""
 
