@@ -399,31 +399,29 @@ async def _refused_start(settings, match: str) -> None:  # type: ignore[no-untyp
     assert not Path(settings.socket_path).exists()
 
 
+def _tls_settings(tmp_path: Path, certs: dict[str, Path], **overrides: object):  # type: ignore[no-untyped-def]
+    """A daemon listening on a free local port with the test CA's server certificate."""
+    return make_settings(
+        tmp_path,
+        listen_address="127.0.0.1:0",
+        tls_cert_file=str(certs["server_cert"]),
+        tls_key_file=str(certs["server_key"]),
+        **overrides,
+    )
+
+
 class TestTcp:
     async def test_tcp_without_tls_refuses_to_start(self, tmp_path: Path) -> None:
         await _refused_start(make_settings(tmp_path, listen_address="127.0.0.1:0"), "without TLS")
 
     async def test_tls_without_any_authentication_refuses_to_start(self, tmp_path: Path) -> None:
-        certs = _certificates(tmp_path)
-        settings = make_settings(
-            tmp_path,
-            listen_address="127.0.0.1:0",
-            tls_cert_file=str(certs["server_cert"]),
-            tls_key_file=str(certs["server_key"]),
-        )
-        await _refused_start(settings, "without authentication")
+        await _refused_start(_tls_settings(tmp_path, _certificates(tmp_path)), "without authentication")
 
     async def test_tls_with_tokens(self, tmp_path: Path, default_image: str) -> None:
         certs = _certificates(tmp_path)
         tokens = tmp_path / "tokens.json"
         token = create_token(tokens, "remote")
-        settings = make_settings(
-            tmp_path,
-            listen_address="127.0.0.1:0",
-            tls_cert_file=str(certs["server_cert"]),
-            tls_key_file=str(certs["server_key"]),
-            tokens_file=str(tokens),
-        )
+        settings = _tls_settings(tmp_path, certs, tokens_file=str(tokens))
         thread = DaemonThread(settings).start()
         try:
             address = thread.daemon.addresses[-1]  # type: ignore[union-attr]
@@ -448,13 +446,7 @@ class TestTcp:
 
     async def test_mutual_tls(self, tmp_path: Path, default_image: str) -> None:
         certs = _certificates(tmp_path)
-        settings = make_settings(
-            tmp_path,
-            listen_address="127.0.0.1:0",
-            tls_cert_file=str(certs["server_cert"]),
-            tls_key_file=str(certs["server_key"]),
-            tls_client_ca_file=str(certs["ca_cert"]),
-        )
+        settings = _tls_settings(tmp_path, certs, tls_client_ca_file=str(certs["ca_cert"]))
         thread = DaemonThread(settings).start()
         try:
             address = thread.daemon.addresses[-1]  # type: ignore[union-attr]
