@@ -530,8 +530,10 @@ class FileManager:
         """Run one fileops request; yield its ``D``/``L`` frames, end with ``R`` or raise its error.
 
         The workspace counts as in use until the call ends: a long upload is never idle-reaped.
+        Only once the caller is known to own it: another tenant's calls must not keep it alive.
         """
-        op_frames = self._op_frames(workspace_id, request, stdin)
+        context = await self.workspaces.exec_context(workspace_id)
+        op_frames = self._op_frames(context, request, stdin)
         try:
             async with self.workspaces.in_use(workspace_id):
                 async for item in op_frames:
@@ -540,14 +542,14 @@ class FileManager:
             await op_frames.aclose()
 
     async def _op_frames(
-        self, workspace_id: str, request: dict[str, Any], stdin: AsyncIterable[bytes] | None
+        self, context: ExecContext, request: dict[str, Any], stdin: AsyncIterable[bytes] | None
     ) -> AsyncGenerator[tuple[bytes, bytes], None]:
         """The body of :meth:`_stream`.
 
         The in-container process carries a marker: if the call ends any other way
         (cancelled, timed out, the stream broken), it is killed rather than left behind.
         """
-        context = await self.workspaces.exec_context(workspace_id)
+        workspace_id = context.workspace_id
         marker = f"{_OP_MARKER}={secrets.token_hex(8)}"
         opening = asyncio.ensure_future(
             self.backend.exec_stream(

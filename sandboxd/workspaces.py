@@ -16,6 +16,7 @@ import posixpath
 import re
 import secrets
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -200,6 +201,7 @@ class WorkspaceManager:
         self._reserved: dict[str, builtins.list[int]] = {}
         """Memory limits of each tenant's creates in flight, counted against its quota."""
         self._creating_ids: set[str] = set()
+        self._id_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._started = time.monotonic()
 
     def touch(self, workspace_id: str) -> None:
@@ -322,18 +324,32 @@ class WorkspaceManager:
             # Two concurrent creates of one id: the second must neither wait nor undo the first.
             msg = f"workspace {workspace_id!r} already exists"
             raise WorkspaceExistsError(msg)
+        self._creating_ids.add(workspace_id)  # before any await: that is what makes it exclusive
         memory = resolved.limits.memory_bytes
-        async with self._quota_lock:  # concurrent creates must not all pass one quota
-            await self._check_quota(tenant, memory)
-            self._creating_ids.add(workspace_id)
-            self._reserved.setdefault(tenant, []).append(memory)
         try:
-            return await self._create(resolved, workspace_id, tenant)
+            async with self._quota_lock:  # concurrent creates must not all pass one quota
+                await self._check_quota(tenant, memory)
+                self._reserved.setdefault(tenant, []).append(memory)
+            try:
+                # In use from the start: the reaper must not count idleness from before it existed.
+                async with self._id_lock(workspace_id), self.in_use(workspace_id):
+                    return await self._create(resolved, workspace_id, tenant)
+            except BaseException:
+                self._activity.pop(workspace_id, None)  # nothing was created: nothing to remember
+                raise
+            finally:
+                self._reserved[tenant].remove(memory)
+                if not self._reserved[tenant]:
+                    del self._reserved[tenant]
         finally:
             self._creating_ids.discard(workspace_id)
-            self._reserved[tenant].remove(memory)
-            if not self._reserved[tenant]:
-                del self._reserved[tenant]
+
+    def _id_lock(self, workspace_id: str) -> asyncio.Lock:
+        """Serialises creating and deleting one id (concurrent deletes: one removes, the rest find nothing)."""
+        lock = self._id_locks.get(workspace_id)
+        if lock is None:
+            lock = self._id_locks[workspace_id] = asyncio.Lock()
+        return lock
 
     async def _create(self, resolved: WorkspaceSpec, workspace_id: str, tenant: str) -> Workspace:
         self._contexts.pop(workspace_id, None)  # an earlier workspace of that id, removed behind our back
@@ -421,14 +437,20 @@ class WorkspaceManager:
             WorkspaceNotFoundError: neither a container nor a volume of that id exists.
         """
         check_workspace_id(workspace_id)
-        try:
-            self._owned(await self.backend.inspect_container(workspace_id))
-        except WorkspaceNotFoundError:
-            # The container may be gone behind sandboxd's back; its volume tells whose it was.
-            labels = await self.backend.volume_labels(workspace_id)
-            if labels is None or labels.get(LABEL_TENANT, DEFAULT_TENANT) != current_tenant():
-                raise
-        await self._remove(workspace_id, "its workspace was deleted")
+        async with self._id_lock(workspace_id):
+            try:
+                info: ContainerInfo | None = await self.backend.inspect_container(workspace_id)
+            except WorkspaceNotFoundError:
+                info = None
+            if info is not None:
+                self._owned(info)  # another tenant's container: NOT_FOUND, whatever its volume says
+            else:
+                # The container is gone behind sandboxd's back; its volume tells whose it was.
+                labels = await self.backend.volume_labels(workspace_id)
+                if labels is None or labels.get(LABEL_TENANT, DEFAULT_TENANT) != current_tenant():
+                    msg = f"workspace {workspace_id!r} not found"
+                    raise WorkspaceNotFoundError(msg)
+            await self._remove(workspace_id, "its workspace was deleted")
         log.info("workspace.deleted", workspace_id=workspace_id)
 
     async def _remove(self, workspace_id: str, why: str) -> None:
@@ -458,8 +480,11 @@ class WorkspaceManager:
             last = max([self._activity.get(workspace_id, self._started), *(s.last_used for s in sessions)])
             if now - last < ttl:
                 continue
-            with contextlib.suppress(WorkspaceNotFoundError):
-                await self._remove(workspace_id, f"its workspace was idle for {ttl:g} s and was removed")
+            try:
+                async with self._id_lock(workspace_id):
+                    await self._remove(workspace_id, f"its workspace was idle for {ttl:g} s and was removed")
+            except WorkspaceNotFoundError:
+                continue  # deleted meanwhile: not reaped
             removed.append(workspace_id)
             tenant = labels.get(LABEL_TENANT, DEFAULT_TENANT)
             log.info("workspace.reaped", workspace_id=workspace_id, idle_ttl_s=ttl, tenant=tenant)

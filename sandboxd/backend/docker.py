@@ -416,9 +416,15 @@ class DockerBackend:
         api = self._api()
         name = self._name(workspace_id)
         found = False
-        with contextlib.suppress(docker.errors.NotFound):
+        try:
             await self._call(api.remove_container, name, force=True, v=True, idempotent=True)
             found = True
+        except docker.errors.NotFound:
+            pass
+        except BackendError as exc:
+            if "already in progress" not in exc.message:
+                raise
+            found = True  # someone else is removing it right now: it is going either way
         with contextlib.suppress(docker.errors.NotFound):
             await self._call(api.remove_volume, name, force=True, idempotent=True)
             found = True

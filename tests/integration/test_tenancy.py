@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -170,20 +171,72 @@ class TestIsolation:
                     await ws.delete()
 
     async def test_concurrent_creates_of_one_id_leave_the_winner_intact(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        """A and B race for one id (with quotas, so both creates await first): one wins, whole.
+
+        The winner's container and volume agree on its tenant, the loser cannot delete it,
+        and the winner's workspace works.
+        """
         thread, token_a, token_b, _audit_path = tenants
         async with _client(thread, token_a) as a, _client(thread, token_b) as b:
-            results = await asyncio.gather(
-                a.create_workspace(workspace_id="race-1"),
-                b.create_workspace(workspace_id="race-1"),
-                return_exceptions=True,
-            )
-            made = [r for r in results if not isinstance(r, BaseException)]
-            assert len(made) == 1, results
-            assert [type(r) for r in results if isinstance(r, BaseException)] == [AlreadyExistsError]
-            try:
+            for round_ in range(6):
+                wid = f"race-{round_}"
+                results = await asyncio.gather(
+                    a.create_workspace(workspace_id=wid), b.create_workspace(workspace_id=wid), return_exceptions=True
+                )
+                made = [r for r in results if not isinstance(r, BaseException)]
+                assert len(made) == 1, results
+                assert [type(r) for r in results if isinstance(r, BaseException)] == [AlreadyExistsError]
+                winner, loser = (a, b) if made[0].client is a else (b, a)
+                name = f"sandboxd-{thread.settings.instance}-{wid}"
+                tenants_seen = {
+                    subprocess.run(
+                        ["docker", kind, "inspect", "--format", template, name],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    ).stdout.strip()
+                    for kind, template in (
+                        ("container", '{{index .Config.Labels "sandboxd.tenant"}}'),
+                        ("volume", '{{index .Labels "sandboxd.tenant"}}'),
+                    )
+                }
+                assert tenants_seen == {"team-a" if winner is a else "team-b"}
+                with pytest.raises(NotFoundError):
+                    await loser.delete_workspace(wid)
                 assert (await made[0].exec("echo alive").wait()).stdout == "alive\n"
-            finally:
-                await made[0].delete()
+                await winner.delete_workspace(wid)
+
+    async def test_concurrent_deletes_one_removes_the_rest_find_nothing(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        thread, token_a, _b, _audit_path = tenants
+        async with _client(thread, token_a) as a:
+            ws = await a.create_workspace()
+            results = await asyncio.gather(
+                *(a.delete_workspace(ws.workspace_id) for _ in range(5)), return_exceptions=True
+            )
+            assert sorted(type(r).__name__ for r in results) == ["NoneType"] + ["NotFoundError"] * 4, results
+
+    async def test_another_tenants_calls_do_not_keep_a_workspace_alive(
+        self, tmp_path: Path, default_image: str
+    ) -> None:
+        """B polling A's id (every answer NOT_FOUND) does not restart A's idle TTL."""
+        tokens = tmp_path / "tokens.json"
+        token_a, token_b = create_token(tokens, "team-a"), create_token(tokens, "team-b")
+        thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens))).start()
+        try:
+            async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+                ws = await a.create_workspace(idle_ttl_s=2)
+                created = time.monotonic()
+                while ws.workspace_id in {w.workspace_id for w in await a.list_workspaces()}:
+                    assert time.monotonic() - created < 8, "B's calls kept A's workspace alive"
+                    for attempt in (
+                        lambda: b.stat(ws.workspace_id, "/workspace"),
+                        lambda: b.get_workspace(ws.workspace_id),
+                    ):
+                        with pytest.raises(NotFoundError):
+                            await attempt()
+                    await asyncio.sleep(0.3)
+        finally:
+            thread.stop()
 
     async def test_workspace_removed_behind_the_daemon_and_its_id_reused(self, tenants) -> None:  # type: ignore[no-untyped-def]
         """A's container is removed outside sandboxd; B then creates the same id.
