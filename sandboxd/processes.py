@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import datetime
 import enum
+import functools
 import json
 import posixpath
 import re
@@ -328,7 +329,9 @@ class ProcessSession:
         self._requested: set[StopReason] = set()
         self._stderr_tail = b""
         # Secret values are masked per stream before output is buffered (seed 002).
-        self._redactors = {"stdout": context.secrets.redactor(), "stderr": context.secrets.redactor()}
+        self._redactors = {
+            stream: context.secrets.redactor(context.tenant, tty=spec.tty) for stream in ("stdout", "stderr")
+        }
         self.spill_path = f"{SPILL_DIR}/{process_id}.out"
         """Where the whole output goes once it passes ``spec.spill_after_bytes``."""
         self.leftovers = 0
@@ -559,7 +562,7 @@ class ProcessSession:
 
     def _fail_start(self, error: SandboxdError) -> None:
         # Its text comes from the container (a command can write to its supervisor's stderr).
-        error.message = self.context.secrets.mask_text(error.message)
+        error.message = self.context.secrets.mask_text(error.message, self.context.tenant)
         error.args = (error.message,)
         if not self._started.done():
             self._started.set_exception(error)
@@ -595,7 +598,7 @@ class ProcessSession:
         if self.exit is not None:
             return
         # Messages and paths may carry text from the container: secrets never leave in them.
-        mask = self.context.secrets.mask_text
+        mask = functools.partial(self.context.secrets.mask_text, tenant=self.context.tenant)
         self.exit = dataclasses.replace(status, message=mask(status.message), spill_path=mask(status.spill_path))
         status = self.exit
         self._state = _State.EXITED

@@ -122,20 +122,40 @@ class SecretStore:
                 resolved[key] = value
         return resolved
 
-    def mask_text(self, text: str) -> str:
-        """``text`` with every known value replaced by ``[REDACTED:NAME]``."""
-        for name, value in sorted(self.values.items(), key=lambda item: -len(item[1])):
-            text = text.replace(value, f"[REDACTED:{name}]")
-        return text
+    def visible_to(self, tenant: str) -> dict[str, str]:
+        """The secrets ``tenant`` may use (name -> value): the only ones masked in its commands' output.
 
-    def redactor(self) -> BytesRedactor:
-        """A fresh redactor for one output stream."""
-        return BytesRedactor(self.values)
+        Masking one kept from it would tell it, by the mask or by what is held back, what
+        the value is (or begins with): a tenant learns nothing of secrets it cannot use.
+        """
+        return {name: value for name, value in self.values.items() if self.allowed(name, tenant)}
+
+    def mask_text(self, text: str, tenant: str | None = None) -> str:
+        """``text`` with every value replaced by ``[REDACTED:NAME]``: all of them, or ``tenant``'s."""
+        values = self.values if tenant is None else self.visible_to(tenant)
+        return StreamRedactor(_masks(values, tty=False), "").redact(text)
+
+    def redactor(self, tenant: str, *, tty: bool = False) -> BytesRedactor:
+        """A fresh redactor for one output stream of ``tenant``'s command.
+
+        ``tty``: a terminal turns each newline into CR LF; multi-line values are masked in that
+        form as well.
+        """
+        return BytesRedactor(self.visible_to(tenant), tty=tty)
+
+
+def _masks(values: Mapping[str, str], *, tty: bool) -> dict[str, str]:
+    masks = {}
+    for name, value in values.items():
+        masks[value] = f"[REDACTED:{name}]"
+        if tty and "\n" in value:
+            masks[value.replace("\r\n", "\n").replace("\n", "\r\n")] = f"[REDACTED:{name}]"
+    return masks
 
 
 class BytesRedactor(StreamRedactor[bytes]):
     """Masks each secret as ``[REDACTED:NAME]`` in a byte stream, across chunk boundaries."""
 
-    def __init__(self, values: Mapping[str, str]) -> None:
-        """Mask the ``values`` (name -> value)."""
-        super().__init__({v.encode(): f"[REDACTED:{n}]".encode() for n, v in values.items() if v}, b"")
+    def __init__(self, values: Mapping[str, str], *, tty: bool = False) -> None:
+        """Mask the ``values`` (name -> value); ``tty`` adds their CR LF forms."""
+        super().__init__({v.encode(): m.encode() for v, m in _masks(values, tty=tty).items()}, b"")

@@ -15,6 +15,7 @@ from tests.integration.helpers import collect
 pytestmark = pytest.mark.timeout(180)
 
 DEMO = "s3cr3t-Valu3-0f-demo-9f8e7d"
+PEM = "-----BEGIN TEST KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tP\n-----END TEST KEY-----"
 API_KEY = 'sk-"quoted\\and spaced"-4242'  # JSON escaping must not let it slip past the mask
 
 
@@ -22,7 +23,7 @@ API_KEY = 'sk-"quoted\\and spaced"-4242'  # JSON escaping must not let it slip p
 def secret_daemon(tmp_path_factory: pytest.TempPathFactory, default_image: str):  # type: ignore[no-untyped-def]
     tmp = tmp_path_factory.mktemp("secrets")
     secrets_file = tmp / "secrets.json"
-    secrets_file.write_text(json.dumps({"demo": DEMO}))
+    secrets_file.write_text(json.dumps({"demo": DEMO, "pem": PEM}))
     settings = make_settings(tmp, secrets_file=str(secrets_file))
     thread = DaemonThread(settings, environ={"SANDBOXD_SECRET_api_key": API_KEY}).start()
     yield thread, Path(settings.audit_log)
@@ -103,6 +104,18 @@ async def test_tty_output_is_masked(secret_client) -> None:  # type: ignore[no-u
     try:
         result = await ws.exec('echo "$TOKEN"', tty=True).wait()
         assert result.stdout.replace("\r", "") == "[REDACTED:demo]\n"
+    finally:
+        await ws.delete()
+
+
+async def test_multi_line_secret_under_a_terminal_is_masked(secret_client) -> None:  # type: ignore[no-untyped-def]
+    """The terminal turns the key's newlines into CR LF: the mask must follow."""
+    ws = await secret_client.create_workspace(env={"KEY": "secret:pem"})
+    try:
+        piped = await ws.exec('printf "%s\\n" "$KEY"').wait()
+        assert piped.stdout == "[REDACTED:pem]\n"
+        terminal = await ws.exec('printf "%s\\n" "$KEY"', tty=True).wait()
+        assert terminal.stdout == "[REDACTED:pem]\r\n"
     finally:
         await ws.delete()
 

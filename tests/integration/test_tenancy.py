@@ -16,6 +16,7 @@ from sandboxd_client import (
     AlreadyExistsError,
     InvalidArgumentError,
     NotFoundError,
+    Output,
     ResourceExhaustedError,
     SandboxClient,
     TLSOptions,
@@ -26,7 +27,7 @@ from sandboxd_client import (
 from sandboxd.errors import InvalidSpecError
 from sandboxd.tenancy import create_token
 from tests.conftest import DaemonThread, make_settings
-from tests.integration.helpers import start_yielded
+from tests.integration.helpers import collect, start_yielded
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -318,14 +319,18 @@ class TestIsolation:
                 try:
                     with pytest.raises(InvalidArgumentError, match="env PW: unknown secret 'db'"):
                         await ws_b.exec("true", env={"PW": "secret:db"}).wait()
-                    # B cannot use it, and cannot print it either.
-                    assert (await ws_b.exec("echo team-a-db-pw").wait()).stdout == "[REDACTED:db]\n"
+                    # Nothing in B's output depends on A's secret: no mask, and no held-back prefix
+                    # (either would let B learn the value a character at a time).
+                    assert (await ws_b.exec("echo team-a-db-pw").wait()).stdout == "team-a-db-pw\n"
+                    events, _out, _err = await collect(ws_b.exec("printf team-a-db; sleep 0.5; printf '!'"))
+                    chunks = [e.text for e in events if isinstance(e, Output)]
+                    assert chunks == ["team-a-db", "!"]
                 finally:
                     await ws_b.delete()
                 ws_a = await a.create_workspace(env={"PW": "secret:db"})
                 try:
-                    proof = await ws_a.exec('[ "$PW" = team-a-db-pw ] && echo same').wait()
-                    assert proof.stdout == "same\n"
+                    proof = await ws_a.exec('[ "$PW" = team-a-db-pw ] && echo same; echo "$PW"').wait()
+                    assert proof.stdout == "same\n[REDACTED:db]\n"
                 finally:
                     await ws_a.delete()
         finally:

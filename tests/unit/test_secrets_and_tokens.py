@@ -215,3 +215,47 @@ def test_logs_mask_nested_fields_and_exception_text(fmt: str) -> None:
 
 def _fail(message: str) -> None:
     raise RuntimeError(message)
+
+
+@pytest.mark.parametrize("cut", range(1, 18))
+def test_overlapping_secrets_are_masked_as_one_region(cut: int) -> None:
+    """`abcd` overlaps the start of `bcdefghijklmnop`: neither may show any part of the other."""
+    values = {"SHORTA": "abcd", "LONGB": "bcdefghijklmnop"}
+    text = b"abcdefghijklmnop."
+    assert _run(BytesRedactor(values), [text[:cut], text[cut:]]) == b"[REDACTED:LONGB]."
+    store = SecretStore("", {f"SANDBOXD_SECRET_{k}": v for k, v in values.items()})
+    assert store.mask_text(text.decode()) == "[REDACTED:LONGB]."
+
+
+def test_a_chain_of_overlapping_secrets_is_not_held_back_forever() -> None:
+    """`abab…` matches `abab` and `baba` everywhere, and always ends in a possible secret start."""
+    redactor = BytesRedactor({"A": "abab", "B": "baba"})
+    shown = b""
+    for _ in range(100):
+        shown += redactor.feed(b"ab" * 50)
+        assert len(redactor._pending) <= 2 * 4  # bounded by twice the longest secret, not by the output
+    shown += redactor.flush()
+    assert b"ab" not in shown.replace(b"[REDACTED:A]", b"").replace(b"[REDACTED:B]", b"")
+
+
+def test_a_tenant_is_masked_only_for_the_secrets_it_may_use(tmp_path: Path) -> None:
+    """Neither a mask nor a held-back tail may tell team-b anything about team-a's secret."""
+    path = tmp_path / "secrets.json"
+    path.write_text(json.dumps({"A_KEY": {"value": "sk-live-Qx7pZ93", "tenants": ["team-a"]}, "ALL": "shared-1234"}))
+    store = SecretStore(str(path), {})
+    for_b, for_a = store.redactor("team-b"), store.redactor("team-a")
+    assert for_b.feed(b"sk-li") == b"sk-li"  # not a secret team-b may use: nothing held back
+    assert for_a.feed(b"sk-li") == b""
+    assert for_a.feed(b"ve-Qx7pZ93!") == b"[REDACTED:A_KEY]!"
+    assert for_b.feed(b"shared-1234 sk-live-Qx7pZ93") == b"[REDACTED:ALL] sk-live-Qx7pZ93"
+    assert store.mask_text("sk-live-Qx7pZ93", "team-b") == "sk-live-Qx7pZ93"
+    assert store.mask_text("sk-live-Qx7pZ93") == "[REDACTED:A_KEY]"  # logs and audit: every secret
+
+
+def test_a_multi_line_secret_under_a_terminal(tmp_path: Path) -> None:
+    """A terminal prints the newline of a PEM key as CR LF: still masked."""
+    pem = "-----BEGIN KEY-----\nMIIBOgIBAAJBAK\n-----END KEY-----"
+    store = SecretStore("", {"SANDBOXD_SECRET_PEM": pem})
+    tty_text = pem.replace("\n", "\r\n").encode() + b"\r\n"
+    assert _run(store.redactor(DEFAULT_TENANT, tty=True), [tty_text[:20], tty_text[20:]]) == b"[REDACTED:PEM]\r\n"
+    assert _run(store.redactor(DEFAULT_TENANT), [pem.encode()]) == b"[REDACTED:PEM]"
