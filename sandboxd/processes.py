@@ -868,6 +868,12 @@ class ProcessTable:
 
     async def start(self, context: ExecContext, spec: ExecSpec) -> tuple[ProcessSession, ExecStarted]:
         """Start a command as a new session, evicting one first when the table is full."""
+        if not 0 <= spec.max_output_bytes <= self.settings.max_output_buffer_bytes:
+            msg = (
+                f"max_output_bytes must be 0 (the daemon default) to {self.settings.max_output_buffer_bytes} "
+                f"(SANDBOXD_MAX_OUTPUT_BUFFER_BYTES), got {spec.max_output_bytes}"
+            )
+            raise InvalidSpecError(msg)
         if spec.spill_after_bytes < 0:
             msg = f"spill_after_bytes must not be negative, got {spec.spill_after_bytes}"
             raise InvalidSpecError(msg)

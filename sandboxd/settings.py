@@ -69,6 +69,10 @@ class Settings:
     output_buffer_bytes: int = 1 * _MIB
     """Undelivered output held per process before dropping, in bytes."""
 
+    max_output_buffer_bytes: int = 16 * _MIB
+    """Largest ``max_output_bytes`` a caller may ask for, in bytes: with ``max_sessions`` it bounds
+    the daemon's memory for unread output (64 x 16 MiB by default)."""
+
     max_sessions: int = 64
     """Live process sessions per daemon before eviction."""
 

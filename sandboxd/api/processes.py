@@ -82,7 +82,9 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
         if request.HasField("yield_after"):
             requested = convert.duration_s(request.yield_after)
         else:
-            requested = INPUT_WRITE_YIELD_S if request.chars else INPUT_POLL_YIELD_S
+            # Raw bytes and closing stdin are writes too (seed 000's 250 ms), not a poll's 5 s.
+            wrote = request.chars or request.data or request.close_stdin
+            requested = INPUT_WRITE_YIELD_S if wrote else INPUT_POLL_YIELD_S
         if request.HasField("terminal_size"):
             size = request.terminal_size
             await session.resize(size.columns or 80, size.rows or 24)

@@ -145,6 +145,17 @@ class TestOutput:
         result = await workspace.exec("head -c 100000 /dev/zero", max_output_bytes=1000, yield_after_s=30).wait()
         assert len(result.stdout_bytes) == 100000
 
+    async def test_output_buffer_request_is_capped(self, workspace) -> None:
+        """A caller cannot make the daemon hold unbounded unread output: 2**62 bytes is refused."""
+        from sandboxd_client import InvalidArgumentError
+
+        with pytest.raises(
+            InvalidArgumentError, match=r"max_output_bytes must be 0 \(the daemon default\) to 16777216"
+        ):
+            await workspace.exec("yes", max_output_bytes=2**62).wait()
+        result = await workspace.exec("echo within", max_output_bytes=16 * 1024**2).wait()
+        assert result.stdout == "within\n"
+
     async def test_merge_stderr_keeps_order(self, workspace) -> None:
         """With merge_stderr the two streams keep their exact relative order."""
         command = "for i in $(seq 200); do echo o$i; echo e$i >&2; done"

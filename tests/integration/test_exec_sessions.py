@@ -109,6 +109,16 @@ class TestInput:
         events, _, _ = await collect(client.input(process_id, "\u0003"))
         assert events[-1].exit_code == 130
 
+    async def test_raw_bytes_are_a_write_not_a_poll(self, client, workspace) -> None:
+        """Input with only `data` waits the 250 ms write window, not the 5 s poll window."""
+        process_id = await start_yielded(workspace, "cat")
+        start = time.monotonic()
+        events, out, _ = await collect(client.input(process_id, data=b"\xffraw\n"))
+        assert out == "\ufffdraw\n"
+        assert isinstance(events[-1], Yielded)
+        assert time.monotonic() - start < 3  # the poll window would be 5 s
+        await client.kill(process_id)
+
     async def test_close_stdin_ends_cat(self, client, workspace) -> None:
         """Closing stdin is end of input: `wc -c` counts what was written and exits 0."""
         process_id = await start_yielded(workspace, "wc -c")
