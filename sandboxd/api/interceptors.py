@@ -19,7 +19,7 @@ import grpc
 import structlog
 
 from ..audit import STATE_CHANGING, AuditLog, audit_fields, set_audit_tenant, start_audit
-from ..errors import SandboxdError
+from ..errors import InvalidSpecError, SandboxdError
 from ..tenancy import Authenticator, reset_tenant, tenant_scope
 from ._types import Context
 
@@ -57,33 +57,83 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         quiet = method.startswith(_HEALTH_AND_REFLECTION)
         audited = self.audit is not None and self.audit.enabled and method.rsplit("/", 1)[-1] in STATE_CHANGING
         call = _Call(method, quiet, None if quiet else self.authenticator, self.audit if audited else None)
+        deserializer = _tolerant(handler.request_deserializer)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 _wrap_unary(handler.unary_unary, call),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 _wrap_stream(handler.unary_stream, call),  # type: ignore[arg-type]
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         # Client-streaming calls (Upload) get the same treatment: the first argument is
         # then the request iterator instead of a request.
         if handler.stream_unary is not None:
             return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary(handler.stream_unary, call),
-                request_deserializer=handler.request_deserializer,
+                _wrap_unary(_checked_stream(handler.stream_unary), call),
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream is not None:
             return grpc.stream_stream_rpc_method_handler(
-                _wrap_stream(handler.stream_stream, call),  # type: ignore[arg-type]
-                request_deserializer=handler.request_deserializer,
+                _wrap_stream(_checked_stream(handler.stream_stream), call),
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
+
+
+@dataclasses.dataclass(frozen=True)
+class _Malformed:
+    """Stands in for a request that did not decode, so that the call can refuse it cleanly."""
+
+    message: str
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """Wrap a request deserializer: undecodable bytes become :class:`_Malformed`, not an exception.
+
+    gRPC would answer a deserializer's exception with UNKNOWN and the exception's text;
+    bad wire format and invalid UTF-8 in a string field are the caller's mistake.
+    """
+    if deserializer is None:
+        return None
+    message_type = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    name = message_type.full_name if message_type is not None else "request"
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception:  # protobuf raises DecodeError, or RuntimeError on some builds
+            return _Malformed(
+                f"malformed request: not a valid {name} message (bad wire format, or invalid UTF-8 in a string field)"
+            )
+
+    return deserialize
+
+
+def _refuse_malformed(request: Any) -> None:
+    """INVALID_ARGUMENT for a request that did not decode (checked after authentication)."""
+    if isinstance(request, _Malformed):
+        raise InvalidSpecError(request.message)
+
+
+def _checked_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
+    """For client-streaming calls: a malformed message in the request stream refuses the call."""
+
+    def wrapper(request_iterator: AsyncIterator[Any], context: Context) -> Any:
+        async def checked() -> AsyncIterator[Any]:
+            async for request in request_iterator:
+                _refuse_malformed(request)
+                yield request
+
+        return behavior(checked(), context)
+
+    return wrapper
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +242,7 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], call: _Call) -> Callabl
         start, scope = time.monotonic(), None
         try:
             start, scope = _begin(context, call, request)
+            _refuse_malformed(request)
             response = await behavior(request, context)
             if call.audit is not None:
                 _audit_response(response)
@@ -214,6 +265,7 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Ca
         start, scope = time.monotonic(), None
         try:
             start, scope = _begin(context, call, request)
+            _refuse_malformed(request)
             async for response in behavior(request, context):
                 if call.audit is not None:
                     _audit_response(response)

@@ -45,6 +45,61 @@ class TestServer:
             "grpc.reflection.v1alpha.ServerReflection",
         } <= names
 
+    async def test_malformed_requests_are_invalid_argument(self, daemon, workspace_id) -> None:
+        """Bytes the client library never sends: undecodable protobuf, invalid UTF-8 in a string field.
+
+        Each is INVALID_ARGUMENT with a plain message (gRPC's own answer would be UNKNOWN with
+        the decoder's exception text), for unary, server-streaming and client-streaming calls.
+        """
+
+        def field(number: int, data: bytes) -> bytes:
+            return bytes([number << 3 | 2, len(data)]) + data
+
+        same = lambda data: data  # noqa: E731 - raw bytes both ways
+        wid = workspace_id.encode()
+        async with grpc.aio.insecure_channel(f"unix:{daemon.socket_path}") as channel:
+            cases = [
+                (channel.unary_stream, "/sandboxd.v1.ProcessService/Exec", b"\xff\xff\xff\xff", "ExecRequest"),
+                (
+                    channel.unary_stream,
+                    "/sandboxd.v1.ProcessService/Exec",
+                    field(1, wid) + field(2, b"echo \xff"),
+                    "ExecRequest",
+                ),
+                (
+                    channel.unary_unary,
+                    "/sandboxd.v1.WorkspaceService/GetWorkspace",
+                    field(1, b"\xc3\x28"),
+                    "GetWorkspaceRequest",
+                ),
+            ]
+            for kind, method, payload, message_type in cases:
+                call = kind(method, request_serializer=same, response_deserializer=same)
+
+                async def finish(result):  # type: ignore[no-untyped-def]
+                    if hasattr(result, "__aiter__"):
+                        return [item async for item in result]
+                    return await result
+
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await finish(call(payload, timeout=20))
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+                assert caught.value.details() == (
+                    f"malformed request: not a valid sandboxd.v1.{message_type} message "
+                    "(bad wire format, or invalid UTF-8 in a string field)"
+                )
+
+            async def upload_requests():  # type: ignore[no-untyped-def]
+                yield b"\xff\xff\xff"
+
+            upload = channel.stream_unary(
+                "/sandboxd.v1.FileService/Upload", request_serializer=same, response_deserializer=same
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await upload(upload_requests(), timeout=20)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "not a valid sandboxd.v1.UploadRequest" in caught.value.details()
+
     def test_socket_is_owner_only(self, daemon) -> None:
         """The Unix socket is mode 0600 and its directory 0700."""
         assert os.stat(daemon.socket_path).st_mode & 0o777 == 0o600
