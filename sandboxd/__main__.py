@@ -99,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = ["serve", *args]  # `sandboxd --socket X` and `python -m sandboxd` mean serve
     opts = _parser().parse_args(args)
     command = opts.command
+    logging_ready = False
     try:
         settings = Settings.from_env(
             os.environ,
@@ -117,13 +118,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         secret_store = SecretStore(settings.secrets_file, os.environ)
         configure_logging(level=settings.log_level, fmt=settings.log_format, mask=secret_store.mask_text)
+        logging_ready = True
         if command == "images":
             asyncio.run(_images_build(settings, opts))
         else:
             asyncio.run(_serve(settings, opts))
     except SandboxdError as exc:
-        structlog.get_logger("sandboxd").error("daemon.failed", error=exc.message)
-        print(f"sandboxd: {exc.message}", file=sys.stderr)
+        if logging_ready:  # one line, in the log's own format
+            structlog.get_logger("sandboxd").error("daemon.failed", error=exc.message)
+        else:
+            print(f"sandboxd: {exc.message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

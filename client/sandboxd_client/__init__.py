@@ -10,6 +10,13 @@ For agent engines: ``Environment`` runs seed 000's tool calls (``tools``) with
 ``config`` reads ``system_config.yaml``, ``mcp_server`` serves MCP.
 """
 
+import os as _os
+
+# gRPC core prints some routine events (a failed TLS handshake, a GOAWAY) at INFO on
+# stderr unless told otherwise; its documented default is ERROR. Set before grpc loads,
+# and only when the caller has not chosen.
+_os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from ._auth import TLSOptions
 from ._client import (
     EditResult,

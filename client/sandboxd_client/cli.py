@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import ExecHandle, Output, SandboxClient, Started, TLSOptions
+from . import ExecHandle, ExecResult, Output, SandboxClient, Started, TLSOptions
 from ._client import ProcessInfo, WorkspaceInfo
 from .errors import NotFoundError, SandboxError
 
@@ -99,8 +99,11 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
     rm.add_argument("workspaces", nargs="+")
 
     cp = commands.add_parser("cp", help="copy files or trees between here and a workspace (WS:/path)")
-    cp.add_argument("source", help="local path, or WS:/path")
-    cp.add_argument("destination", help="local path, or WS:/path")
+    cp.add_argument("source", help="local path, WS:/path, or - (a tar archive on standard input)")
+    cp.add_argument("destination", help="local path, WS:/path, or - (a tar archive on standard output)")
+    cp.add_argument(
+        "-a", "--archive", action="store_true", help="keep the files' owners when copying out (default: you own them)"
+    )
 
     cat = commands.add_parser("cat", help="print a file from a workspace, byte for byte")
     cat.add_argument("workspace")
@@ -200,7 +203,7 @@ async def _run(opts: argparse.Namespace) -> int:
             _print_workspaces(infos, quiet=opts.quiet)
             return 0
         if opts.command == "cp":
-            await _copy(client, opts.source, opts.destination)
+            await _copy(client, opts.source, opts.destination, archive=opts.archive)
             return 0
         if opts.command == "cat":
             await _cat(client, opts.workspace, opts.path)
@@ -254,31 +257,29 @@ async def _tar_chunks(local: Path, arcname: str) -> AsyncIterator[bytes]:
     await worker
 
 
-async def _copy(client: SandboxClient, source: str, destination: str) -> None:
-    """``docker cp`` semantics: into an existing directory, or to a new name."""
+async def _copy(client: SandboxClient, source: str, destination: str, *, archive: bool = False) -> None:
+    """Copy like ``docker cp``: into an existing directory, or to a new name.
+
+    A destination ending in ``/`` is a directory (created when missing); ``-`` is a tar
+    archive on standard input or output.
+    """
     src, dst = _remote(source), _remote(destination)
     if (src is None) == (dst is None):
         msg = "cp copies between here and a workspace: exactly one side must be WS:/path"
         raise SandboxError(msg)
     if dst is not None:
-        local = Path(source)
-        if not await asyncio.to_thread(os.path.lexists, local):
-            msg = f"{source}: no such file or directory"
-            raise SandboxError(msg)
-        workspace, path = dst
-        try:
-            into_dir = (await client.stat(workspace, path, follow_symlinks=True)).type == "directory"
-        except NotFoundError:
-            into_dir = False
-        target, arcname = (path, local.name) if into_dir else (posixpath.dirname(path) or "/", posixpath.basename(path))
-        await client.upload(workspace, target, _tar_chunks(local, arcname))
+        await _copy_in(client, source, *dst)
         return
     assert src is not None
     workspace, path = src
+    if destination == "-":
+        await _download(client, workspace, path, _to_stdout)
+        return
     local = Path(destination)
     into_dir = await asyncio.to_thread(local.is_dir)
     base = local if into_dir else local.parent
     rename = None if into_dir else local.name
+    mine = {"uid": os.getuid(), "gid": os.getgid(), "uname": None, "gname": None}
 
     def extract(reader: int) -> None:
         # The "tar" filter keeps modes and symlinks as they are (as docker cp does) but refuses
@@ -290,9 +291,47 @@ async def _copy(client: SandboxClient, source: str, destination: str) -> None:
                 if rename is not None:
                     _, _, rest = member.name.partition("/")
                     member.name = rename + ("/" + rest if rest else "")
+                if not archive:  # as docker cp: the files are yours unless -a asks for their owners
+                    member = member.replace(**mine)  # type: ignore[arg-type]
                 tar.extract(member, base, filter="tar")
 
     await _download(client, workspace, path, extract)
+
+
+async def _copy_in(client: SandboxClient, source: str, workspace: str, path: str) -> None:
+    if source == "-":
+        # A tar archive on standard input is extracted into the directory, as docker cp does.
+        await client.upload(workspace, path, _stdin_chunks())
+        return
+    local = Path(source)
+    if not await asyncio.to_thread(os.path.lexists, local):
+        msg = f"{source}: no such file or directory"
+        raise SandboxError(msg)
+    if path.endswith("/"):
+        into_dir = True  # a directory by name; the upload creates it when missing
+    else:
+        try:
+            into_dir = (await client.stat(workspace, path, follow_symlinks=True)).type == "directory"
+        except NotFoundError:
+            into_dir = False
+    if into_dir:
+        target, arcname = path, local.name
+    else:
+        # A relative name resolves against /workspace in the daemon, like every other path.
+        target, arcname = posixpath.dirname(path) or ".", posixpath.basename(path)
+    await client.upload(workspace, target, _tar_chunks(local, arcname))
+
+
+async def _stdin_chunks() -> AsyncIterator[bytes]:
+    stdin = sys.stdin.buffer
+    while chunk := await asyncio.to_thread(os.read, stdin.fileno(), 1 << 20):
+        yield chunk
+
+
+def _to_stdout(reader: int) -> None:
+    with os.fdopen(reader, "rb") as stream:
+        shutil.copyfileobj(stream, sys.stdout.buffer, 1 << 20)
+    sys.stdout.buffer.flush()
 
 
 async def _download(
@@ -492,18 +531,33 @@ async def _exec(client: SandboxClient, opts: argparse.Namespace) -> int:
         if forwarder is not None:
             forwarder.cancel()
     result = await handle.wait()
-    if result.stop_reason == "failed" and result.message:
-        print(f"sandboxctl: {result.message}", file=sys.stderr)
+    if note := _stop_note(result):
+        print(f"sandboxctl: {note}", file=sys.stderr)
     return result.exit_code if result.exit_code is not None else 1
 
 
+def _stop_note(result: ExecResult) -> str:
+    """One line on why a command ended, when its exit code alone cannot tell (137 could be anything)."""
+    ended_by = f" (ended by {result.signal})" if result.signal else ""
+    if result.oom_killed:
+        return result.message or "the command was killed by the OOM killer"
+    if result.stop_reason == "timeout":
+        return f"the command timed out{ended_by}"
+    if result.stop_reason == "killed":
+        return f"the command was killed{ended_by}"
+    if result.stop_reason == "failed" and result.message:
+        return result.message
+    return ""
+
+
 def _print_processes(processes: Sequence[ProcessInfo]) -> None:
-    rows: list[Sequence[str]] = [("PROCESS", "PID", "STATE", "EXIT", "COMMAND")]
+    rows: list[Sequence[str]] = [("PROCESS", "PID", "STATE", "EXIT", "REASON", "COMMAND")]
     for p in processes:
-        exit_text = ""
+        exit_text = reason = ""
         if p.exited is not None:
             exit_text = str(p.exited.exit_code) + (f" {p.exited.signal}" if p.exited.signal else "")
-        rows.append((p.process_id, str(p.pid), "running" if p.running else "exited", exit_text, p.command))
+            reason = "oom" if p.exited.oom_killed else p.exited.stop_reason
+        rows.append((p.process_id, str(p.pid), "running" if p.running else "exited", exit_text, reason, p.command))
     _print_table(rows)
 
 

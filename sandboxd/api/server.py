@@ -130,7 +130,17 @@ def _tcp_credentials(settings: Settings, authenticator: Authenticator) -> grpc.S
 
 def _prepare_socket(path: Path) -> None:
     """Create the socket's directory (0700) and clear a stale socket; refuse a live one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        msg = f"cannot create the socket's directory {path.parent}: {exc.strerror}"
+        raise SandboxdError(msg) from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        msg = (
+            f"cannot create the socket in {path.parent}: uid {os.geteuid()} may not write there "
+            "(give the directory to that uid, or choose another with --socket)"
+        )
+        raise SandboxdError(msg)
     if path.parent.stat().st_uid == os.geteuid():
         path.parent.chmod(0o700)
     if path.exists() or path.is_symlink():
@@ -166,6 +176,9 @@ async def start(settings: Settings, backend: Backend, *, environ: Mapping[str, s
     authenticator.load()
     credentials = _tcp_credentials(settings, authenticator) if settings.listen_address else None
     audit = AuditLog(settings.audit_log, mask=secret_store.mask_text)
+    # Before touching any container: a socket that cannot be made stops the start at once.
+    socket_path = Path(settings.socket_path)
+    await asyncio.to_thread(_prepare_socket, socket_path)
     processes = ProcessTable(backend, settings)
     workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store)
     try:
@@ -195,11 +208,12 @@ async def start(settings: Settings, backend: Backend, *, environ: Mapping[str, s
         server,
     )
     addresses = []
-    socket_path = Path(settings.socket_path)
-    await asyncio.to_thread(_prepare_socket, socket_path)
     old_umask = os.umask(0o177)  # the socket is born 0600, not chmod-ed after the fact
     try:
         server.add_insecure_port(f"unix:{socket_path}")
+    except RuntimeError as exc:
+        msg = f"cannot listen on {socket_path}: {exc}"
+        raise SandboxdError(msg) from None
     finally:
         os.umask(old_umask)
     os.chmod(socket_path, 0o600)  # belt and braces: some gRPC versions create it later

@@ -121,6 +121,29 @@ class TestServer:
 
 
 class TestProcess:
+    @pytest.mark.parametrize("fmt", ["json", "console"])
+    def test_unusable_socket_directory_is_one_line(self, tmp_path, fmt: str) -> None:
+        """A socket directory the daemon cannot write: exit 1, one line saying so, nothing touched."""
+        env = {
+            **os.environ,
+            "SANDBOXD_LOG_FORMAT": fmt,
+            "SANDBOXD_AUDIT_LOG": "off",
+            "SANDBOXD_INSTANCE": "unusable-socket",
+        }
+        run = subprocess.run(
+            [sys.executable, "-m", "sandboxd", "serve", "--no-build", "--socket", "/proc/1/sandboxd.sock"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert run.returncode == 1
+        lines = run.stderr.splitlines()
+        assert len(lines) == 1, run.stderr
+        assert "cannot create the socket in /proc/1" in lines[0]
+        assert "Traceback" not in run.stderr
+        assert "daemon.adopted" not in run.stdout + run.stderr  # refused before touching containers
+
     def test_serve_and_graceful_sigterm(self, tmp_path, default_image) -> None:
         """`python -m sandboxd` serves on its socket, answers health, and on SIGTERM stops cleanly."""
         import json
@@ -195,6 +218,9 @@ class TestCli:
         )
         assert run.stdout == "1 /tmp\n"
         assert run.returncode in {137, 143}  # killed at the 1 s timeout, not after 30 s
+        # The exit code alone would not say why: one line does.
+        signal_name = {137: "SIGKILL", 143: "SIGTERM"}[run.returncode]
+        assert run.stderr == f"sandboxctl: the command timed out (ended by {signal_name})\n"
         stray = self._ctl(daemon, "exec", workspace_id, "oops", "--", "true")
         assert stray.returncode == 2
         assert "unexpected arguments before '--': oops" in stray.stderr
@@ -319,5 +345,9 @@ class TestCli:
         assert "sleep 77" in listed
         killed = self._ctl(daemon, "kill", workspace_id, process_id, check=True)
         assert killed.stdout == f"{process_id} exited 143 (SIGTERM)\n"
+        after = self._ctl(daemon, "ps", workspace_id, check=True).stdout.splitlines()
+        assert after[0].split() == ["PROCESS", "PID", "STATE", "EXIT", "REASON", "COMMAND"]
+        row = next(line for line in after if line.startswith(process_id)).split()
+        assert row[2:6] == ["exited", "143", "SIGTERM", "killed"]
         wrong = self._ctl(daemon, "kill", "ws-other", process_id)
         assert wrong.returncode == 1

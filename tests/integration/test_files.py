@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tarfile
 
 import pytest
 from sandboxd_client import (
@@ -330,6 +331,29 @@ class TestTreeOperations:
         assert os.readlink(back / "nested" / "link") == "deeper/note.txt"
         cat = subprocess.run([*ctl, "cat", ws, "copied/secret"], capture_output=True, check=True, timeout=60)
         assert cat.stdout == (tree / "secret").read_bytes()
+
+    async def test_cp_names_like_docker_cp(self, daemon, workspace, tmp_path) -> None:
+        """Relative names land in /workspace; `dir/` is a directory; `-` is a tar stream; files become yours."""
+        ctl = [sys.executable, "-m", "sandboxd_client.cli", "--socket", daemon.socket_path]
+        ws = workspace.workspace_id
+        (tmp_path / "a.txt").write_bytes(b"alpha\n")
+
+        def run(*args: str, **options: object) -> subprocess.CompletedProcess[bytes]:
+            return subprocess.run([*ctl, *args], capture_output=True, timeout=60, **options)  # type: ignore[call-overload]
+
+        assert run("cp", str(tmp_path / "a.txt"), f"{ws}:copied.txt").returncode == 0
+        assert run("cp", str(tmp_path / "a.txt"), f"{ws}:/workspace/newdir/").returncode == 0
+        listing = await workspace.exec("cat /workspace/copied.txt /workspace/newdir/a.txt").wait()
+        assert listing.stdout == "alpha\nalpha\n"
+        archive = run("cp", f"{ws}:/workspace/newdir", "-")
+        assert archive.returncode == 0
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            assert sorted(tar.getnames()) == ["newdir", "newdir/a.txt"]
+            assert tar.extractfile("newdir/a.txt").read() == b"alpha\n"  # type: ignore[union-attr]
+        assert run("cp", "-", f"{ws}:/workspace/unpacked", input=archive.stdout).returncode == 0
+        assert (await workspace.exec("cat /workspace/unpacked/newdir/a.txt").wait()).stdout == "alpha\n"
+        assert run("cp", f"{ws}:/workspace/newdir/a.txt", str(tmp_path / "out.txt")).returncode == 0
+        assert (tmp_path / "out.txt").stat().st_uid == os.getuid()  # the workspace user's 1000 is not kept
 
 
 def _png(width: int, height: int) -> bytes:

@@ -499,6 +499,19 @@ class TestTcp:
             async with SandboxClient(address, token=token, tls=untrusted, retries=False) as client:
                 with pytest.raises(UnavailableError):
                     await client.list_workspaces()
+            # From the CLI: one line, no gRPC core chatter about the handshake.
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPC_", "SANDBOXD_"))}
+            ctl = [sys.executable, "-m", "sandboxd_client.cli", "--address", address, "--token", token]
+            run = subprocess.run(
+                [*ctl, "--tls-ca", str(certs["stranger_cert"]), "ls"],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+            )
+            assert run.returncode == 1
+            assert len(run.stderr.splitlines()) == 1, run.stderr
+            assert run.stderr.startswith("sandboxctl: ")
         finally:
             thread.stop()
 
