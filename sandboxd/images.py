@@ -81,6 +81,7 @@ async def ensure_default_image(
     digest = recipe_digest()
     info = await backend.image_info(ref)
     if info is not None and info.labels.get(RECIPE_LABEL) == digest and not force:
+        progress(f"workspace image {ref} is up to date (recipe {digest[:12]}; --force rebuilds it)")
         return ref
     progress(f"building workspace image {ref} (recipe {digest[:12]}); this takes a minute or two the first time")
     base = await ensure_base_image(backend, route=route, progress=progress)

@@ -145,6 +145,8 @@ def _own_daemon() -> Iterator[str]:
         socket_path = str(Path(tmp) / "sandboxd.sock")
         log = Path(tmp) / "daemon.log"
         env = {**os.environ, "SANDBOXD_SOCKET": socket_path, "SANDBOXD_INSTANCE": _INSTANCE}
+        # A throwaway daemon keeps its audit trail with it, not in the machine's (unless told).
+        env.setdefault("SANDBOXD_AUDIT_LOG", str(Path(tmp) / "audit.jsonl"))
         with log.open("wb") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "sandboxd", "serve", "--socket", socket_path],

@@ -201,3 +201,25 @@ class TestErrors:
         """An empty command is INVALID_ARGUMENT."""
         with pytest.raises(InvalidArgumentError, match="command"):
             await workspace.exec("   ").wait()
+
+
+class TestSyncClient:
+    def test_blocking_client_round_trip(self, daemon) -> None:
+        """SyncSandboxClient, as the README shows it: create, exec, files, errors, delete."""
+        from sandboxd_client import CommandFailedError, NotFoundError, SyncSandboxClient
+
+        with SyncSandboxClient(socket_path=daemon.socket_path, retries=False) as client:
+            ws = client.create_workspace(labels={"test": "sync"})
+            try:
+                assert ws.exec("echo hi").stdout == "hi\n"
+                assert ws.exec("exit 3").exit_code == 3
+                with pytest.raises(CommandFailedError):
+                    ws.exec("exit 3", check=True)
+                ws.write_file("notes.txt", "a\nb\n")
+                assert ws.edit_file("notes.txt", "b", "B").replacements == 1
+                assert "B" in ws.read_file("notes.txt").content
+                assert [info.workspace_id for info in client.list_workspaces({"test": "sync"})] == [ws.workspace_id]
+            finally:
+                ws.delete()
+            with pytest.raises(NotFoundError):
+                client.get_workspace(ws.workspace_id)

@@ -53,3 +53,21 @@ class TestFromEnv:
     def test_xdg_runtime_dir(self) -> None:
         """Without SANDBOXD_SOCKET the socket lives under XDG_RUNTIME_DIR when set."""
         assert Settings.from_env({"XDG_RUNTIME_DIR": "/run/user/7"}).socket_path == "/run/user/7/sandboxd/sandboxd.sock"
+
+
+def test_every_setting_is_in_the_readme_table() -> None:
+    """Each field's environment variable has a row in the README's settings table."""
+    import dataclasses
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    table = "\n".join(line for line in readme.splitlines() if line.startswith("| `"))
+    documented = {
+        "socket_path": "SANDBOXD_SOCKET",  # the socket path's variable is the client's name for it
+    }
+    missing = [
+        name
+        for name in (documented.get(f.name, f"SANDBOXD_{f.name.upper()}") for f in dataclasses.fields(Settings))
+        if f"`{name}`" not in table
+    ]
+    assert missing == []
