@@ -455,13 +455,17 @@ def op_list(req):
         names = sorted(os.listdir(path))
     except OSError as exc:
         raise from_os_error(exc, path)
-    entries = []
+    out = FrameOut()
+    count = 0
     for name in names:
         try:
-            entries.append(describe(os.path.join(path, name), name=name))
+            entry = describe(os.path.join(path, name), name=name)
         except OSError:
             continue  # removed while listing
-    return {"entries": entries}
+        out.write(json.dumps(entry).encode() + b"\n")  # one per line, in data frames
+        count += 1
+    out.flush()
+    return {"count": count}
 
 
 def op_remove(req):
@@ -528,9 +532,10 @@ def op_download(req):
     return {}
 
 
-def _safe_name(name):
+def _safe_name(name, root_ok=False):
+    """``name`` normalised; refused when it is absolute, climbs, or (unless ``root_ok``) is empty."""
     parts = [p for p in name.split("/") if p not in ("", ".")]
-    if name.startswith("/") or ".." in parts or not parts:
+    if name.startswith("/") or ".." in parts or not (parts or root_ok):
         raise OpError("invalid", "unsafe path in archive: %r" % name)
     return "/".join(parts)
 
@@ -558,6 +563,8 @@ def op_upload(req):
     try:
         with tarfile.open(fileobj=FrameIn(), mode="r|*") as archive:
             for member in archive:
+                if member.isdir() and not member.name.startswith("/") and not _safe_name(member.name, root_ok=True):
+                    continue  # "./": the directory being extracted into (`tar -C src -cf - .` starts so)
                 target = _inside(root, member.name)
                 if member.isdir():
                     os.makedirs(target, exist_ok=True)

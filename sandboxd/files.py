@@ -22,7 +22,6 @@ import posixpath
 import random
 import secrets
 import struct
-import warnings
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Coroutine, Sequence
 from typing import Any
@@ -89,6 +88,9 @@ _BOM = b"\xef\xbb\xbf"
 _EDIT_ATTEMPTS = 50
 _OP_MARKER = "SANDBOXD_FILE_OP"
 FILE_OP_TIMEOUT_S = 120.0
+MAX_REPLY_BYTES = MAX_EDIT_BYTES + 4 * 1024 * 1024
+"""Most the daemon holds of one (non-streaming) file operation's reply: the largest legitimate
+one is a whole file read for an edit."""
 """Longest one file operation may take inside the container, in seconds."""
 
 
@@ -452,17 +454,13 @@ def sniff_image(data: bytes, source: str) -> ImageData:
         raise FailedPreconditionError(msg)
     from PIL import Image, UnidentifiedImageError
 
+    # Only the header is read, never the pixels: a huge canvas is no bomb here. Set once for the
+    # daemon (which decodes no pixels anywhere), not toggled: sniffs run in threads.
+    Image.MAX_IMAGE_PIXELS = None
     try:
-        with warnings.catch_warnings():
-            # Only the header is read, never the pixels: a huge canvas is no bomb here.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
-            try:
-                with Image.open(io.BytesIO(data)) as image:
-                    kind = image.format or ""
-                    width, height = image.size
-            finally:
-                Image.MAX_IMAGE_PIXELS = limit
+        with Image.open(io.BytesIO(data)) as image:
+            kind = image.format or ""
+            width, height = image.size
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         msg = f"{source} is not a png, jpeg, gif or webp image"
         raise FailedPreconditionError(msg) from exc
@@ -473,6 +471,29 @@ def sniff_image(data: bytes, source: str) -> ImageData:
 
 
 # -- running operations in the container ------------------------------------------------------
+
+
+def _from_container(payload: bytes) -> Any:
+    """A JSON reply of the in-container side, every string made valid Unicode.
+
+    File names are bytes: one that is not UTF-8 arrives as lone surrogates, which no
+    gRPC message can carry; they are shown as U+FFFD, as file contents are.
+    """
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            except UnicodeEncodeError:
+                return value.encode("utf-8", "replace").decode("utf-8", "replace")
+        if isinstance(value, list):
+            return [clean(item) for item in value]
+        if isinstance(value, dict):
+            return {clean(key): clean(item) for key, item in value.items()}
+        return value
+
+    return clean(json.loads(payload))
+
 
 _ERRORS: dict[str, type[SandboxdError]] = {
     "not_found": PathNotFoundError,
@@ -515,6 +536,7 @@ class FileManager:
         self.workspaces = workspaces
         self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = weakref.WeakValueDictionary()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sniffing = asyncio.Semaphore(2)
 
     def _lock(self, workspace_id: str, path: str) -> asyncio.Lock:
         key = (workspace_id, path)
@@ -554,7 +576,9 @@ class FileManager:
         opening = asyncio.ensure_future(
             self.backend.exec_stream(
                 workspace_id,
-                script_argv("fileops.py", request),
+                # The marker in argv too: the operation is not dumpable, so its environment
+                # cannot be read by the reaper that may have to end it.
+                script_argv("fileops.py", {**request, "marker": marker}),
                 env={_OP_MARKER: marker.split("=", 1)[1]},
                 user=context.user,
                 container_id=context.container_id,
@@ -597,7 +621,7 @@ class FileManager:
                 for kind, payload in decoder.feed(data):
                     if kind == b"E":
                         finished = True
-                        error = json.loads(payload)
+                        error = _from_container(payload)
                         cls = _Conflict if error["code"] == "conflict" else _ERRORS.get(error["code"], SandboxdError)
                         raise cls(error["message"])
                     if kind == b"R":
@@ -650,16 +674,23 @@ class FileManager:
         data = bytearray()
         lines: list[tuple[int, bytes]] = []
         result: dict[str, Any] = {}
+        held = 0
         try:
             async with asyncio.timeout(FILE_OP_TIMEOUT_S):
                 async for kind, payload in self._stream(workspace_id, request, stdin):
+                    # The operation's limits are enforced in the container, where a hostile
+                    # workspace could defeat them: the daemon bounds what it holds itself.
+                    held += len(payload)
+                    if held > MAX_REPLY_BYTES:
+                        msg = f"the file operation's reply passed {MAX_REPLY_BYTES} bytes and was stopped"
+                        raise FailedPreconditionError(msg)
                     if kind == b"D":
                         data += payload
                     elif kind == b"L":
                         (chars,) = struct.unpack_from(">Q", payload)
                         lines.append((chars, payload[8:]))
                     elif kind == b"R":
-                        result = json.loads(payload)
+                        result = _from_container(payload)
         except TimeoutError:
             msg = f"the file operation did not finish within {FILE_OP_TIMEOUT_S:g} s and was stopped"
             raise ExecTimeoutError(msg) from None
@@ -778,7 +809,8 @@ class FileManager:
         """Entries of a directory, sorted by name."""
         resolved = resolve_path(path or WORKSPACE_ROOT)
         reply = await self._call(workspace_id, {"op": "list", "path": resolved})
-        return resolved, list(reply.result["entries"])
+        # One JSON entry per line in data frames: a big directory is no single oversized frame.
+        return resolved, [_from_container(line) for line in reply.data.split(b"\n") if line]
 
     async def stat(self, workspace_id: str, path: str, *, follow: bool = False) -> dict[str, Any]:
         """Describe one path."""
@@ -828,4 +860,6 @@ class FileManager:
                 msg = f"{source} is over the 5 MB limit for images"
                 raise FailedPreconditionError(msg) from None
             raise
-        return sniff_image(reply.data, source)
+        # Off the event loop, and two at a time: a crafted header can take Pillow seconds.
+        async with self._sniffing:
+            return await asyncio.to_thread(sniff_image, reply.data, source)

@@ -189,7 +189,15 @@ def marker_value(pid, marker):
         with open("/proc/%d/environ" % pid, "rb") as fh:
             env = fh.read()
     except OSError:
-        return None
+        # A non-dumpable process (the daemon's own file operations) hides its environment:
+        # those carry their full marker in their argv too, which anyone may read.
+        if marker.endswith(b"="):
+            return None
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as fh:
+                return marker.partition(b"=")[2] if marker in fh.read() else None
+        except OSError:
+            return None
     if marker.endswith(b"="):
         start = (b"\0" + env).find(b"\0" + marker)
         if start < 0:

@@ -7,8 +7,8 @@ intent; an ``agent`` call follows the policy; a ``scheduler`` call may only run
 
 What the policy is: a per-effect policy (``{"read": "allow", "write": "ask"}``)
 when one is given for the tool's effect, otherwise the mode (seed 000):
-``allow-all``, ``deny-all``, ``read-only`` (``r`` tools allowed, the rest
-asked) or ``always-ask``. Asking calls the ``approve`` callback; with no
+``allow-all``, ``deny-all``, ``read-only`` (``r`` tools whose effect is
+``read`` allowed, the rest asked) or ``always-ask``. Asking calls the ``approve`` callback; with no
 callback the answer is deny (the conservative default for unattended runs).
 """
 
@@ -79,7 +79,8 @@ class Approval:
         if self.mode == "deny-all":
             return "deny"
         if self.mode == "read-only":
-            return "allow" if definition.permission == "r" else "ask"
+            # Both must say "read": an `r` tool whose effect is, say, `money` is still asked about.
+            return "allow" if definition.permission == "r" and effect == "read" else "ask"
         return "ask"
 
     async def decide(self, call: ToolCall, definition: ToolDefinitionConfig, actor: Actor) -> ApprovalDecision:

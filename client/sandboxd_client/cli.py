@@ -13,6 +13,7 @@ import os
 import posixpath
 import shutil
 import signal
+import stat
 import sys
 import tarfile
 import termios
@@ -277,25 +278,78 @@ async def _copy(client: SandboxClient, source: str, destination: str, *, archive
         return
     local = Path(destination)
     into_dir = await asyncio.to_thread(local.is_dir)
-    base = local if into_dir else local.parent
-    rename = None if into_dir else local.name
-    mine = {"uid": os.getuid(), "gid": os.getgid(), "uname": None, "gname": None}
+    extraction = _Extraction(local if into_dir else local.parent, None if into_dir else local.name, archive=archive)
 
     def extract(reader: int) -> None:
-        # The "tar" filter keeps modes and symlinks as they are (as docker cp does) but refuses
-        # anything that would land outside the destination, links followed; special files are skipped.
         with os.fdopen(reader, "rb") as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
-                if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
-                    continue
-                if rename is not None:
-                    _, _, rest = member.name.partition("/")
-                    member.name = rename + ("/" + rest if rest else "")
-                if not archive:  # as docker cp: the files are yours unless -a asks for their owners
-                    member = member.replace(**mine)  # type: ignore[arg-type]
-                tar.extract(member, base, filter="tar")
+                extraction.extract(tar, member)
 
     await _download(client, workspace, path, extract)
+
+
+class _Extraction:
+    """Extracts a downloaded archive member by member into ``base``; nothing lands outside it.
+
+    The archive comes from the workspace, which may be hostile and may even forge what the
+    daemon relays: every name is checked here, not left to tarfile's filters alone (older
+    Pythons have known bypasses). Symlinks are kept as they are, as ``docker cp`` does, but
+    nothing is ever written through one; a hard link may only point at a file this same
+    archive created; an existing link or file in the way is replaced, never followed.
+    """
+
+    def __init__(self, base: Path, rename: str | None, *, archive: bool) -> None:
+        """``rename``: the new name of the archive's top-level entry; ``archive``: keep owners."""
+        self.base = base
+        self.rename = rename
+        self.owners = {} if archive else {"uid": os.getuid(), "gid": os.getgid(), "uname": None, "gname": None}
+        self.files: set[str] = set()
+
+    def _relative(self, name: str) -> str:
+        parts = [part for part in name.split("/") if part not in ("", ".")]
+        if not parts or name.startswith("/") or ".." in parts:
+            msg = f"refusing archive entry {name!r}: it would land outside the destination"
+            raise SandboxError(msg)
+        if self.rename is not None:
+            parts[0] = self.rename
+        return "/".join(parts)
+
+    def _check_parents(self, relative: str) -> None:
+        path = self.base
+        for part in relative.split("/")[:-1]:
+            path = path / part
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                return  # the rest is created by the extraction itself, as real directories
+            if not stat.S_ISDIR(mode):
+                msg = f"refusing archive entry {relative!r}: {path} is a link or a file, not a directory"
+                raise SandboxError(msg)
+
+    def extract(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        """Extract one member (special files are skipped)."""
+        if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+            return
+        relative = self._relative(member.name)
+        self._check_parents(relative)
+        changes: dict[str, Any] = {"name": relative, **self.owners}
+        if member.islnk():
+            target = self._relative(member.linkname)
+            if target not in self.files:
+                msg = f"refusing hard link {relative!r}: it points outside what this copy created"
+                raise SandboxError(msg)
+            changes["linkname"] = target
+        destination = self.base / relative
+        if os.path.lexists(destination):
+            if os.path.isdir(destination) and not os.path.islink(destination):
+                if not member.isdir():
+                    msg = f"cannot overwrite directory {destination} with a non-directory"
+                    raise SandboxError(msg)
+            else:
+                os.unlink(destination)  # replaced, never written through
+        tar.extract(member.replace(**changes), self.base, filter="tar")
+        if member.isfile() or member.islnk():
+            self.files.add(relative)
 
 
 async def _copy_in(client: SandboxClient, source: str, workspace: str, path: str) -> None:

@@ -34,8 +34,9 @@ async def raw(workspace, path: str) -> bytes:  # type: ignore[no-untyped-def]
 
 
 async def fileops_left(workspace) -> list[str]:  # type: ignore[no-untyped-def]
-    out = await sh(workspace, 'ps -eo args= | grep -c \'^python3 -I -S -c """In-container file\' || true')
-    return [] if out.strip() == "0" else [out.strip()]
+    # Each file operation carries its marker in its argv ("[=]": this shell's own argv must not match).
+    out = await sh(workspace, "pgrep -fa 'SANDBOXD_FILE_OP[=]' || true")
+    return out.splitlines()
 
 
 def _tar(*members: tuple[str, str, bytes | str]) -> bytes:
@@ -122,6 +123,23 @@ class TestSpecialFiles:
 
     async def test_cancelled_operation_leaves_no_process(self, client, workspace) -> None:
         """A file call abandoned by its caller does not leave its in-container process running."""
+        # First, that a file operation in progress is seen at all (or the check below proves nothing).
+        payload = io.BytesIO()
+        with tarfile.open(fileobj=payload, mode="w") as tar:
+            entry = tarfile.TarInfo("slow.txt")
+            entry.size = 100_000
+            tar.addfile(entry, io.BytesIO(b"s" * 100_000))
+        archive = payload.getvalue()
+
+        async def trickle():  # type: ignore[no-untyped-def]
+            yield archive[:50_000]
+            await asyncio.sleep(1.5)
+            yield archive[50_000:]
+
+        upload = asyncio.create_task(client.upload(workspace.workspace_id, "/workspace", trickle()))
+        await asyncio.sleep(0.8)
+        assert len(await fileops_left(workspace)) == 1
+        assert await upload == 1
         await client.write_file(workspace.workspace_id, "big2.txt", b"x\n" * 4_000_000)
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(client.read_file(workspace.workspace_id, "big2.txt"), 0.05)
@@ -129,6 +147,35 @@ class TestSpecialFiles:
         while await fileops_left(workspace) and time.monotonic() < deadline:
             await asyncio.sleep(0.3)
         assert await fileops_left(workspace) == []
+
+
+class TestNames:
+    async def test_a_big_directory_lists_whole(self, client, workspace) -> None:
+        """6000 entries with 150-character names (about 1.5 MB of listing) come back, all of them."""
+        await sh(workspace, "mkdir big && cd big && for i in $(seq 6000); do : > \"$(printf '%0150d' $i)\"; done")
+        entries = await client.list_dir(workspace.workspace_id, "big")
+        assert len(entries) == 6000
+        assert entries[0].name == f"{1:0150d}"
+
+    async def test_names_that_are_not_utf8(self, client, workspace) -> None:
+        """A command may name a file with any bytes: listings and stats show U+FFFD, never fail."""
+        await sh(workspace, "mkdir odd && cd odd && touch $'bad\\xff' && ln -s $'bad\\xff' link")
+        names = sorted(entry.name for entry in await client.list_dir(workspace.workspace_id, "odd"))
+        assert names == ["bad\ufffd", "link"]
+        link = await client.stat(workspace.workspace_id, "odd/link")
+        assert (link.type, link.link_target) == ("symlink", "bad\ufffd")
+
+    async def test_upload_of_a_dot_rooted_archive(self, client, workspace, tmp_path) -> None:
+        """`tar -C src -cf - .` starts with "./": accepted, as tar itself does."""
+        (tmp_path / "src" / "sub").mkdir(parents=True)
+        (tmp_path / "src" / "sub" / "f.txt").write_text("dot rooted\n")
+        archive = subprocess.run(["tar", "-C", str(tmp_path / "src"), "-cf", "-", "."], capture_output=True, check=True)
+
+        async def chunks():  # type: ignore[no-untyped-def]
+            yield archive.stdout
+
+        await client.upload(workspace.workspace_id, "/workspace/dot", chunks())
+        assert await sh(workspace, "cat /workspace/dot/sub/f.txt") == "dot rooted\n"
 
 
 class TestUploadSafety:

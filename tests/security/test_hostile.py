@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
+import tarfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -194,6 +196,37 @@ async def test_symlink_race_against_the_file_api(client, attacker, neighbour) ->
     assert sum(outcomes.values()) == 40, outcomes  # every call answered with a clean status
     assert (await attacker.exec("sha256sum /etc/passwd").wait()).stdout == container_passwd
     assert hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest() == host_passwd
+
+
+async def test_file_operations_cannot_be_hijacked(client, attacker, neighbour) -> None:  # type: ignore[no-untyped-def]
+    """A command may not open a file operation's pipes to the daemon (to forge its replies) or read it.
+
+    An upload trickles in for 3 s; meanwhile the workspace finds that operation's process and
+    tries `/proc/PID/fd/1` (write), `/proc/PID/fd/0` (read) and `/proc/PID/environ`.
+    """
+    payload = io.BytesIO()
+    with tarfile.open(fileobj=payload, mode="w") as tar:
+        data = b"x" * 200_000
+        entry = tarfile.TarInfo("slow.bin")
+        entry.size = len(data)
+        tar.addfile(entry, io.BytesIO(data))
+    archive = payload.getvalue()
+
+    async def trickle() -> AsyncIterator[bytes]:
+        for start in range(0, len(archive), len(archive) // 6 + 1):
+            yield archive[start : start + len(archive) // 6 + 1]
+            await asyncio.sleep(0.5)
+
+    upload = asyncio.create_task(client.upload(attacker.workspace_id, "/workspace", trickle()))
+    probe = (
+        'sleep 1; pid=$(pgrep -f SANDBOXD_FILE_OP | head -1); [ -n "$pid" ] || { echo no-op; exit; }; '
+        'for f in fd/1 fd/2; do (exec 3>/proc/$pid/$f) 2>/dev/null && echo "$f open" || echo "$f denied"; done; '
+        'for f in fd/0 environ; do (exec 3</proc/$pid/$f) 2>/dev/null && echo "$f open" || echo "$f denied"; done'
+    )
+    result = await attacker.exec(probe).wait()
+    assert result.stdout == "fd/1 denied\nfd/2 denied\nfd/0 denied\nenviron denied\n"
+    assert await upload == 1
+    assert (await attacker.exec("wc -c < /workspace/slow.bin").wait()).stdout.strip() == "200000"
 
 
 async def test_no_way_to_the_docker_socket(client, attacker, neighbour) -> None:  # type: ignore[no-untyped-def]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from pathlib import Path
@@ -81,6 +82,11 @@ class TestApproval:
         write = await approval.decide(_call("write_file"), definitions["write_file"], "agent")
         assert (read.decision, read.asked, write.decision, write.asked) == ("allow", False, "allow", True)
         assert asked == ["write_file"]
+        # An `r` tool with another effect is not a read: asked about, as the scheduler rule agrees.
+        paying = dataclasses.replace(definitions["read_file"], name="pay", effect="money")
+        decision = await approval.decide(_call("pay"), paying, "agent")
+        assert (decision.decision, decision.asked) == ("allow", True)
+        assert asked == ["write_file", "pay"]
 
     @pytest.mark.parametrize(("mode", "decision"), [("allow-all", "allow"), ("deny-all", "deny")])
     async def test_fixed_modes(self, mode, decision) -> None:  # type: ignore[no-untyped-def]
