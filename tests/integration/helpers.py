@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import re
+import tarfile
+from collections.abc import AsyncIterator
 
 from sandboxd_client import Output, Yielded
 
@@ -31,3 +35,21 @@ async def start_yielded(workspace, command: str, **options) -> str:  # type: ign
     events, _, _ = await collect(workspace.exec(command, yield_after_s=0.25, **options))
     assert isinstance(events[-1], Yielded), events[-1]
     return events[-1].process_id
+
+
+def one_file_tar(name: str, data: bytes) -> bytes:
+    """A tar archive holding one regular file."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        entry = tarfile.TarInfo(name)
+        entry.size = len(data)
+        tar.addfile(entry, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+async def trickle(data: bytes, *, pieces: int, pause_s: float) -> AsyncIterator[bytes]:
+    """``data`` in ``pieces`` chunks with a pause after each: an upload that stays in flight."""
+    step = len(data) // pieces + 1
+    for start in range(0, len(data), step):
+        yield data[start : start + step]
+        await asyncio.sleep(pause_s)

@@ -22,6 +22,8 @@ from sandboxd_client import (
     ToolCall,
 )
 
+from tests.integration.helpers import one_file_tar, trickle
+
 pytestmark = pytest.mark.docker
 
 
@@ -124,19 +126,10 @@ class TestSpecialFiles:
     async def test_cancelled_operation_leaves_no_process(self, client, workspace) -> None:
         """A file call abandoned by its caller does not leave its in-container process running."""
         # First, that a file operation in progress is seen at all (or the check below proves nothing).
-        payload = io.BytesIO()
-        with tarfile.open(fileobj=payload, mode="w") as tar:
-            entry = tarfile.TarInfo("slow.txt")
-            entry.size = 100_000
-            tar.addfile(entry, io.BytesIO(b"s" * 100_000))
-        archive = payload.getvalue()
-
-        async def trickle():  # type: ignore[no-untyped-def]
-            yield archive[:50_000]
-            await asyncio.sleep(1.5)
-            yield archive[50_000:]
-
-        upload = asyncio.create_task(client.upload(workspace.workspace_id, "/workspace", trickle()))
+        archive = one_file_tar("slow.txt", b"s" * 100_000)
+        upload = asyncio.create_task(
+            client.upload(workspace.workspace_id, "/workspace", trickle(archive, pieces=2, pause_s=1.5))
+        )
         await asyncio.sleep(0.8)
         assert len(await fileops_left(workspace)) == 1
         assert await upload == 1

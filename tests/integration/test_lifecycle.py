@@ -6,23 +6,20 @@ import asyncio
 import contextlib
 import gc
 import hashlib
-import io
 import json
 import os
 import signal
 import socket
-import tarfile
 import threading
 import time
 import warnings
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from sandboxd_client import NotFoundError, SandboxClient, UnavailableError
 
 from tests.conftest import DaemonThread, make_settings, new_instance, spawned_daemon
-from tests.integration.helpers import ps, start_yielded
+from tests.integration.helpers import one_file_tar, ps, start_yielded, trickle
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -82,26 +79,18 @@ class TestIdleTtl:
 
     async def test_file_call_in_flight_keeps_a_workspace(self, tmp_path: Path, default_image: str) -> None:
         """An upload trickling in for 3 s on a 1 s TTL finishes; the TTL runs again only after it."""
-        payload = io.BytesIO()
-        with tarfile.open(fileobj=payload, mode="w") as tar:
-            data = b"slow but complete\n" * 4096
-            entry = tarfile.TarInfo("slow.txt")
-            entry.size = len(data)
-            tar.addfile(entry, io.BytesIO(data))
-        archive = payload.getvalue()
-
-        async def trickle() -> AsyncIterator[bytes]:
-            step = len(archive) // 4 + 1
-            for start in range(0, len(archive), step):
-                yield archive[start : start + step]
-                await asyncio.sleep(0.8)
+        data = b"slow but complete\n" * 4096
+        archive = one_file_tar("slow.txt", data)
 
         thread = DaemonThread(make_settings(tmp_path)).start()
         try:
             async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
                 ws = await client.create_workspace(idle_ttl_s=1)
                 try:
-                    assert await ws.client.upload(ws.workspace_id, "/workspace", trickle()) == 1
+                    assert (
+                        await ws.client.upload(ws.workspace_id, "/workspace", trickle(archive, pieces=4, pause_s=0.8))
+                        == 1
+                    )
                     result = await ws.exec("sha256sum < /workspace/slow.txt").wait()
                     assert result.stdout.split()[0] == hashlib.sha256(data).hexdigest()
                     deadline = time.monotonic() + 6

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
-import tarfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -32,7 +30,7 @@ from sandboxd_client import (
 )
 
 from tests.conftest import DaemonThread
-from tests.integration.helpers import collect, ps, start_yielded
+from tests.integration.helpers import collect, one_file_tar, ps, start_yielded, trickle
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -204,20 +202,10 @@ async def test_file_operations_cannot_be_hijacked(client, attacker, neighbour) -
     An upload trickles in for 3 s; meanwhile the workspace finds that operation's process and
     tries `/proc/PID/fd/1` (write), `/proc/PID/fd/0` (read) and `/proc/PID/environ`.
     """
-    payload = io.BytesIO()
-    with tarfile.open(fileobj=payload, mode="w") as tar:
-        data = b"x" * 200_000
-        entry = tarfile.TarInfo("slow.bin")
-        entry.size = len(data)
-        tar.addfile(entry, io.BytesIO(data))
-    archive = payload.getvalue()
-
-    async def trickle() -> AsyncIterator[bytes]:
-        for start in range(0, len(archive), len(archive) // 6 + 1):
-            yield archive[start : start + len(archive) // 6 + 1]
-            await asyncio.sleep(0.5)
-
-    upload = asyncio.create_task(client.upload(attacker.workspace_id, "/workspace", trickle()))
+    archive = one_file_tar("slow.bin", b"x" * 200_000)
+    upload = asyncio.create_task(
+        client.upload(attacker.workspace_id, "/workspace", trickle(archive, pieces=6, pause_s=0.5))
+    )
     probe = (
         'sleep 1; pid=$(pgrep -f SANDBOXD_FILE_OP | head -1); [ -n "$pid" ] || { echo no-op; exit; }; '
         'for f in fd/1 fd/2; do (exec 3>/proc/$pid/$f) 2>/dev/null && echo "$f open" || echo "$f denied"; done; '
