@@ -626,7 +626,7 @@ def _print_workspaces(infos: Sequence[WorkspaceInfo], *, quiet: bool) -> None:
         for info in infos:
             print(info.workspace_id)
         return
-    rows: list[Sequence[str]] = [("WORKSPACE", "STATE", "IMAGE", "MEMORY", "NETWORK", "CREATED")]
+    rows: list[Sequence[str]] = [("WORKSPACE", "STATE", "IMAGE", "MEMORY", "NETWORK", "RUNTIME", "TTL", "CREATED")]
     for info in infos:
         rows.append(
             (
@@ -635,6 +635,8 @@ def _print_workspaces(infos: Sequence[WorkspaceInfo], *, quiet: bool) -> None:
                 info.image,
                 f"{info.memory_bytes // 1024**2}MiB",
                 info.network,
+                info.runtime,
+                f"{info.idle_ttl_s:g}s" if info.idle_ttl_s else "-",
                 info.create_time.strftime("%Y-%m-%d %H:%M:%S"),
             )
         )

@@ -198,14 +198,25 @@ class TestCli:
 
     def test_create_exec_ls_rm(self, daemon) -> None:
         """sandboxctl creates, streams both outputs, exits with the command's code, lists and removes."""
-        created = self._ctl(daemon, "create", "--memory", "512m", "--label", "cli=yes", check=True)
+        created = self._ctl(daemon, "create", "--memory", "512m", "--ttl", "600", "--label", "cli=yes", check=True)
         workspace_id = created.stdout.strip()
         try:
             run = self._ctl(daemon, "exec", workspace_id, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
             assert (run.stdout, run.stderr, run.returncode) == ("out\n", "err\n", 7)
-            listed = self._ctl(daemon, "ls", "--label", "cli=yes", check=True)
-            assert workspace_id in listed.stdout
-            assert "512MiB" in listed.stdout
+            listed = self._ctl(daemon, "ls", "--label", "cli=yes", check=True).stdout.splitlines()
+            assert listed[0].split() == [
+                "WORKSPACE",
+                "STATE",
+                "IMAGE",
+                "MEMORY",
+                "NETWORK",
+                "RUNTIME",
+                "TTL",
+                "CREATED",
+            ]
+            row = listed[1].split()
+            assert row[0] == workspace_id
+            assert row[3:7] == ["512MiB", "none", "runc", "600s"]
         finally:
             removed = self._ctl(daemon, "rm", workspace_id)
         assert removed.returncode == 0
