@@ -648,7 +648,7 @@ class FileManager:
         await self._reap(context, marker)
 
     async def _reap(self, context: ExecContext, marker: str) -> None:
-        config = {"mode": "reap", "marker": marker, "grace_s": 0.5}
+        config = {"mode": "reap", "marker": marker, "grace_s": 0.5, "marker_in_argv": True}
         with contextlib.suppress(SandboxdError):
             await self.backend.exec_run(
                 context.workspace_id,

@@ -183,6 +183,12 @@ def has_marker(pid, marker):
     return marker_value(pid, marker) is not None
 
 
+MARKER_IN_ARGV = [False]
+"""Reap mode's ``marker_in_argv``: also match a full marker in the argv of a process whose
+environment cannot be read (file operations). Off otherwise, so that a reap of a command's
+marker never takes a supervisor (which names that marker in its own argv) for a stray."""
+
+
 def marker_value(pid, marker):
     """The value of ``pid``'s environment entry matching ``marker`` (``NAME=value`` or ``NAME=``), or None."""
     try:
@@ -191,7 +197,7 @@ def marker_value(pid, marker):
     except OSError:
         # A non-dumpable process (the daemon's own file operations) hides its environment:
         # those carry their full marker in their argv too, which anyone may read.
-        if marker.endswith(b"="):
+        if marker.endswith(b"=") or not MARKER_IN_ARGV[0]:
             return None
         try:
             with open("/proc/%d/cmdline" % pid, "rb") as fh:
@@ -757,6 +763,7 @@ def decode_status(status):
 def reap_marked(config):
     """Reap mode: SIGTERM every process carrying the marker, wait, then SIGKILL the rest."""
     marker = config["marker"].encode()
+    MARKER_IN_ARGV[0] = config.get("marker_in_argv") == "1"
     me = os.getpid()
     found = tree(me, 0, marker)
     values = sorted(set(v.decode("utf-8", "replace") for v in (marker_value(p, marker) for p in found) if v))
