@@ -622,8 +622,15 @@ class FileManager:
                     if kind == b"E":
                         finished = True
                         error = _from_container(payload)
-                        cls = _Conflict if error["code"] == "conflict" else _ERRORS.get(error["code"], SandboxdError)
-                        raise cls(error["message"])
+                        if not isinstance(error, dict):
+                            error = {}
+                        code, message = error.get("code"), error.get("message")
+                        if not isinstance(code, str) or not isinstance(message, str):
+                            # Only a forged reply looks so: the workspace raced the operation's start.
+                            msg = "the file operation's reply from the workspace is malformed"
+                            raise FailedPreconditionError(msg)
+                        cls = _Conflict if code == "conflict" else _ERRORS.get(code, SandboxdError)
+                        raise cls(message[:2000])
                     if kind == b"R":
                         finished = True
                     yield kind, payload

@@ -277,6 +277,22 @@ class ExecContext:
         self.container_id = container_id
 
 
+def _report_int(report: object, key: str, low: int, high: int, *, default: int | None = None) -> int:
+    """An integer field of a supervisor report, within ``[low, high]``.
+
+    Raises:
+        frames.FrameError: missing (without a default), not an integer, or out of range.
+    """
+    if not isinstance(report, dict):
+        msg = "a supervisor report is not an object"
+        raise frames.FrameError(msg)
+    value = report.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        msg = f"a supervisor report's {key} is {value!r}, not an integer in [{low}, {high}]"
+        raise frames.FrameError(msg)
+    return value
+
+
 class _State(enum.Enum):
     STARTING = "starting"
     RUNNING = "running"
@@ -487,7 +503,7 @@ class ProcessSession:
                 # Its supervisor is gone (`kill -9 $PPID`, `kill -9 -1`): nothing else bounds what
                 # the command started any more, so end it all now.
                 self._spawn(self.reap(grace_s=self.settings.kill_grace_s))
-        except frames.FrameError as exc:
+        except (frames.FrameError, ValueError) as exc:  # ValueError: a report that is not JSON
             self._fail(f"the supervisor's output is corrupt: {exc}")
         except asyncio.CancelledError:
             raise
@@ -507,13 +523,16 @@ class ProcessSession:
             if masked := self._redactors[stream].feed(payload):
                 await self.buffer.put(stream, masked)
         elif kind == frames.STARTED:
-            self.pid = int(json.loads(payload)["pid"])
+            self.pid = _report_int(json.loads(payload), "pid", 1, 2**31 - 1)
             if not self._started.done():
                 self._started.set_result(None)
         elif kind == frames.FAILED:
             report = json.loads(payload)
+            if not isinstance(report, dict):
+                msg = "a start failure report is not an object"
+                raise frames.FrameError(msg)
             stage = report.get("stage")
-            detail = report.get("message", "unknown error")
+            detail = str(report.get("message", "unknown error"))[:1000]
             if stage == "fork":
                 error: SandboxdError = QuotaExceededError(
                     f"cannot start the command: {detail} (the workspace's process limit is reached)"
@@ -529,15 +548,24 @@ class ProcessSession:
                 if rest := redactor.flush():
                     await self.buffer.put(stream, rest)
             report = json.loads(payload)
+            # Checked like any input: a process of the workspace may have forged it.
+            exit_code = _report_int(report, "exit_code", 0, 255)
+            signal_number = _report_int(report, "signal", 0, 64)
+            oom_kills = _report_int(report, "oom_kills", 0, 2**31, default=0)
+            leftovers = _report_int(report, "leftovers", 0, 2**31, default=0)
+            spill_path = report.get("spill_path") or ""
+            if not isinstance(spill_path, str):
+                msg = "the exit report's spill_path is not a string"
+                raise frames.FrameError(msg)
             if report.get("timed_out"):
                 self._requested.add(StopReason.TIMEOUT)
-            self.leftovers = int(report.get("leftovers", 0))
+            self.leftovers = leftovers
             self._finish(
                 exit_status(
-                    spill_path=str(report.get("spill_path") or ""),
-                    exit_code=int(report["exit_code"]),
-                    signal_number=int(report["signal"]),
-                    oom_kills=int(report.get("oom_kills", 0)),
+                    spill_path=spill_path[:4096],
+                    exit_code=exit_code,
+                    signal_number=signal_number,
+                    oom_kills=oom_kills,
                     memory_limit_bytes=self.context.memory_limit_bytes,
                     requested=self._requested,
                     dropped_bytes=self.buffer.dropped_bytes,

@@ -277,6 +277,8 @@ async def _copy(client: SandboxClient, source: str, destination: str, *, archive
         await _download(client, workspace, path, _to_stdout)
         return
     local = Path(destination)
+    if destination.endswith("/"):  # a directory by name, created when missing, as for copies in
+        await asyncio.to_thread(local.mkdir, parents=True, exist_ok=True)
     into_dir = await asyncio.to_thread(local.is_dir)
     extraction = _Extraction(local if into_dir else local.parent, None if into_dir else local.name, archive=archive)
 

@@ -353,6 +353,8 @@ class TestTreeOperations:
         assert run("cp", "-", f"{ws}:/workspace/unpacked", input=archive.stdout).returncode == 0
         assert (await workspace.exec("cat /workspace/unpacked/newdir/a.txt").wait()).stdout == "alpha\n"
         assert run("cp", f"{ws}:/workspace/newdir/a.txt", str(tmp_path / "out.txt")).returncode == 0
+        assert run("cp", f"{ws}:newdir/a.txt", str(tmp_path / "made" / "here") + "/").returncode == 0
+        assert (tmp_path / "made" / "here" / "a.txt").read_bytes() == b"alpha\n"
         assert (tmp_path / "out.txt").stat().st_uid == os.getuid()  # the workspace user's 1000 is not kept
 
 
