@@ -532,7 +532,8 @@ class ProcessSession:
                 msg = "a start failure report is not an object"
                 raise frames.FrameError(msg)
             stage = report.get("stage")
-            detail = str(report.get("message", "unknown error"))[:1000]
+            detail = report.get("message")
+            detail = detail[:1000] if isinstance(detail, str) and detail else "unknown error"
             if stage == "fork":
                 error: SandboxdError = QuotaExceededError(
                     f"cannot start the command: {detail} (the workspace's process limit is reached)"
