@@ -578,7 +578,7 @@ class FileManager:
                 workspace_id,
                 # The marker in argv too: the operation is not dumpable, so its environment
                 # cannot be read by the reaper that may have to end it.
-                script_argv("fileops.py", {**request, "marker": marker}),
+                script_argv("fileops.py", {**request, "marker": marker}, python=context.python),
                 env={_OP_MARKER: marker.split("=", 1)[1]},
                 user=context.user,
                 container_id=context.container_id,
@@ -659,7 +659,7 @@ class FileManager:
         with contextlib.suppress(SandboxdError):
             await self.backend.exec_run(
                 context.workspace_id,
-                script_argv("supervisor.py", config, tokens=True),
+                script_argv("supervisor.py", config, tokens=True, python=context.python),
                 user=context.user,
                 container_id=context.container_id,
             )

@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import FailedPreconditionError, InvalidSpecError, QuotaExceededError, SandboxdError
 
-__all__ = ["MAX_ARGUMENT_BYTES", "engine_refusal", "looks_like_frames", "script_argv"]
+__all__ = ["MAX_ARGUMENT_BYTES", "PROTECTED_PYTHON_SCRIPT", "engine_refusal", "looks_like_frames", "script_argv"]
 
 
 _PRELUDE = "try:\n    import ctypes\n    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\nexcept Exception:\n    pass\n"
@@ -34,7 +34,30 @@ MAX_ARGUMENT_BYTES = 131072 - 1
 """Linux caps each argv string at 32 pages (MAX_ARG_STRLEN), the terminating NUL included."""
 
 
-def script_argv(name: str, config: Mapping[str, Any], *, tokens: bool = False) -> list[str]:
+PROTECTED_PYTHON_SCRIPT = """
+set -u
+src=$(readlink -f "$(command -v python3)") || exit 1
+owned() { [ ! -L "$1" ] && [ "$(stat -c '%u %a' "$1")" = "0 711" ]; }
+for dir in /usr/local/libexec/sandboxd /tmp/.sandboxd; do
+  target="$dir/python3"
+  if [ -e "$target" ] || [ -L "$target" ] || [ -L "$dir" ]; then
+    if owned "$dir" && owned "$target" && [ -f "$target" ]; then echo "$target"; exit 0; fi
+    continue
+  fi
+  mkdir -p "$dir" 2>/dev/null && chmod 0711 "$dir" &&
+    cp "$src" "$target.new" 2>/dev/null && chmod 0711 "$target.new" &&
+    mv -f "$target.new" "$target" && owned "$dir" && { echo "$target"; exit 0; }
+done
+exit 1
+"""
+"""Run as the container's root (no capabilities): make an execute-only copy of python3 and print
+its path. A process started from a binary its user cannot read is non-dumpable from ``execve``
+on, so the helpers' pipes to the daemon cannot be opened through ``/proc`` even during the
+interpreter's start-up. ``/usr/local/libexec`` first; ``/tmp`` (fresh at each start) on a
+read-only root. Anything found there that is not root's own, 0711, is left unused."""
+
+
+def script_argv(name: str, config: Mapping[str, Any], *, tokens: bool = False, python: str = "python3") -> list[str]:
     """Return the argv that runs ``sandboxd/<name>`` with ``config``.
 
     Args:
@@ -43,6 +66,7 @@ def script_argv(name: str, config: Mapping[str, Any], *, tokens: bool = False) -
         tokens: pass ``config`` as ``KEY VALUE ...`` argv strings (a nested ``env``
             mapping as ``env:NAME VALUE``; booleans ``1``/``0``) instead of one JSON
             string, so the script needs no ``json`` import (the supervisor's case).
+        python: the interpreter (the workspace's execute-only copy when it has one).
 
     Raises:
         InvalidSpecError: an argument is longer than one argv string may be.
@@ -64,7 +88,7 @@ def script_argv(name: str, config: Mapping[str, Any], *, tokens: bool = False) -
                 f"at most {MAX_ARGUMENT_BYTES} bytes): put large content in a file with write_file"
             )
             raise InvalidSpecError(msg)
-    return ["python3", "-I", "-S", "-c", _source(name), *arguments]
+    return [python, "-I", "-S", "-c", _source(name), *arguments]
 
 
 def looks_like_frames(first_chunk: bytes, kinds: bytes) -> bool:

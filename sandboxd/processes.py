@@ -250,6 +250,8 @@ class ExecContext:
         tenant: the tenant owning the workspace; only its calls may see the workspace's processes.
         secrets: resolves ``secret:NAME`` env values and masks their values in output.
         container_id: the workspace's container; commands run in exactly it (empty: by name).
+        python: the interpreter of the in-container helpers (an execute-only copy when the
+            workspace has one; see ``incontainer.PROTECTED_PYTHON_SCRIPT``).
     """
 
     def __init__(
@@ -264,6 +266,7 @@ class ExecContext:
         tenant: str = DEFAULT_TENANT,
         secrets: SecretStore | None = None,
         container_id: str = "",
+        python: str = "python3",
     ) -> None:
         """Bundle the workspace facts."""
         self.workspace_id = workspace_id
@@ -275,6 +278,7 @@ class ExecContext:
         self.tenant = tenant
         self.secrets = secrets or SecretStore("", {})
         self.container_id = container_id
+        self.python = python
 
 
 def _report_int(report: object, key: str, low: int, high: int, *, default: int | None = None) -> int:
@@ -400,7 +404,7 @@ class ProcessSession:
             "env_on_stdin": True,
             "merge_stderr": self.spec.merge_stderr,
         }
-        return script_argv("supervisor.py", config, tokens=True)
+        return script_argv("supervisor.py", config, tokens=True, python=self.context.python)
 
     def _workdir(self) -> str:
         workdir = self.spec.workdir or self.context.working_dir
@@ -763,7 +767,7 @@ class ProcessSession:
         try:
             await self.backend.exec_run(
                 self.context.workspace_id,
-                script_argv("supervisor.py", config, tokens=True),
+                script_argv("supervisor.py", config, tokens=True, python=self.context.python),
                 user=self.context.user,
                 container_id=self.context.container_id,
             )

@@ -11,6 +11,7 @@ import asyncio
 import builtins
 import contextlib
 import dataclasses
+import functools
 import json
 import posixpath
 import re
@@ -33,6 +34,7 @@ from .errors import (
     WorkspaceNotFoundError,
     WorkspaceNotRunningError,
 )
+from .incontainer import PROTECTED_PYTHON_SCRIPT
 from .models import (
     NetworkPolicy,
     ResourceLimits,
@@ -568,10 +570,33 @@ class WorkspaceManager:
             tenant=info.labels.get(LABEL_TENANT, DEFAULT_TENANT),
             secrets=self.secrets,
             container_id=info.container_id,
+            python=await self._protected_python(info, workspace),
         )
         self._contexts[workspace_id] = context
         self.touch(workspace_id)
         return context
+
+    async def _protected_python(self, info: ContainerInfo, workspace: Workspace) -> str:
+        """The workspace's execute-only interpreter for the helpers, or plain ``python3``.
+
+        Made (or found) by the container's root before the daemon's first command there; see
+        ``incontainer.PROTECTED_PYTHON_SCRIPT``. gVisor will not run a binary it cannot read,
+        and an image may lack what the script needs: both get ``python3``.
+        """
+        if workspace.spec.runtime is Runtime.RUNSC:
+            return "python3"
+        run = functools.partial(self.backend.exec_run, info.workspace_id, container_id=info.container_id)
+        try:
+            code, output = await run(["sh", "-c", PROTECTED_PYTHON_SCRIPT], user="0:0")
+            lines = output.decode("utf-8", "replace").split()
+            if code != 0 or not lines:
+                return "python3"
+            path = lines[-1]
+            code, _ = await run([path, "-I", "-S", "-c", "pass"], user=workspace.spec.security.user)
+        except SandboxdError as exc:
+            log.warning("workspace.protected_python_failed", workspace_id=info.workspace_id, error=exc.message)
+            return "python3"
+        return path if code == 0 else "python3"
 
     def _workspace(self, info: ContainerInfo) -> Workspace:
         spec = spec_from_json(info.labels[LABEL_SPEC])

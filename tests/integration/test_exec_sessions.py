@@ -299,6 +299,24 @@ class TestPty:
 
 
 class TestHostile:
+    async def test_helpers_run_from_an_execute_only_interpreter(self, workspace, runtime: str) -> None:
+        """Under runc the supervisor is started from a copy of python3 its user cannot read, so it is
+        non-dumpable from execve on: no start-up window in which its pipes could be opened.
+        gVisor runs no binary it cannot read: there the helpers use python3 itself."""
+        probe = (
+            "tr '\\0' '\\n' < /proc/$PPID/cmdline | head -1; "
+            "(head -c1 /usr/local/libexec/sandboxd/python3 >/dev/null) 2>/dev/null && echo readable "
+            "|| echo unreadable; "
+            "(cat /proc/$PPID/environ >/dev/null) 2>/dev/null && echo environ-open || echo environ-denied"
+        )
+        result = await workspace.exec(probe).wait()
+        if runtime == "runsc":
+            assert result.stdout.splitlines()[0] == "python3"
+        else:
+            assert result.stdout == "/usr/local/libexec/sandboxd/python3\nunreadable\nenviron-denied\n"
+            owner = await workspace.exec("stat -c '%U %a' /usr/local/libexec/sandboxd/python3").wait()
+            assert owner.stdout == "root 711\n"
+
     async def test_zombies_are_reaped(self, workspace, runtime: str) -> None:
         """300 orphaned `(sleep 0.01 &)` leave no zombie behind (100 under gVisor, where forks are slow)."""
         count = 100 if runtime == "runsc" else 300
