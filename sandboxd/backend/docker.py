@@ -297,7 +297,12 @@ class DockerBackend:
             # An engine restart brings workspaces back; the daemon re-adopts them by label.
             restart_policy={"Name": "unless-stopped"},
             read_only=spec.read_only_root_filesystem,
-            tmpfs={"/tmp": f"rw,nosuid,nodev,mode=1777,size={spec.memory_bytes}"}
+            tmpfs={
+                "/tmp": f"rw,nosuid,nodev,mode=1777,size={spec.memory_bytes}",
+                # Where the helpers' execute-only interpreter goes (incontainer.PROTECTED_PYTHON_SCRIPT):
+                # root's, and executable, unlike Docker's default tmpfs.
+                "/usr/local/libexec/sandboxd": "rw,exec,nosuid,nodev,mode=0711,size=64m",
+            }
             if spec.read_only_root_filesystem
             else None,
         )

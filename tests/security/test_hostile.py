@@ -301,6 +301,11 @@ async def test_read_only_root_filesystem(client, attacker, neighbour) -> None:  
     # The daemon's own machinery (supervisor, spill files) still works.
     result = await attacker.exec("seq 1 50000", spill_after_bytes=1024).wait()
     assert result.spill_path.startswith("/workspace/.sandboxd/spill/")
+    # Its helpers still start from the execute-only interpreter, on a tmpfs of its own.
+    helper = await attacker.exec(
+        "tr '\\0' '\\n' < /proc/$PPID/cmdline | head -1; touch /usr/local/libexec/sandboxd/x 2>/dev/null || echo no"
+    ).wait()
+    assert helper.stdout == "/usr/local/libexec/sandboxd/python3\nno\n"
 
 
 async def test_yielded_attack_does_not_hold_the_daemon(client, attacker, neighbour) -> None:  # type: ignore[no-untyped-def]
