@@ -16,7 +16,15 @@ from typing import Any
 
 from .errors import FailedPreconditionError, InvalidSpecError, QuotaExceededError, SandboxdError
 
-__all__ = ["MAX_ARGUMENT_BYTES", "PROTECTED_PYTHON_SCRIPT", "engine_refusal", "looks_like_frames", "script_argv"]
+__all__ = [
+    "MAX_ARGUMENT_BYTES",
+    "PROTECTED_PYTHON",
+    "PROTECTED_PYTHON_PROBE",
+    "PROTECTED_PYTHON_SETUP",
+    "engine_refusal",
+    "looks_like_frames",
+    "script_argv",
+]
 
 
 _PRELUDE = "try:\n    import ctypes\n    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\nexcept Exception:\n    pass\n"
@@ -34,27 +42,30 @@ MAX_ARGUMENT_BYTES = 131072 - 1
 """Linux caps each argv string at 32 pages (MAX_ARG_STRLEN), the terminating NUL included."""
 
 
-PROTECTED_PYTHON_SCRIPT = """
+PROTECTED_PYTHON = "/usr/local/libexec/sandboxd/python3"
+"""The helpers' execute-only interpreter, when the workspace has one."""
+
+PROTECTED_PYTHON_SETUP = f"""
 set -u
+dir={PROTECTED_PYTHON.rsplit("/", 1)[0]}
 src=$(readlink -f "$(command -v python3)") || exit 1
-owned() { [ ! -L "$1" ] && [ "$(stat -c '%u %a' "$1")" = "0 711" ]; }
-for dir in /usr/local/libexec/sandboxd /tmp/.sandboxd; do
-  target="$dir/python3"
-  if [ -e "$target" ] || [ -L "$target" ] || [ -L "$dir" ]; then
-    if owned "$dir" && owned "$target" && [ -f "$target" ]; then echo "$target"; exit 0; fi
-    continue
-  fi
-  mkdir -p "$dir" 2>/dev/null && chmod 0711 "$dir" &&
-    cp "$src" "$target.new" 2>/dev/null && chmod 0711 "$target.new" &&
-    mv -f "$target.new" "$target" && owned "$dir" && { echo "$target"; exit 0; }
-done
-exit 1
+mkdir -p "$dir" && chmod 0711 "$dir" && [ ! -L "$dir" ] && [ "$(stat -c '%u' "$dir")" = 0 ] || exit 1
+cp "$src" "$dir/python3.new" && chmod 0711 "$dir/python3.new" && mv -f "$dir/python3.new" "$dir/python3"
 """
-"""Run as the container's root (no capabilities): make an execute-only copy of python3 and print
-its path. A process started from a binary its user cannot read is non-dumpable from ``execve``
-on, so the helpers' pipes to the daemon cannot be opened through ``/proc`` even during the
-interpreter's start-up. ``/usr/local/libexec`` first; ``/tmp`` (fresh at each start) on a
-read-only root. Anything found there that is not root's own, 0711, is left unused."""
+"""Run by the container's root (no capabilities) at every start: an execute-only copy of python3.
+A process started from a binary its user cannot read is non-dumpable from ``execve`` on, so the
+helpers' pipes to the daemon cannot be opened through ``/proc`` even during the interpreter's
+start-up. On a read-only root the directory is a tmpfs of its own."""
+
+PROTECTED_PYTHON_PROBE = f"""
+p={PROTECTED_PYTHON}
+i=0
+while [ ! -e "$p" ] && [ "$i" -lt 40 ]; do sleep 0.05; i=$((i + 1)); done
+[ ! -L "$p" ] && [ "$(stat -c '%u %a' "$p")" = "0 711" ] && "$p" -I -S -c pass && echo "$p"
+"""
+"""Run as the workspace user before the daemon's first command there: prints the interpreter's
+path when it is root's, execute-only, and runs (it waits up to 2 s for a fresh container's
+setup)."""
 
 
 def script_argv(name: str, config: Mapping[str, Any], *, tokens: bool = False, python: str = "python3") -> list[str]:

@@ -11,7 +11,6 @@ import asyncio
 import builtins
 import contextlib
 import dataclasses
-import functools
 import json
 import posixpath
 import re
@@ -34,7 +33,7 @@ from .errors import (
     WorkspaceNotFoundError,
     WorkspaceNotRunningError,
 )
-from .incontainer import PROTECTED_PYTHON_SCRIPT
+from .incontainer import PROTECTED_PYTHON, PROTECTED_PYTHON_PROBE, PROTECTED_PYTHON_SETUP
 from .models import (
     NetworkPolicy,
     ResourceLimits,
@@ -389,6 +388,7 @@ class WorkspaceManager:
                 runtime=str(resolved.runtime),
                 added_capabilities=resolved.security.added_capabilities,
                 no_new_privileges=not resolved.security.allow_new_privileges,
+                setup_script="" if resolved.runtime is Runtime.RUNSC else PROTECTED_PYTHON_SETUP,
             )
         )
         workspace = self._workspace(info)
@@ -579,24 +579,23 @@ class WorkspaceManager:
     async def _protected_python(self, info: ContainerInfo, workspace: Workspace) -> str:
         """The workspace's execute-only interpreter for the helpers, or plain ``python3``.
 
-        Made (or found) by the container's root before the daemon's first command there; see
-        ``incontainer.PROTECTED_PYTHON_SCRIPT``. gVisor will not run a binary it cannot read,
-        and an image may lack what the script needs: both get ``python3``.
+        The container's root makes it at every start (``PROTECTED_PYTHON_SETUP``); one probe as
+        the workspace user checks it. gVisor will not run a binary it cannot read, and an image
+        may lack what the setup needs (or a container may predate it): those get ``python3``.
         """
         if workspace.spec.runtime is Runtime.RUNSC:
             return "python3"
-        run = functools.partial(self.backend.exec_run, info.workspace_id, container_id=info.container_id)
         try:
-            code, output = await run(["sh", "-c", PROTECTED_PYTHON_SCRIPT], user="0:0")
-            lines = output.decode("utf-8", "replace").split()
-            if code != 0 or not lines:
-                return "python3"
-            path = lines[-1]
-            code, _ = await run([path, "-I", "-S", "-c", "pass"], user=workspace.spec.security.user)
+            code, output = await self.backend.exec_run(
+                info.workspace_id,
+                ["sh", "-c", PROTECTED_PYTHON_PROBE],
+                user=workspace.spec.security.user,
+                container_id=info.container_id,
+            )
         except SandboxdError as exc:
             log.warning("workspace.protected_python_failed", workspace_id=info.workspace_id, error=exc.message)
             return "python3"
-        return path if code == 0 else "python3"
+        return PROTECTED_PYTHON if code == 0 and output.split()[-1:] == [PROTECTED_PYTHON.encode()] else "python3"
 
     def _workspace(self, info: ContainerInfo) -> Workspace:
         spec = spec_from_json(info.labels[LABEL_SPEC])

@@ -39,6 +39,9 @@ class ContainerSpec:
     disk_bytes: int = 0
     """Size cap of the workspace volume; 0 means a plain volume."""
     read_only_root_filesystem: bool = False
+    setup_script: str = ""
+    """POSIX shell the container's root runs at every start before idling (output discarded,
+    failure ignored)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -299,7 +299,7 @@ class DockerBackend:
             read_only=spec.read_only_root_filesystem,
             tmpfs={
                 "/tmp": f"rw,nosuid,nodev,mode=1777,size={spec.memory_bytes}",
-                # Where the helpers' execute-only interpreter goes (incontainer.PROTECTED_PYTHON_SCRIPT):
+                # Where the helpers' execute-only interpreter goes (incontainer.PROTECTED_PYTHON_SETUP):
                 # root's, and executable, unlike Docker's default tmpfs.
                 "/usr/local/libexec/sandboxd": "rw,exec,nosuid,nodev,mode=0711,size=64m",
             }
@@ -318,7 +318,10 @@ class DockerBackend:
                 api.create_container,
                 spec.image,
                 name=name,
-                entrypoint=KEEPALIVE,
+                # The setup runs in a subshell: whatever it does, the keep-alive follows.
+                entrypoint=["sh", "-c", f"( {spec.setup_script}\n) >/dev/null 2>&1\nexec {' '.join(KEEPALIVE)}"]
+                if spec.setup_script
+                else KEEPALIVE,
                 command=[],
                 user=KEEPALIVE_USER,
                 environment=dict(spec.env),
