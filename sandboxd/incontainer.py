@@ -60,12 +60,13 @@ start-up. On a read-only root the directory is a tmpfs of its own."""
 PROTECTED_PYTHON_PROBE = f"""
 p={PROTECTED_PYTHON}
 i=0
-while [ ! -e "$p" ] && [ "$i" -lt 40 ]; do sleep 0.05; i=$((i + 1)); done
+while [ ! -e "$p" ] && [ "$i" -lt 10 ]; do sleep 0.05; i=$((i + 1)); done
 [ ! -L "$p" ] && [ "$(stat -c '%u %a' "$p")" = "0 711" ] && "$p" -I -S -c pass && echo "$p"
 """
 """Run as the workspace user before the daemon's first command there: prints the interpreter's
-path when it is root's, execute-only, and runs (it waits up to 2 s for a fresh container's
-setup)."""
+path when it is root's, execute-only, and runs. It waits up to 0.5 s for a fresh container's
+setup (a copy of a few MB, done long before a first command can arrive); a container without
+one (made before it existed, or whose image defeats it) costs that once, then gets ``python3``."""
 
 
 def script_argv(name: str, config: Mapping[str, Any], *, tokens: bool = False, python: str = "python3") -> list[str]:
