@@ -35,6 +35,7 @@ RUN groupadd --gid 10001 sandboxd \
 
 ENV PATH=/opt/sandboxd/bin:$PATH \
     SANDBOXD_SOCKET=/run/sandboxd/sandboxd.sock \
+    SANDBOXD_INSTANCE=container \
     SANDBOXD_AUDIT_LOG=/var/lib/sandboxd/audit.jsonl \
     SANDBOXD_LOG_FORMAT=json
 USER sandboxd

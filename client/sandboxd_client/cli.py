@@ -265,9 +265,6 @@ async def _copy(client: SandboxClient, source: str, destination: str, *, archive
     archive on standard input or output.
     """
     src, dst = _remote(source), _remote(destination)
-    if (src is None) == (dst is None):
-        msg = "cp copies between here and a workspace: exactly one side must be WS:/path"
-        raise SandboxError(msg)
     if dst is not None:
         await _copy_in(client, source, *dst)
         return
@@ -280,6 +277,9 @@ async def _copy(client: SandboxClient, source: str, destination: str, *, archive
     if destination.endswith("/"):  # a directory by name, created when missing, as for copies in
         await asyncio.to_thread(local.mkdir, parents=True, exist_ok=True)
     into_dir = await asyncio.to_thread(local.is_dir)
+    if not into_dir and not await asyncio.to_thread(local.parent.is_dir):
+        msg = f"{local.parent}: no such directory"  # as docker cp: only a name ending in / is created
+        raise SandboxError(msg)
     extraction = _Extraction(local if into_dir else local.parent, None if into_dir else local.name, archive=archive)
 
     def extract(reader: int) -> None:
@@ -347,6 +347,9 @@ class _Extraction:
                 if not member.isdir():
                     msg = f"cannot overwrite directory {destination} with a non-directory"
                     raise SandboxError(msg)
+            elif member.isdir() and not os.path.islink(destination):
+                msg = f"cannot copy a directory onto {destination}: it is a file"  # as docker cp
+                raise SandboxError(msg)
             else:
                 os.unlink(destination)  # replaced, never written through
         tar.extract(member.replace(**changes), self.base, filter="tar")
@@ -662,6 +665,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     head, command = _split_command(list(sys.argv[1:] if argv is None else argv))
     parser = _parser(command_split=command is not None)
     opts = parser.parse_args(head)
+    if opts.command == "cp" and (_remote(opts.source) is None) == (_remote(opts.destination) is None):
+        parser.error("cp copies between here and a workspace: exactly one side must be WS:/path")
     if command is not None:
         if opts.argv:
             parser.error(f"unexpected arguments before '--': {' '.join(opts.argv)}")

@@ -59,7 +59,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the marker."""
+    """Register the marker; remember the project's root."""
+    _ROOT[:] = [Path(config.rootpath)]
     config.addinivalue_line(
         "markers", "sandboxd(**options): create_workspace options for the sandboxd `workspace` fixture"
     )
@@ -71,9 +72,23 @@ def _boot_id() -> str:
     return ""
 
 
+_ROOT: list[Path] = []
+"""The pytest rootdir of this session (set at configure), which names the project."""
+
+
 def _owner() -> str:
-    """This checkout: runs of the same project on the same host share it."""
-    return hashlib.sha256(str(Path.cwd().resolve()).encode()).hexdigest()[:16]
+    """This project: runs of it on the same host share it, wherever they are started from."""
+    root = _ROOT[0] if _ROOT else Path.cwd()
+    return hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+
+
+def _own_instance() -> str:
+    """The instance label of a daemon the plugin starts: one per project and xdist worker.
+
+    Two daemons on one label would adopt each other's workspaces and end each other's
+    commands; the same project's next run (same worker) still finds and reaps leftovers.
+    """
+    return f"{_INSTANCE}-{_owner()[:8]}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 
 def _run_labels() -> dict[str, str]:
@@ -144,7 +159,7 @@ def _own_daemon() -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="sandboxd-pytest-") as tmp:
         socket_path = str(Path(tmp) / "sandboxd.sock")
         log = Path(tmp) / "daemon.log"
-        env = {**os.environ, "SANDBOXD_SOCKET": socket_path, "SANDBOXD_INSTANCE": _INSTANCE}
+        env = {**os.environ, "SANDBOXD_SOCKET": socket_path, "SANDBOXD_INSTANCE": _own_instance()}
         # A throwaway daemon keeps its audit trail with it, not in the machine's (unless told).
         env.setdefault("SANDBOXD_AUDIT_LOG", str(Path(tmp) / "audit.jsonl"))
         with log.open("wb") as log_file:
@@ -190,9 +205,14 @@ def sandboxd_client(request: pytest.FixtureRequest) -> Iterator[SyncSandboxClien
 def workspace(request: pytest.FixtureRequest, sandboxd_client: SyncSandboxClient) -> Iterator[SyncWorkspace]:
     """A fresh workspace for one test, deleted afterwards (options from ``@pytest.mark.sandboxd``)."""
     marker = request.node.get_closest_marker("sandboxd")
+    if marker is not None and marker.args:
+        pytest.fail(f"@pytest.mark.sandboxd takes keyword options only, got {marker.args!r}", pytrace=False)
     options: dict[str, Any] = dict(marker.kwargs) if marker else {}
     labels = {**options.pop("labels", {}), **_run_labels(), "pytest.nodeid": request.node.nodeid[:1024]}
-    created = sandboxd_client.create_workspace(labels=labels, **options)
+    try:
+        created = sandboxd_client.create_workspace(labels=labels, **options)
+    except (TypeError, KeyError, ValueError) as exc:  # a bad option; the daemon's refusals say so themselves
+        pytest.fail(f"@pytest.mark.sandboxd{tuple(options.items())!r}: {type(exc).__name__}: {exc}", pytrace=False)
     request.node.stash[_WORKSPACE_KEY] = created
     try:
         yield created

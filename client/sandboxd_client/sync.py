@@ -48,11 +48,13 @@ class SyncSandboxClient:
         self.close()
 
     def close(self) -> None:
-        """Close the channel and stop the loop thread."""
+        """Close the channel, stop the loop thread and close the loop."""
         if self._loop.is_running():
             self._run(self._client.close())
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+        if not self._loop.is_running() and not self._loop.is_closed():
+            self._loop.close()  # an unclosed loop is a ResourceWarning (an error under -W error)
 
     def create_workspace(self, **options: Any) -> SyncWorkspace:
         """See :meth:`SandboxClient.create_workspace`; returns a blocking workspace handle."""
@@ -115,7 +117,7 @@ class SyncWorkspace:
         """Run a command to completion and return its result (see :meth:`SandboxClient.exec`)."""
         try:
             result = self.client.exec(self.workspace_id, command, check=check, **options)
-        except Exception as exc:
+        except BaseException as exc:  # a timeout or Ctrl-C too: the command that hung is the one to show
             self.history.append((command, getattr(exc, "exit_code", None)))
             raise
         self.history.append((command, result.exit_code))

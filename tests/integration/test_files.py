@@ -355,6 +355,19 @@ class TestTreeOperations:
         assert run("cp", f"{ws}:/workspace/newdir/a.txt", str(tmp_path / "out.txt")).returncode == 0
         assert run("cp", f"{ws}:newdir/a.txt", str(tmp_path / "made" / "here") + "/").returncode == 0
         assert (tmp_path / "made" / "here" / "a.txt").read_bytes() == b"alpha\n"
+        # As docker cp: a directory never replaces a file, and only a name ending in / is created.
+        (tmp_path / "notes.txt").write_bytes(b"precious\n")
+        onto_file = run("cp", f"{ws}:newdir", str(tmp_path / "notes.txt"))
+        assert onto_file.returncode == 1
+        assert b"cannot copy a directory onto" in onto_file.stderr
+        assert (tmp_path / "notes.txt").read_bytes() == b"precious\n"
+        missing = run("cp", f"{ws}:newdir/a.txt", str(tmp_path / "nowhere" / "x"))
+        assert (missing.returncode, missing.stderr) == (
+            1,
+            f"sandboxctl: {tmp_path / 'nowhere'}: no such directory\n".encode(),
+        )
+        assert not (tmp_path / "nowhere").exists()
+        assert run("cp", str(tmp_path / "a.txt"), str(tmp_path / "b.txt")).returncode == 2  # a usage error
         assert (tmp_path / "out.txt").stat().st_uid == os.getuid()  # the workspace user's 1000 is not kept
 
 

@@ -151,7 +151,7 @@ class TestFixtures:
         runtime.mkdir()
         env = {k: v for k, v in os.environ.items() if k not in {"SANDBOXD_SOCKET", "SANDBOXD_ADDRESS"}}
         env["XDG_RUNTIME_DIR"] = str(runtime)  # so the default socket is one nobody listens on
-        run = _pytest(project, env, "-s")
+        run = _pytest(project, env, "-s", "-W", "error::ResourceWarning")  # no leaked loop or socket either
         assert run.returncode == 0, run.stdout + run.stderr
         assert "daemon seen: sandboxd-pytest-" in run.stdout
         assert _labelled(docker_client, project) == ([], [])
@@ -159,3 +159,50 @@ class TestFixtures:
             ["pgrep", "-f", "sandboxd-pytest-"], capture_output=True, text=True, check=False
         ).stdout.split()
         assert leftover_daemons == []
+
+    def test_xdist_workers_own_daemons_leave_each_other_alone(
+        self, project: Path, docker_client, tmp_path: Path
+    ) -> None:
+        """Two workers, each starting its own daemon: the second's start must not end the first's command."""
+        (project / "test_a.py").write_text(
+            "def test_long(workspace):\n    assert workspace.exec('sleep 6; echo done').stdout == 'done\\n'\n"
+        )
+        (project / "test_b.py").write_text(
+            "import time\n\n\ndef test_later(workspace):\n    time.sleep(2)\n"
+            "    assert workspace.exec('echo hi').stdout == 'hi\\n'\n"
+        )
+        runtime = tmp_path / "xdg"
+        runtime.mkdir()
+        env = {k: v for k, v in os.environ.items() if k not in {"SANDBOXD_SOCKET", "SANDBOXD_ADDRESS"}}
+        env["XDG_RUNTIME_DIR"] = str(runtime)
+        run = _pytest(project, env, "-n", "2", "--dist", "loadfile", "-p", "no:randomly")
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "2 passed" in run.stdout
+        assert _labelled(docker_client, project) == ([], [])
+
+    def test_bad_marker_options_and_a_hung_command_are_reported(self, daemon, project: Path) -> None:
+        (project / "test_odd.py").write_text(
+            textwrap.dedent(
+                """
+                import pytest
+
+                @pytest.mark.sandboxd(network="host")
+                def test_bad_network(workspace):
+                    pass
+
+                @pytest.mark.sandboxd({"memory_bytes": 5})
+                def test_positional(workspace):
+                    pass
+
+                @pytest.mark.timeout(3)
+                def test_hangs(workspace):
+                    workspace.exec("echo before")
+                    workspace.exec("sleep 60")
+                """
+            )
+        )
+        run = _pytest(project, _env(daemon), "-p", "no:randomly")
+        assert run.returncode == 1
+        assert "@pytest.mark.sandboxd(('network', 'host'),): KeyError" in run.stdout
+        assert "@pytest.mark.sandboxd takes keyword options only" in run.stdout
+        assert "$ sleep 60    [still running]" in run.stdout
