@@ -173,7 +173,15 @@ class TestInput:
 class TestKillAndTimeout:
     async def test_ignoring_sigint_and_sigterm(self, client, workspace) -> None:
         """Ctrl-C leaves an INT/TERM-ignoring loop running; Kill ends it with 137/SIGKILL, nothing left."""
-        process_id = await start_yielded(workspace, "trap '' INT TERM; while :; do sleep 0.1; done")
+        started, seen, _ = await collect(
+            workspace.exec("trap '' INT TERM; echo trapped; while :; do sleep 0.1; done", yield_after_s=0.25)
+        )
+        process_id = started[-1].process_id
+        # A slow start (gVisor, a loaded host) must not let Ctrl-C arrive before the trap is set.
+        deadline = time.monotonic() + 20
+        while "trapped" not in seen and time.monotonic() < deadline:
+            seen += (await collect(client.input(process_id, yield_after_s=0.25)))[1]
+        assert "trapped" in seen
         events, _, _ = await collect(client.input(process_id, "\u0003", yield_after_s=1))
         assert isinstance(events[-1], Yielded), "Ctrl-C must never escalate by itself"
         poll, _, _ = await collect(client.input(process_id, yield_after_s=0.3))
