@@ -6,6 +6,7 @@ import asyncio
 import io
 import re
 import tarfile
+import time
 from collections.abc import AsyncIterator
 
 from sandboxd_client import Output, Yielded
@@ -35,6 +36,22 @@ async def start_yielded(workspace, command: str, **options) -> str:  # type: ign
     events, _, _ = await collect(workspace.exec(command, yield_after_s=0.25, **options))
     assert isinstance(events[-1], Yielded), events[-1]
     return events[-1].process_id
+
+
+async def start_trapped(workspace, traps: str, body: str, **options) -> str:  # type: ignore[no-untyped-def]
+    """Start ``traps; body`` and return its process id once the traps are set.
+
+    A signal sent before the shell has run its ``trap`` (a slow start under gVisor or on a
+    loaded host) would meet the default disposition: tests must not race it.
+    """
+    events, seen, _ = await collect(workspace.exec(f"{traps}; echo trapped; {body}", yield_after_s=0.25, **options))
+    assert isinstance(events[-1], Yielded), events[-1]
+    process_id = events[-1].process_id
+    deadline = time.monotonic() + 20
+    while "trapped" not in seen and time.monotonic() < deadline:
+        seen += (await collect(workspace.client.input(process_id, yield_after_s=0.25)))[1]
+    assert "trapped" in seen
+    return process_id
 
 
 def one_file_tar(name: str, data: bytes) -> bytes:

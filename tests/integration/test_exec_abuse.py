@@ -18,7 +18,7 @@ from sandboxd_client import (
 )
 
 from tests.conftest import DaemonThread, make_settings
-from tests.integration.helpers import collect, start_yielded
+from tests.integration.helpers import collect, start_trapped, start_yielded
 from tests.integration.helpers import ps as alive
 
 pytestmark = pytest.mark.docker
@@ -175,7 +175,9 @@ class TestInterrupts:
 
     async def test_caught_ctrl_c_then_timeout_is_timeout(self, client, workspace) -> None:
         """A Ctrl-C the command survives does not decide the stop reason: a later timeout does."""
-        process_id = await start_yielded(workspace, "trap 'echo caught' INT; while :; do sleep 0.2; done", timeout_s=4)
+        process_id = await start_trapped(
+            workspace, "trap 'echo caught' INT", "while :; do sleep 0.2; done", timeout_s=4
+        )
         events, out, _ = await collect(client.input(process_id, "\u0003", yield_after_s=1))
         assert out == "caught\n"
         assert isinstance(events[-1], Yielded)
@@ -184,14 +186,14 @@ class TestInterrupts:
 
     async def test_caught_ctrl_c_then_kill_is_killed(self, client, workspace) -> None:
         """Kill after a Ctrl-C the command survived reports stop reason killed."""
-        process_id = await start_yielded(workspace, "trap 'echo caught' INT; while :; do sleep 0.2; done")
+        process_id = await start_trapped(workspace, "trap 'echo caught' INT", "while :; do sleep 0.2; done")
         await collect(client.input(process_id, "\u0003", yield_after_s=1))
         exited = await client.kill(process_id)
         assert (exited.exit_code, exited.stop_reason) == (143, "killed")
 
     async def test_signal_by_number_and_realtime_name(self, client, workspace) -> None:
         """Signal accepts numbers and SIGRTMIN+N."""
-        process_id = await start_yielded(workspace, "trap 'echo rt; exit 4' 35; while :; do sleep 0.1; done")
+        process_id = await start_trapped(workspace, "trap 'echo rt; exit 4' 35", "while :; do sleep 0.1; done")
         await client.signal(process_id, "SIGRTMIN+1")
         events, out, _ = await collect(client.input(process_id, yield_after_s=5))
         # Signal 35 is SIGRTMIN+1 in the container; bash may also report the sleep it killed.

@@ -19,7 +19,7 @@ from sandboxd_client import (
 )
 
 from tests.conftest import DaemonThread, make_settings
-from tests.integration.helpers import collect, ps, start_yielded
+from tests.integration.helpers import collect, ps, start_trapped, start_yielded
 
 pytestmark = pytest.mark.docker
 
@@ -59,7 +59,7 @@ class TestYieldAndPoll:
 
     async def test_trap_exits_with_its_own_code(self, client, workspace) -> None:
         """A trap on INT runs and its exit code is kept (no signal reported)."""
-        process_id = await start_yielded(workspace, "trap 'echo got INT; exit 42' INT; while :; do sleep 0.1; done")
+        process_id = await start_trapped(workspace, "trap 'echo got INT; exit 42' INT", "while :; do sleep 0.1; done")
         events, out, _ = await collect(client.input(process_id, "\u0003", yield_after_s=5))
         assert out == "got INT\n"
         assert (events[-1].exit_code, events[-1].signal, events[-1].stop_reason) == (42, "", "interrupted")
@@ -145,7 +145,7 @@ class TestInput:
 
     async def test_signal_rpc(self, client, workspace) -> None:
         """Signal delivers a named signal to the process group."""
-        process_id = await start_yielded(workspace, "trap 'echo usr1; exit 3' USR1; while :; do sleep 0.1; done")
+        process_id = await start_trapped(workspace, "trap 'echo usr1; exit 3' USR1", "while :; do sleep 0.1; done")
         await client.signal(process_id, "SIGUSR1")
         events, out, _ = await collect(client.input(process_id, yield_after_s=5))
         assert (out, events[-1].exit_code) == ("usr1\n", 3)
@@ -173,15 +173,7 @@ class TestInput:
 class TestKillAndTimeout:
     async def test_ignoring_sigint_and_sigterm(self, client, workspace) -> None:
         """Ctrl-C leaves an INT/TERM-ignoring loop running; Kill ends it with 137/SIGKILL, nothing left."""
-        started, seen, _ = await collect(
-            workspace.exec("trap '' INT TERM; echo trapped; while :; do sleep 0.1; done", yield_after_s=0.25)
-        )
-        process_id = started[-1].process_id
-        # A slow start (gVisor, a loaded host) must not let Ctrl-C arrive before the trap is set.
-        deadline = time.monotonic() + 20
-        while "trapped" not in seen and time.monotonic() < deadline:
-            seen += (await collect(client.input(process_id, yield_after_s=0.25)))[1]
-        assert "trapped" in seen
+        process_id = await start_trapped(workspace, "trap '' INT TERM", "while :; do sleep 0.1; done")
         events, _, _ = await collect(client.input(process_id, "\u0003", yield_after_s=1))
         assert isinstance(events[-1], Yielded), "Ctrl-C must never escalate by itself"
         poll, _, _ = await collect(client.input(process_id, yield_after_s=0.3))
