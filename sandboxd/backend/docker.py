@@ -466,6 +466,9 @@ class DockerBackend:
             writer.close()
             msg = f"Docker engine at {self.docker_host} hung up starting an exec: {_reason(exc)}"
             raise DockerUnavailableError(msg) from exc
+        except BaseException:
+            writer.close()  # cancelled (the daemon stopping): the connection must not outlive its loop
+            raise
         status = int(head.split(b" ", 2)[1])
         if status not in (101, 200):
             writer.close()
