@@ -81,7 +81,8 @@ class TestNoOutputLost:
             "import sys, time\n"
             "data = ('a' + 'é' * 20000).encode()\n"
             "for i in range(0, len(data), 4097):\n"
-            "    sys.stdout.buffer.write(data[i:i + 4097]); sys.stdout.flush(); time.sleep(0.002)\n"
+            # 50 ms apart: even a slow reader (gVisor, a loaded host) gets them as separate chunks.
+            "    sys.stdout.buffer.write(data[i:i + 4097]); sys.stdout.flush(); time.sleep(0.05)\n"
         )
         events = [e async for e in workspace.exec(f"python3 -c {_quote(script)}")]
         chunks = [e.data for e in events if isinstance(e, Output) and e.data]
