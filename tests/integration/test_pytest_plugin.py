@@ -60,6 +60,15 @@ def _env(daemon) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {**os.environ, "SANDBOXD_SOCKET": daemon.socket_path}
 
 
+def _no_daemon_env(tmp_path: Path) -> dict[str, str]:
+    """An environment naming no daemon, whose default socket nobody listens on: the plugin starts its own."""
+    runtime = tmp_path / "xdg"
+    runtime.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in {"SANDBOXD_SOCKET", "SANDBOXD_ADDRESS"}}
+    env["XDG_RUNTIME_DIR"] = str(runtime)
+    return env
+
+
 class TestFixtures:
     def test_workspace_fixture_and_cleanup(self, daemon, project: Path, docker_client) -> None:
         """A test using only `workspace` runs `echo hi`; afterwards nothing with its label is left."""
@@ -147,10 +156,7 @@ class TestFixtures:
                 """
             )
         )
-        runtime = tmp_path / "xdg"
-        runtime.mkdir()
-        env = {k: v for k, v in os.environ.items() if k not in {"SANDBOXD_SOCKET", "SANDBOXD_ADDRESS"}}
-        env["XDG_RUNTIME_DIR"] = str(runtime)  # so the default socket is one nobody listens on
+        env = _no_daemon_env(tmp_path)
         run = _pytest(project, env, "-s", "-W", "error::ResourceWarning")  # no leaked loop or socket either
         assert run.returncode == 0, run.stdout + run.stderr
         assert "daemon seen: sandboxd-pytest-" in run.stdout
@@ -171,10 +177,7 @@ class TestFixtures:
             "import time\n\n\ndef test_later(workspace):\n    time.sleep(2)\n"
             "    assert workspace.exec('echo hi').stdout == 'hi\\n'\n"
         )
-        runtime = tmp_path / "xdg"
-        runtime.mkdir()
-        env = {k: v for k, v in os.environ.items() if k not in {"SANDBOXD_SOCKET", "SANDBOXD_ADDRESS"}}
-        env["XDG_RUNTIME_DIR"] = str(runtime)
+        env = _no_daemon_env(tmp_path)
         run = _pytest(project, env, "-n", "2", "--dist", "loadfile", "-p", "no:randomly")
         assert run.returncode == 0, run.stdout + run.stderr
         assert "2 passed" in run.stdout
