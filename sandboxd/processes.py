@@ -102,6 +102,11 @@ NON_INTERACTIVE_ENV = {
     "GIT_PAGER": "cat",
     "NO_COLOR": "1",
     "LANG": "C.UTF-8",
+    # Nothing can answer an editor: git commit, git merge and crontab -e must not wait for one.
+    "GIT_EDITOR": "true",
+    "EDITOR": "true",
+    "VISUAL": "true",
+    "GIT_MERGE_AUTOEDIT": "no",
 }
 """SPEC §6 defaults for commands without a terminal; the caller's values win."""
 

@@ -268,9 +268,36 @@ class TestSpill:
 
 class TestEnvironment:
     async def test_non_interactive_defaults(self, workspace) -> None:
-        """Without a terminal: TERM=dumb, PAGER=cat, GIT_PAGER=cat, NO_COLOR=1, LANG=C.UTF-8."""
-        result = await workspace.exec("echo $TERM $PAGER $GIT_PAGER $NO_COLOR $LANG; test -t 0 || echo notty").wait()
-        assert result.stdout == "dumb cat cat 1 C.UTF-8\nnotty\n"
+        """Without a terminal: TERM=dumb, pagers cat, NO_COLOR=1, LANG=C.UTF-8, and no editor to wait for."""
+        result = await workspace.exec(
+            "echo $TERM $PAGER $GIT_PAGER $NO_COLOR $LANG $GIT_EDITOR $EDITOR $VISUAL $GIT_MERGE_AUTOEDIT;"
+            " test -t 0 || echo notty"
+        ).wait()
+        assert result.stdout == "dumb cat cat 1 C.UTF-8 true true true no\nnotty\n"
+
+    async def test_git_never_waits_for_an_editor(self, workspace) -> None:
+        """`git commit` with no message aborts at once, also when the caller sets a real TERM."""
+        command = (
+            "git init -q /tmp/g && cd /tmp/g && git -c user.name=a -c user.email=a@b commit --allow-empty; echo rc=$?"
+        )
+        result = await workspace.exec(command, env={"TERM": "xterm-256color"}, timeout_s=20).wait()
+        assert "Aborting commit due to empty commit message." in result.stderr
+        assert result.stdout.endswith("rc=1\n")
+        assert result.stop_reason == "exited"
+
+    async def test_callers_editor_wins(self, client, workspace) -> None:
+        """An editor the caller (workspace or call env) names is the one git runs."""
+        ws = await client.create_workspace(env={"GIT_EDITOR": "echo workspace-editor >"})
+        try:
+            command = (
+                "git init -q /tmp/g && cd /tmp/g && git -c user.name=a -c user.email=a@b commit -q --allow-empty"
+                " && git log -1 --format=%s"
+            )
+            assert (await ws.exec(command).wait()).stdout == "workspace-editor\n"
+            called = await ws.exec(f"rm -rf /tmp/g; {command}", env={"GIT_EDITOR": "echo call-editor >"}).wait()
+            assert called.stdout == "call-editor\n"
+        finally:
+            await ws.delete()
 
     async def test_caller_overrides_defaults(self, workspace) -> None:
         """The caller's env wins over the defaults."""
