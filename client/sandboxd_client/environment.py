@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import secrets as _secrets
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from ._client import Workspace
@@ -130,8 +130,23 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def check_arguments(definition: ToolDefinitionConfig, arguments: object) -> str | None:
-    """A first check of a call's arguments against its schema: required, unknown, and basic types.
+def _range_words(low: float | None, high: float | None) -> str:
+    """A numeric range as people say it: ``at least 1``, ``at most 10``, ``between 1 and 10``."""
+    if low is not None and high is not None:
+        return f"between {low:g} and {high:g}"
+    return f"at least {low:g}" if low is not None else f"at most {high:g}"
+
+
+def check_arguments(
+    definition: ToolDefinitionConfig, arguments: object, *, clamped: Collection[str] = ()
+) -> str | None:
+    """A first check of a call's arguments against its schema: required, unknown, basic types, ranges.
+
+    Args:
+        definition: the tool's definition, whose model-facing schema is checked.
+        arguments: the call's arguments.
+        clamped: arguments whose ``minimum``/``maximum`` the tool clamps to instead of refusing
+            (the tool then checks them itself; see ``yield_time_ms``).
 
     Returns:
         What is wrong, for the model to read; None when nothing is.
@@ -157,11 +172,12 @@ def check_arguments(definition: ToolDefinitionConfig, arguments: object) -> str 
         is_bool = isinstance(value, bool)
         if allowed and (not isinstance(value, allowed) or (is_bool and "boolean" not in kinds)):
             return f"argument {name!r} of {definition.name} must be {' or '.join(kinds)}"
-        if isinstance(value, int | float) and not is_bool:
-            low = properties[name].get("minimum", -(2**63))
-            high = properties[name].get("maximum", 2**63 - 1)
-            if not low <= value <= high:
-                return f"argument {name!r} of {definition.name} must be between {low} and {high}"
+        if isinstance(value, int | float) and not is_bool and name not in clamped:
+            low, high = properties[name].get("minimum"), properties[name].get("maximum")
+            if (low is not None and value < low) or (high is not None and value > high):
+                return f"argument {name!r} of {definition.name} must be {_range_words(low, high)}"
+            if not -(2**63) <= value < 2**63:  # what travels as int64
+                return f"argument {name!r} of {definition.name} is too large (it must fit in 64 bits)"
     return None
 
 
@@ -241,7 +257,11 @@ class Environment:
         yield ToolCallStart(tool_call_id=call_id, name=call.name, description=str(description or ""))
 
         tool = self.tools.get(call.name)
-        problem = None if tool is None else check_arguments(tool.definition, call.arguments)
+        problem = (
+            None
+            if tool is None
+            else check_arguments(tool.definition, call.arguments, clamped=getattr(tool, "clamped_arguments", ()))
+        )
         if tool is None:
             final = self._finish(
                 call_id, call.name, None, None, f"Error: there is no tool named {call.name!r}.", "failed"

@@ -31,21 +31,27 @@ def strip_ansi(text: str) -> str:
 def collapse_redraws(text: str) -> str:
     r"""Keep only what a terminal would show for lines redrawn with ``\r``.
 
-    Each ``\r`` returns to the start of the line and the next text overwrites
-    what is there, so ``"10%\r100%"`` becomes ``"100%"``. A ``\r`` right before
-    a newline (CRLF) is just a line ending.
+    Each ``\r`` followed by more text on the same line returns to the start of
+    the line, and that text overwrites what is there, so ``"10%\r100%\n"``
+    becomes ``"100%\n"``. A ``\r`` right before a newline is not a redraw but
+    a line ending (CRLF), which the agent may be investigating (a CRLF file, a
+    script failing with ``$'\r': command not found``): it is kept, and the
+    ``\r`` run that ends a redrawn line collapses to that one CRLF
+    (``"a\r\r\nb"`` is ``"a\r\nb"``). A trailing ``\r`` with no newline after
+    it draws nothing and is dropped.
     """
     if "\r" not in text:
         return text
-    lines = []
-    for line in text.split("\n"):
-        line = line.removesuffix("\r")
-        if "\r" in line:
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        body = line.rstrip("\r")
+        ends_in_crlf = body != line and index < len(lines) - 1
+        if "\r" in body:
             shown = ""
-            for segment in line.split("\r"):
+            for segment in body.split("\r"):
                 shown = segment + shown[len(segment) :]
-            line = shown
-        lines.append(line)
+            body = shown
+        lines[index] = body + "\r" if ends_in_crlf else body
     return "\n".join(lines)
 
 
@@ -94,6 +100,7 @@ class CleanStream:
         self._line = ""
         self._col = 0  # where the next character lands on the current line (a CR sends it to 0)
         self._line_extra = 0  # characters of the current line beyond what is kept of it
+        self._cr = False  # the line's last character so far was a CR: a line ending if a newline comes next
         self._held = ""  # a chunk's tail that may be the start of an escape sequence
 
     def feed(self, text: str) -> None:
@@ -103,8 +110,6 @@ class CleanStream:
         cut = text.rfind("\x1b")
         if cut >= 0 and len(text) - cut < _ESCAPE_TAIL_CHARS and _unfinished_escape(text[cut:]):
             text, self._held = text[:cut], text[cut:]
-        if text.endswith("\r"):  # maybe half of a CRLF
-            text, self._held = text[:-1], "\r" + self._held
         pieces = strip_ansi(text).split("\n")
         for index, piece in enumerate(pieces):
             self._draw(piece)
@@ -116,7 +121,9 @@ class CleanStream:
         for number, segment in enumerate(piece.split("\r")):
             if number:  # a carriage return: the cursor goes back to the start of the line
                 self._col = 0
+                self._cr = True
             if segment:
+                self._cr = False
                 # Overwrite from the cursor on, as a terminal does.
                 self._line = self._line[: self._col] + segment + self._line[self._col + len(segment) :]
                 self._col += len(segment)
@@ -126,8 +133,9 @@ class CleanStream:
                 self._col = min(self._col, cap_chars)
 
     def _end_line(self) -> None:
-        self._emit(self._line + "\n", self._line_extra)
-        self._line, self._col, self._line_extra = "", 0, 0
+        # CRs right before the newline are the line's ending (CRLF), not a redraw: one is kept.
+        self._emit(self._line + ("\r\n" if self._cr else "\n"), self._line_extra)
+        self._line, self._col, self._line_extra, self._cr = "", 0, 0, False
 
     def _emit(self, text: str, extra: int) -> None:
         if self.limit <= 0:
@@ -143,10 +151,10 @@ class CleanStream:
         """Flush what is pending and return the kept clean text (at most ``limit`` characters)."""
         if self._held:
             held, self._held = self._held, ""
-            self._draw(strip_ansi(held).replace("\r", "") if held.startswith("\r") else strip_ansi(held))
+            self._draw(strip_ansi(held))
         if self._line or self._line_extra:
-            self._emit(self._line, self._line_extra)
-            self._line, self._col, self._line_extra = "", 0, 0
+            self._emit(self._line, self._line_extra)  # a CR with no newline after it draws nothing
+            self._line, self._col, self._line_extra, self._cr = "", 0, 0, False
         return "".join(self._kept)
 
 

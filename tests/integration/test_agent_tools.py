@@ -90,6 +90,22 @@ class TestExecOutputCap:
         )
         assert out.output == "red\nprogress 100%\n[exit code 0]"
 
+    @pytest.mark.parametrize(
+        ("printed", "shown"),
+        [("x\\r\\ny\\n", "x\r\ny\n"), ("a\\rb\\n", "b\n"), ("a\\r\\r\\nb\\n", "a\r\nb\n")],
+    )
+    async def test_crlf_reaches_the_model(self, workspace, printed: str, shown: str) -> None:
+        """An intentional CRLF stays in the model's text and in the partial events; a redraw collapses (C04)."""
+        env = environment(workspace)
+        call = ToolCall(
+            tool_call_id="crlf", name="exec_command", arguments={"description": "d", "cmd": f"printf '{printed}'"}
+        )
+        events = [event async for event in env.run(call)]
+        final = next(e for e in events if isinstance(e, ToolCallOutput))
+        assert final.output == shown + "[exit code 0]"
+        partial = "".join(e.text for e in events if isinstance(e, ToolCallPartial))
+        assert partial == printed.replace("\\r", "\r").replace("\\n", "\n")  # partials are the raw text
+
     async def test_streams_interleave_in_order(self, workspace) -> None:
         """The model sees stdout and stderr in the order they were written."""
         out = await run(environment(workspace), "exec_command", cmd="echo one; echo two >&2; echo three")
@@ -102,12 +118,48 @@ class TestCommandSessions:
         env = environment(workspace)
         first = await run(env, "exec_command", cmd="sleep 30", yield_time_ms=500)
         process_id = first.metadata["process_id"]
+        assert process_id.startswith("p-")
         assert first.metadata["exit_code"] is None
         assert f"process_id={process_id}" in first.output
         stopped = await run(env, "input_command", process_id=process_id, chars="\u0003")
         assert stopped.metadata["exit_code"] == 130
+        assert stopped.metadata["process_id"] is None  # it has exited: nothing left to drive
         assert stopped.output.endswith("[exit code 130, SIGINT]")
         assert stopped.stop_reason == "interrupted"
+
+    async def test_process_id_exactly_while_running(self, workspace) -> None:
+        """A finished command's result has process_id None and its exit code; a yielded one has both ways."""
+        env = environment(workspace)
+        done = await run(env, "exec_command", cmd="echo hi")
+        assert (done.metadata["process_id"], done.metadata["exit_code"]) == (None, 0)
+        running = await run(env, "exec_command", cmd="read line; echo got $line", yield_time_ms=250)
+        process_id = running.metadata["process_id"]
+        assert (process_id.startswith("p-"), running.metadata["exit_code"]) == (True, None)
+        still = await run(env, "input_command", process_id=process_id, chars="", yield_time_ms=250)
+        assert (still.metadata["process_id"], still.metadata["exit_code"]) == (process_id, None)
+        ended = await run(env, "input_command", process_id=process_id, chars="x\n", yield_time_ms=5000)
+        assert ended.output == "got x\n[exit code 0]"
+        assert (ended.metadata["process_id"], ended.metadata["exit_code"]) == (None, 0)
+
+    async def test_short_yield_is_clamped_and_said(self, workspace) -> None:
+        """yield_time_ms 100 waits 250 ms and says so; a negative one is an error in words (C05)."""
+        env = environment(workspace)
+        first = await run(env, "exec_command", cmd="sleep 3", yield_time_ms=100)
+        process_id = first.metadata["process_id"]
+        assert first.output.endswith(
+            f"[still running as process_id={process_id}; use input_command to send input, poll for output or "
+            "send Ctrl-C]\n[yield_time_ms 100 raised to 250, the shortest wait]"
+        )
+        bad = await run(env, "input_command", process_id=process_id, yield_time_ms=-5)
+        assert (bad.output, bad.stop_reason) == (
+            "Error: argument 'yield_time_ms' of input_command must be a whole number of milliseconds, at least 250",
+            "failed",
+        )
+        done = await run(env, "input_command", process_id=process_id, yield_time_ms=10**9)
+        assert done.output == (
+            "[no output]\n[exit code 0]\n"
+            "[yield_time_ms 1000000000 lowered to 129000, just under the tool's 130000 ms timeout]"
+        )
 
     async def test_unknown_process_is_readable_output(self, workspace) -> None:
         """input_command on an unknown id is an error the model can read, not an exception."""
@@ -335,7 +387,7 @@ class TestCommandLineAndMcp:
             3,
             "completed",
         )
-        assert message["process_id"].startswith("p-")
+        assert message["process_id"] is None  # finished: seed 000 gives a process_id only to a running command
 
     async def test_mcp_client_session(self, daemon, workspace_id) -> None:
         """A real MCP client lists the tools and runs exec_command on a real workspace."""

@@ -341,7 +341,9 @@ class TestAgentTools:
         out = await env.call(
             ToolCall(tool_call_id="o", name="read_file", arguments={"file_path": "x", "offset": 10**30})
         )
-        assert out.output.startswith("Error: argument 'offset' of read_file must be between 1 and")
+        assert out.output == "Error: argument 'offset' of read_file is too large (it must fit in 64 bits)."
+        out = await env.call(ToolCall(tool_call_id="o", name="read_file", arguments={"file_path": "x", "offset": 0}))
+        assert out.output == "Error: argument 'offset' of read_file must be at least 1."
         await workspace.write_file(
             "p.png",
             base64.b64decode(

@@ -13,7 +13,7 @@ from sandboxd_client.approval import Approval
 from sandboxd_client.config import ConfigError, load_tools, tools_from_config
 from sandboxd_client.environment import check_arguments, merge_stop_reasons
 from sandboxd_client.exports import to_anthropic, to_openai
-from sandboxd_client.text import cap, clean, collapse_redraws, strip_ansi
+from sandboxd_client.text import CleanStream, cap, clean, collapse_redraws, strip_ansi
 from sandboxd_client.tools import ToolCall, builtin_definitions, default_definitions
 
 SCHEMAS = Path(__file__).parent / "schemas"
@@ -25,9 +25,30 @@ class TestText:
         assert strip_ansi("\x1b[31mred\x1b[0m \x1b[2K\x1b[1Gline \x1b]0;title\x07done") == "red line done"
 
     def test_redraws_collapse_to_the_final_state(self) -> None:
-        """Progress redrawn with CR shows only its last state; CRLF is a plain line end."""
-        assert collapse_redraws("10%\r50%\r100%\nnext\r\n") == "100%\nnext\n"
+        """Progress redrawn with CR shows only its last state; a trailing CR with no newline draws nothing."""
+        assert collapse_redraws("10%\r50%\r100%\nnext\n") == "100%\nnext\n"
         assert collapse_redraws("abcdef\rXY") == "XYcdef"
+        assert collapse_redraws("a\rb\n") == "b\n"
+        assert collapse_redraws("50%\r100%\r") == "100%"
+
+    @pytest.mark.parametrize(
+        ("raw", "shown"),
+        [
+            ("x\r\ny\n", "x\r\ny\n"),  # an intentional CRLF is a line ending, kept
+            ("a\r\r\nb\n", "a\r\nb\n"),  # the CRs ending a line collapse to one CRLF
+            ("10%\r100%\r\nnext\r\n", "100%\r\nnext\r\n"),  # a redraw ending in CRLF: its last frame, CRLF
+            ("echo hi\r\n\r\n", "echo hi\r\n\r\n"),  # blank CRLF lines stay
+            ("a\rb\n", "b\n"),
+        ],
+    )
+    def test_crlf_is_a_line_ending_not_a_redraw(self, raw: str, shown: str) -> None:
+        """A CR right before a newline is kept (CRLF); only a CR followed by more text redraws (C04)."""
+        assert collapse_redraws(raw) == shown
+        for size in (1, 2, 3):  # the same, fed as a stream in any split
+            stream = CleanStream(0)
+            for start in range(0, len(raw), size):
+                stream.feed(raw[start : start + size])
+            assert stream.finish() == shown
 
     def test_clean_does_both(self) -> None:
         """A coloured progress bar becomes its last frame in plain text."""
@@ -211,6 +232,62 @@ class TestArguments:
             check_arguments(exec_command, {"description": "d", "cmd": "ls", "yield_time_ms": True}) or ""
         )
         assert check_arguments(exec_command, ["not", "an", "object"]) == "the arguments must be a JSON object"
+
+    def test_ranges_are_worded_for_people(self) -> None:
+        """A bound is said as 'at least N' (never an int64 limit); clamped arguments are left to their tool."""
+        read_file = builtin_definitions()["read_file"]
+        assert check_arguments(read_file, {"file_path": "x", "offset": 0}) == (
+            "argument 'offset' of read_file must be at least 1"
+        )
+        assert check_arguments(read_file, {"file_path": "x", "offset": 2**63}) == (
+            "argument 'offset' of read_file is too large (it must fit in 64 bits)"
+        )
+        exec_command = builtin_definitions()["exec_command"]
+        short = {"description": "d", "cmd": "ls", "yield_time_ms": 100}
+        assert check_arguments(exec_command, short) == "argument 'yield_time_ms' of exec_command must be at least 250"
+        assert check_arguments(exec_command, short, clamped={"yield_time_ms"}) is None
+
+    @pytest.mark.parametrize(
+        ("tool", "requested", "window_s", "note"),
+        [
+            ("exec_command", 100, 0.25, "[yield_time_ms 100 raised to 250, the shortest wait]"),
+            ("exec_command", 0, 0.25, "[yield_time_ms 0 raised to 250, the shortest wait]"),
+            ("exec_command", 250, 0.25, ""),
+            ("exec_command", None, 60.0, ""),
+            (
+                "exec_command",
+                10**30,
+                119.0,
+                f"[yield_time_ms {10**30} lowered to 119000, just under the tool's 120000 ms timeout]",
+            ),
+            ("input_command", 100, 0.25, "[yield_time_ms 100 raised to 250, the shortest wait]"),
+            ("input_command", None, 0.25, ""),
+            (
+                "input_command",
+                200_000,
+                129.0,
+                "[yield_time_ms 200000 lowered to 129000, just under the tool's 130000 ms timeout]",
+            ),
+        ],
+    )
+    def test_yield_is_clamped_with_a_note(self, tool: str, requested: int | None, window_s: float, note: str) -> None:
+        """Seed 000's yield range is a clamp: short or long values are moved into it and the note says so (C05)."""
+        from sandboxd_client.tools._builtin import yield_window
+
+        definition = builtin_definitions()[tool]
+        args = {} if requested is None else {"yield_time_ms": requested}
+        assert yield_window(args, 60_000 if tool == "exec_command" else 250, definition) == (window_s, note)
+
+    @pytest.mark.parametrize("bad", [-5, -1, 1.5, "100", True])
+    def test_yield_that_is_no_duration_is_an_argument_error(self, bad: object) -> None:
+        """Negative or non-integer yields are refused with the range in words, never 9223372036854775807."""
+        from sandboxd_client.tools._builtin import ToolArgumentError, yield_window
+
+        with pytest.raises(ToolArgumentError) as caught:
+            yield_window({"yield_time_ms": bad}, 250, builtin_definitions()["input_command"])
+        assert str(caught.value) == (
+            "argument 'yield_time_ms' of input_command must be a whole number of milliseconds, at least 250"
+        )
 
 
 class TestConfig:

@@ -49,12 +49,45 @@ def _integer(args: Mapping[str, Any], name: str, default: int | None) -> int | N
     return value
 
 
-def _window_s(yield_ms: int, definition: ToolDefinitionConfig) -> float:
-    """Seed 000 / SPEC §6: at least 250 ms, and under the tool's timeout by a second."""
-    window = max(yield_ms, MIN_YIELD_MS)
-    if definition.timeout_ms > 0:
-        window = min(window, max(definition.timeout_ms - 1000, MIN_YIELD_MS))
-    return window / 1000
+def yield_window(args: Mapping[str, Any], default_ms: int, definition: ToolDefinitionConfig) -> tuple[float, str]:
+    """The ``yield_time_ms`` argument as a window in seconds, clamped, and a note when it was.
+
+    Seed 000 / SPEC §6: at least 250 ms, and under the tool's timeout by a second. Models
+    often send short yields (a quick look): a value outside the range is clamped, not
+    refused, and the note (``[yield_time_ms 100 raised to 250]``) tells the model so.
+
+    Args:
+        args: the call's arguments; a missing or null ``yield_time_ms`` means ``default_ms``.
+        default_ms: the window when none is given, in milliseconds.
+        definition: the tool's definition, whose ``timeout_ms`` caps the window.
+
+    Returns:
+        ``(window in seconds, note)``; the note is empty when nothing was clamped.
+
+    Raises:
+        ToolArgumentError: a value that is not a whole number of milliseconds, or is negative.
+    """
+    requested = args.get("yield_time_ms")
+    if requested is None:
+        requested = default_ms
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
+        msg = (
+            f"argument 'yield_time_ms' of {definition.name} must be a whole number of milliseconds, "
+            f"at least {MIN_YIELD_MS}"
+        )
+        raise ToolArgumentError(msg)
+    window = max(requested, MIN_YIELD_MS)
+    cap_ms = max(definition.timeout_ms - 1000, MIN_YIELD_MS) if definition.timeout_ms > 0 else None
+    if cap_ms is not None and window > cap_ms:
+        window = cap_ms
+    note = ""
+    if window > requested:
+        note = f"[yield_time_ms {requested} raised to {window}, the shortest wait]"
+    elif window < requested:
+        note = (
+            f"[yield_time_ms {requested} lowered to {window}, just under the tool's {definition.timeout_ms} ms timeout]"
+        )
+    return window / 1000, note
 
 
 def exit_note(event: Exited) -> str:
@@ -71,8 +104,12 @@ def exit_note(event: Exited) -> str:
     return "[" + ", ".join(parts) + "]"
 
 
-async def _drive(handle: ExecHandle) -> AsyncIterator[str | ToolResult]:
-    """Turn an exec or input stream into partial text and a final result."""
+def _notes(*notes: str) -> str:
+    return "\n".join(note for note in notes if note)
+
+
+async def _drive(handle: ExecHandle, clamped: str = "") -> AsyncIterator[str | ToolResult]:
+    """Turn an exec or input stream into partial text and a final result (``clamped``: the yield's note)."""
     async for event in handle:
         match event:
             case Output() if event.text:
@@ -82,20 +119,22 @@ async def _drive(handle: ExecHandle) -> AsyncIterator[str | ToolResult]:
             case Exited():
                 yield ToolResult(
                     stop_reason=_OWN_STOP.get(event.stop_reason, "completed"),
-                    note=exit_note(event),
+                    note=_notes(exit_note(event), clamped),
                     metadata={
                         "exit_code": event.exit_code,
                         "signal": event.signal,
-                        "process_id": handle.process_id,
+                        # Seed 000: a process_id only while the command runs on; a finished one has none.
+                        "process_id": None,
                         "spill_path": event.spill_path,
                     },
                 )
             case Yielded():
                 yield ToolResult(
                     stop_reason="completed",
-                    note=(
+                    note=_notes(
                         f"[still running as process_id={event.process_id}; use input_command to send input, "
-                        "poll for output or send Ctrl-C]"
+                        "poll for output or send Ctrl-C]",
+                        clamped,
                     ),
                     metadata={
                         "exit_code": None,
@@ -117,34 +156,37 @@ class _Tool:
 class ExecCommand(_Tool):
     """exec_command: ``bash -lc CMD``, stdout and stderr merged in order, yield to a process_id."""
 
+    clamped_arguments = frozenset({"yield_time_ms"})
+    """Arguments whose schema bounds this tool clamps to (with a note) instead of refusing."""
+
     async def execute(self, args: Mapping[str, Any], ctx: ToolExecutionContext) -> AsyncIterator[str | ToolResult]:
         """Run the command; see the tool's description."""
         workspace = ctx.workspace
-        yield_ms = _integer(args, "yield_time_ms", DEFAULT_EXEC_YIELD_MS) or DEFAULT_EXEC_YIELD_MS
+        window_s, clamped = yield_window(args, DEFAULT_EXEC_YIELD_MS, ctx.definition)
         handle = workspace.client.exec(
             workspace.workspace_id,
             _text(args, "cmd"),
             workdir=_text(args, "workdir", default=""),
-            yield_after_s=_window_s(yield_ms, ctx.definition),
+            yield_after_s=window_s,
             merge_stderr=True,
             spill_after_bytes=max(ctx.definition.max_output_length, 0),
         )
-        async for item in _drive(handle):
+        async for item in _drive(handle, clamped):
             yield item
 
 
 class InputCommand(_Tool):
     """input_command: write, Ctrl-C or poll, then the output since the previous call."""
 
+    clamped_arguments = frozenset({"yield_time_ms"})
+    """Arguments whose schema bounds this tool clamps to (with a note) instead of refusing."""
+
     async def execute(self, args: Mapping[str, Any], ctx: ToolExecutionContext) -> AsyncIterator[str | ToolResult]:
         """Drive the process; see the tool's description."""
         chars = _text(args, "chars", default="")
-        default_ms = INPUT_WRITE_YIELD_MS if chars else INPUT_POLL_YIELD_MS
-        yield_ms = _integer(args, "yield_time_ms", None) or default_ms
-        handle = ctx.workspace.client.input(
-            _text(args, "process_id"), chars, yield_after_s=_window_s(yield_ms, ctx.definition)
-        )
-        async for item in _drive(handle):
+        window_s, clamped = yield_window(args, INPUT_WRITE_YIELD_MS if chars else INPUT_POLL_YIELD_MS, ctx.definition)
+        handle = ctx.workspace.client.input(_text(args, "process_id"), chars, yield_after_s=window_s)
+        async for item in _drive(handle, clamped):
             yield item
 
 
@@ -157,7 +199,7 @@ class KillCommand(_Tool):
         grace_ms = _integer(args, "grace_ms", 2000)
         exited = await ctx.workspace.client.kill(process_id, grace_s=(grace_ms or 0) / 1000)
         yield f"Stopped {process_id}."
-        yield ToolResult(note=exit_note(exited), metadata={"exit_code": exited.exit_code, "process_id": process_id})
+        yield ToolResult(note=exit_note(exited), metadata={"exit_code": exited.exit_code, "process_id": None})
 
 
 class ReadFile(_Tool):
