@@ -25,7 +25,7 @@ import re
 import secrets
 import signal
 import time
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 import structlog
@@ -58,6 +58,10 @@ from .settings import Settings
 from .tenancy import DEFAULT_TENANT, current_tenant
 
 __all__ = [
+    "CTRL_C",
+    "CTRL_C_EXIT_WAIT_S",
+    "INPUT_POLL_YIELD_S",
+    "INPUT_WRITE_YIELD_S",
     "MARKER_ENV",
     "MAX_COMMAND_BYTES",
     "MAX_INPUT_BYTES",
@@ -70,6 +74,7 @@ __all__ = [
     "check_env",
     "clamp_yield",
     "exit_status",
+    "input_window",
     "interrupt_plan",
 ]
 
@@ -95,6 +100,20 @@ MIN_YIELD_S = 0.25
 
 DEFAULT_YIELD_S = 60.0
 """Exec yield window when the caller sets none (seed 000: 60000 ms)."""
+
+INPUT_WRITE_YIELD_S = 0.25
+"""Input window after a write when the caller sets none (seed 000: 250 ms)."""
+
+INPUT_POLL_YIELD_S = 5.0
+"""Input window of a pure poll when the caller sets none (seed 000: 5000 ms)."""
+
+CTRL_C_EXIT_WAIT_S = 1.0
+"""Shortest window of an Input call that delivers Ctrl-C, in seconds. Dying of SIGINT takes a
+loaded machine longer than the 250 ms of a write; the call still returns the moment the command
+exits, and a command that survives Ctrl-C (a REPL) costs the call this long at most."""
+
+CTRL_C = "\u0003"
+"""Input ``chars`` that mean Ctrl-C (seed 000), when they are all the call writes."""
 
 NON_INTERACTIVE_ENV = {
     "TERM": "dumb",
@@ -137,6 +156,25 @@ def clamp_yield(requested_s: float | None, timeout_s: float, default_s: float = 
     return max(MIN_YIELD_S, min(window, timeout_s - 1.0))
 
 
+def input_window(requested_s: float | None, *, wrote: bool, ctrl_c: bool, timeout_s: float) -> float:
+    """The window of one Input call, in seconds (seed 000, SPEC §2.3).
+
+    Args:
+        requested_s: the caller's window, or None for seed 000's default: 250 ms after
+            a write (chars, raw data or closing stdin), 5 s for a pure poll.
+        wrote: the call writes something.
+        ctrl_c: the call delivers Ctrl-C; its window is then at least ``CTRL_C_EXIT_WAIT_S``,
+            so that the death it causes is usually seen in the same call.
+        timeout_s: the command's timeout (the window stays a second under it).
+
+    Returns:
+        The window, clamped like :func:`clamp_yield`.
+    """
+    default_s = INPUT_WRITE_YIELD_S if wrote or ctrl_c else INPUT_POLL_YIELD_S
+    window = clamp_yield(requested_s, timeout_s, default_s=default_s)
+    return max(window, CTRL_C_EXIT_WAIT_S) if ctrl_c else window
+
+
 def exit_status(
     *,
     exit_code: int,
@@ -148,6 +186,7 @@ def exit_status(
     elapsed_s: float,
     message: str = "",
     spill_path: str = "",
+    ctrl_c_delivered: bool = False,
 ) -> ExitStatus:
     """Build the terminal status from the supervisor's report (SPEC §6 rules).
 
@@ -155,11 +194,18 @@ def exit_status(
     exit code 129..192 is read the same way: that is how a shell reports a child
     killed by a signal. OOM is claimed only when the cgroup counted an OOM kill
     while the command ran and the command died of SIGKILL.
+
+    ``ctrl_c_delivered``: a Ctrl-C reached the command at some point. A death by SIGINT
+    is then ``interrupted`` whenever it is observed, also after the Ctrl-C call itself
+    yielded (a loaded machine may take longer than its window to deliver the death);
+    a command that survived the Ctrl-C and later ends otherwise keeps its own reason.
     """
     number = signal_number
     if not number and 128 < exit_code <= 128 + 64:
         number = exit_code - 128
     oom = oom_kills > 0 and number == signal.SIGKILL
+    if ctrl_c_delivered and number == signal.SIGINT:
+        requested = requested | {StopReason.INTERRUPTED}
     reason = next((r for r in _STOP_PRIORITY if r in requested), StopReason.EXITED)
     return ExitStatus(
         exit_code=exit_code,
@@ -352,6 +398,8 @@ class ProcessSession:
         self._started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._exited = asyncio.Event()
         self._requested: set[StopReason] = set()
+        self._ctrl_c_delivered = False
+        """A Ctrl-C reached the command (see ``exit_status``)."""
         self._stderr_tail = b""
         # Secret values are masked per stream before output is buffered (seed 002).
         self._redactors = {
@@ -580,6 +628,7 @@ class ProcessSession:
                     requested=self._requested,
                     dropped_bytes=self.buffer.dropped_bytes,
                     elapsed_s=self.elapsed_s,
+                    ctrl_c_delivered=self._ctrl_c_delivered,
                 )
             )
             return True
@@ -714,16 +763,45 @@ class ProcessSession:
         plan = interrupt_plan(self.context.os, pid=self.pid, tty=self.spec.tty)
         match plan:
             case InterruptPlan.TERMINAL:
-                await self._send(frames.encode(frames.STDIN, b"\x03"))
+                delivered = await self._send(frames.encode(frames.STDIN, b"\x03"))
                 # Signal 0 delivers nothing: it only marks the command as interrupted, so what
                 # it leaves behind when it exits is killed as for a piped command.
                 await self._send(frames.encode_signal(0, interrupt=True))
+                self._ctrl_c_delivered |= delivered
             case InterruptPlan.PROCESS_GROUP:
-                await self._send(frames.encode_signal(int(signal.SIGINT), interrupt=True))
+                self._ctrl_c_delivered |= await self._send(frames.encode_signal(int(signal.SIGINT), interrupt=True))
             case list():
                 await self.backend.exec_run(
                     self.context.workspace_id, plan, user=self.context.user, container_id=self.context.container_id
                 )
+
+    async def input(
+        self, *, chars: str = "", data: bytes = b"", close_stdin: bool = False, yield_after_s: float | None = None
+    ) -> AsyncIterator[ExecEvent]:
+        """One Input call: write (or Ctrl-C), then stream what the command prints next.
+
+        ``chars`` equal to :data:`CTRL_C` alone is Ctrl-C (:meth:`interrupt`); ``data`` is raw
+        bytes, never read as Ctrl-C. The window is :func:`input_window`'s.
+
+        Yields:
+            As :meth:`events`: output, then exactly one ``ExitStatus`` or ``Yielded``, last.
+
+        Raises:
+            InvalidSpecError: more than ``MAX_INPUT_BYTES`` to write.
+            FailedPreconditionError: the command can no longer take input.
+        """
+        ctrl_c = chars == CTRL_C
+        if ctrl_c:
+            await self.interrupt()
+            if data or close_stdin:
+                await self.write_stdin(data, close=close_stdin)
+        elif chars or data or close_stdin:
+            await self.write_stdin(chars.encode() + data, close=close_stdin)
+        window = input_window(
+            yield_after_s, wrote=bool(chars or data or close_stdin), ctrl_c=ctrl_c, timeout_s=self.timeout_s
+        )
+        async for event in self.events(yield_after_s=window):
+            yield event
 
     async def resize(self, columns: int, rows: int) -> None:
         """Set the terminal size of a tty command (its foreground group gets SIGWINCH).
@@ -874,10 +952,18 @@ class ProcessTable:
     so that later calls get NOT_FOUND saying it was evicted.
     """
 
-    def __init__(self, backend: Backend, settings: Settings) -> None:
-        """Create an empty table."""
+    def __init__(self, backend: Backend, settings: Settings, *, tenants: Callable[[], int] = lambda: 1) -> None:
+        """Create an empty table.
+
+        Args:
+            backend: the container engine.
+            settings: the caps (``max_sessions``, ``tenant_max_sessions``).
+            tenants: how many tenants are configured now (the tokens file's); sets each
+                tenant's default share of the sessions.
+        """
         self.backend = backend
         self.settings = settings
+        self._tenants = tenants
         self._sessions: dict[str, ProcessSession] = {}
         self._evicted: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
         """Ids no longer in the table: why (a sentence's predicate) and the tenant that may hear it."""
@@ -940,13 +1026,17 @@ class ProcessTable:
         context.secrets.check(spec.env, "env", context.tenant)
         async with self._lock:
             tenant = context.tenant
-            tenant_cap = self.settings.tenant_max_sessions or self.settings.max_sessions
+            tenant_cap = self.tenant_share()
             while True:
                 mine = sum(1 for s in self._sessions.values() if s.context.tenant == tenant)
                 if mine >= tenant_cap:
                     self._evict_one(tenant, f"tenant {tenant!r} is at its {tenant_cap} process sessions")
                 elif len(self._sessions) >= self.settings.max_sessions:
-                    self._evict_one(tenant, f"the daemon is at its {self.settings.max_sessions} process sessions")
+                    self._evict_one(
+                        tenant,
+                        f"the daemon is at its {self.settings.max_sessions} process sessions",
+                        others_exited=True,
+                    )
                 else:
                     break
             process_id = f"p-{secrets.token_hex(6)}"
@@ -966,17 +1056,32 @@ class ProcessTable:
             raise
         return session, started
 
-    def _evict_one(self, tenant: str, full: str) -> None:
-        """Take one of ``tenant``'s sessions out of the table now; kill it in the background.
+    def tenant_share(self) -> int:
+        """Most sessions one tenant may hold: ``tenant_max_sessions``, else a fair share of the daemon's.
 
-        Only the tenant's own sessions are candidates: one tenant's load never ends
-        another's commands (seed 000's order, within the tenant).
+        The fair share is ``max_sessions`` divided by the number of configured tenants (all
+        of it with one), so the shares sum to the cap and no tenant can take another's last
+        slot with commands the other may not end.
+        """
+        if self.settings.tenant_max_sessions:
+            return self.settings.tenant_max_sessions
+        return max(1, self.settings.max_sessions // max(1, self._tenants()))
+
+    def _evict_one(self, tenant: str, full: str, *, others_exited: bool = False) -> None:
+        """Take one session out of the table now for ``tenant``'s new one; kill it in the background.
+
+        Seed 000's order: an exited session (``tenant``'s own first, then, with ``others_exited``,
+        the oldest idle one of any tenant: an exited session holds only unread output), else
+        ``tenant``'s least recently used idle one. A running command of another tenant is never
+        a candidate: one tenant's load never ends another's commands.
 
         Raises:
-            QuotaExceededError: none of the tenant's sessions may go (all attached, or it has none).
+            QuotaExceededError: nothing may go (every candidate is attached, or there is none).
         """
         sessions = [s for s in self._sessions.values() if s.context.tenant == tenant]
         exited = [s for s in sessions if not s.running]
+        if not exited and others_exited:
+            exited = [s for s in self._sessions.values() if not s.running and s.idle]
         idle = sorted((s for s in sessions if s.running and s.idle), key=lambda s: s.last_used)
         if exited:
             victim, why = min(exited, key=lambda s: s.last_used), "it had exited and the session table was full"
@@ -984,7 +1089,9 @@ class ProcessTable:
             victim, why = idle[0], "it was the least recently used idle session when the table was full"
         else:
             busy = f"all {len(sessions)} of its sessions are in use by active calls" if sessions else "it has none"
-            msg = f"{full} and none can be evicted: {busy}"
+            if others_exited:
+                busy += ", and no session of another tenant has exited"
+            msg = f"{full} and none can be evicted for tenant {tenant!r}: {busy}"
             raise QuotaExceededError(msg)
         self._sessions.pop(victim.process_id, None)
         self._remember_evicted(victim.process_id, f"was evicted: {why}", victim.context.tenant)

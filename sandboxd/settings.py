@@ -136,8 +136,10 @@ class Settings:
     """Most memory, summed over one tenant's workspace limits, in bytes; 0 means no limit."""
 
     tenant_max_sessions: int = 0
-    """Live process sessions per tenant; 0 means ``max_sessions``. Eviction only ever picks the
-    starting tenant's own sessions, so with several tenants keep their sum within ``max_sessions``."""
+    """Live process sessions per tenant; 0 means a fair share: ``max_sessions`` divided by the
+    number of tenants in the tokens file (all of it with one tenant), so that no tenant can take
+    another's last slot. A running command is only ever evicted by its own tenant; set values
+    whose sum exceeds ``max_sessions`` and one tenant's running commands can keep another out."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: object) -> Settings:

@@ -119,6 +119,10 @@ class Authenticator:
         """Whether calls must carry a token."""
         return bool(self.tokens_file)
 
+    def tenant_count(self) -> int:
+        """How many tenants the tokens name (as last read); 1 without tokens (everyone is ``default``)."""
+        return max(1, len(set(self._tenants.values())))
+
     def load(self) -> None:
         """Read the tokens now (the daemon does this at start).
 

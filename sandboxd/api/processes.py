@@ -17,13 +17,7 @@ from ..workspaces import WorkspaceManager
 from . import convert
 from ._types import Context
 
-__all__ = ["INPUT_POLL_YIELD_S", "INPUT_WRITE_YIELD_S", "ProcessServicer", "parse_signal"]
-
-INPUT_WRITE_YIELD_S = 0.25
-"""Input window after a write (seed 000: 250 ms)."""
-INPUT_POLL_YIELD_S = 5.0
-"""Input window of a pure poll (seed 000: 5000 ms)."""
-CTRL_C = "\u0003"
+__all__ = ["ProcessServicer", "parse_signal"]
 
 
 def parse_signal(text: str) -> int:
@@ -79,23 +73,14 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
         """Write to stdin or deliver Ctrl-C, then stream output until exit or the window closes."""
         session = self.processes.get(request.process_id)
         audit_fields(workspace_id=session.context.workspace_id)
-        if request.HasField("yield_after"):
-            requested = convert.duration_s(request.yield_after)
-        else:
-            # Raw bytes and closing stdin are writes too (seed 000's 250 ms), not a poll's 5 s.
-            wrote = request.chars or request.data or request.close_stdin
-            requested = INPUT_WRITE_YIELD_S if wrote else INPUT_POLL_YIELD_S
+        requested = convert.duration_s(request.yield_after) if request.HasField("yield_after") else None
         if request.HasField("terminal_size"):
             size = request.terminal_size
             await session.resize(size.columns or 80, size.rows or 24)
-        if request.chars == CTRL_C:
-            await session.interrupt()
-            if request.data or request.close_stdin:
-                await session.write_stdin(request.data, close=request.close_stdin)
-        elif request.chars or request.data or request.close_stdin:
-            await session.write_stdin(request.chars.encode() + request.data, close=request.close_stdin)
-        window = clamp_yield(requested, session.timeout_s, default_s=requested)
-        async for event in session.events(yield_after_s=window):
+        events = session.input(
+            chars=request.chars, data=request.data, close_stdin=request.close_stdin, yield_after_s=requested
+        )
+        async for event in events:
             yield convert.input_response(event)
 
     async def Signal(self, request: ppb.SignalRequest, context: Context) -> ppb.SignalResponse:

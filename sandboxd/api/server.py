@@ -179,7 +179,7 @@ async def start(settings: Settings, backend: Backend, *, environ: Mapping[str, s
     # Before touching any container: a socket that cannot be made stops the start at once.
     socket_path = Path(settings.socket_path)
     await asyncio.to_thread(_prepare_socket, socket_path)
-    processes = ProcessTable(backend, settings)
+    processes = ProcessTable(backend, settings, tenants=authenticator.tenant_count)
     workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store)
     try:
         orphans = await backend.remove_orphans()

@@ -19,6 +19,7 @@ from sandboxd_client import (
     Output,
     ResourceExhaustedError,
     SandboxClient,
+    Started,
     TLSOptions,
     UnauthenticatedError,
     UnavailableError,
@@ -345,6 +346,100 @@ class TestIsolation:
                     await a.create_workspace(memory_bytes=2 * 1024**3)
             finally:
                 await ws.delete()
+
+
+class TestSessionShares:
+    """With default settings no tenant can take another's last process session (C07)."""
+
+    @pytest.fixture
+    def two_tenants(self, tmp_path: Path, default_image: str):  # type: ignore[no-untyped-def]
+        """A daemon with default session settings and tenants ``team-a`` and ``team-b``."""
+        tokens = tmp_path / "tokens.json"
+        token_a, token_b = create_token(tokens, "team-a"), create_token(tokens, "team-b")
+        thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens))).start()
+        assert thread.settings.max_sessions == 64 and thread.settings.tenant_max_sessions == 0  # the defaults
+        yield thread, token_a, token_b
+        thread.stop()
+
+    async def test_finished_commands_never_lock_out_another_tenant(self, two_tenants) -> None:  # type: ignore[no-untyped-def]
+        """A's 70 finished commands leave B room every time; A's running command is never ended by B."""
+        thread, token_a, token_b = two_tenants
+        async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+            ws_a, ws_b = await a.create_workspace(), await b.create_workspace()
+            try:
+                a_running = await start_yielded(ws_a, "sleep 300")
+                for _ in range(70):
+                    assert (await ws_a.exec("true").wait()).exit_code == 0
+                for _ in range(3):
+                    assert (await ws_b.exec("echo ok").wait()).stdout == "ok\n"
+                assert (await a.input(a_running, "", yield_after_s=0.25).wait()).running
+                # A's share is half of the daemon's 64: its oldest finished sessions went, the newest stay.
+                assert len(await a.list_processes(ws_a.workspace_id)) == 32
+            finally:
+                await ws_a.delete()
+                await ws_b.delete()
+
+    async def test_streaming_commands_of_one_tenant_leave_room_for_another(self, two_tenants) -> None:  # type: ignore[no-untyped-def]
+        """A holding 32 streaming Execs (its share) is refused a 33rd; B still runs; A's streams go on."""
+        thread, token_a, token_b = two_tenants
+        async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+            ws_a, ws_b = await a.create_workspace(pids=1024), await b.create_workspace()
+            try:
+                handles = [ws_a.exec("sleep 300", yield_after_s=600) for _ in range(32)]
+                streams = [handle.__aiter__() for handle in handles]
+                for stream in streams:  # each call is started and attached: none can be evicted
+                    assert isinstance(await stream.__anext__(), Started)
+                with pytest.raises(ResourceExhaustedError, match="tenant 'team-a' is at its 32 process sessions"):
+                    await ws_a.exec("true").wait()
+                assert (await ws_b.exec("echo ok").wait()).stdout == "ok\n"
+                running = [p for p in await a.list_processes(ws_a.workspace_id) if p.running]
+                assert len(running) == 32
+                for stream in streams:
+                    await stream.aclose()  # type: ignore[attr-defined]
+            finally:
+                await ws_a.delete()
+                await ws_b.delete()
+
+    async def test_exited_sessions_are_evictable_by_any_tenant(self, tmp_path: Path, default_image: str) -> None:
+        """Oversubscribed shares: B evicts its own exited session first, then A's oldest, never A's running."""
+        tokens = tmp_path / "tokens.json"
+        token_a, token_b = create_token(tokens, "team-a"), create_token(tokens, "team-b")
+        thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens), max_sessions=4, tenant_max_sessions=4))
+        thread.start()
+        try:
+            async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+                ws_a, ws_b = await a.create_workspace(), await b.create_workspace()
+                await self._exited_evictions(a, b, ws_a, ws_b)
+        finally:
+            thread.stop()
+
+    async def _exited_evictions(self, a, b, ws_a, ws_b) -> None:  # type: ignore[no-untyped-def]
+        try:
+            a_running = [await start_yielded(ws_a, "sleep 300") for _ in range(2)]
+            a_exited = [(await ws_a.exec("true").wait()).process_id for _ in range(2)]
+            # The daemon is full (4): B's command takes A's oldest exited session.
+            b_first = (await ws_b.exec("echo one").wait()).process_id
+            with pytest.raises(NotFoundError, match="was evicted: it had exited"):
+                await a.input(a_exited[0], "").wait()
+            # Full again: B's own exited session goes before A's.
+            await ws_b.exec("echo two").wait()
+            with pytest.raises(NotFoundError, match="was evicted: it had exited"):
+                await b.input(b_first, "").wait()
+            assert (await a.input(a_exited[1], "").wait()).exit_code == 0
+            await ws_b.exec("echo three").wait()  # takes B's own exited "two"
+            b_running = [await start_yielded(ws_b, "sleep 300")]  # takes B's own exited "three"
+            b_running.append(await start_yielded(ws_b, "sleep 300"))  # B has none left: A's exited one goes
+            with pytest.raises(NotFoundError, match="was evicted: it had exited"):
+                await a.input(a_exited[1], "").wait()
+            # Nothing has exited: B's next command ends B's own least recently used one, never A's.
+            await ws_b.exec("true").wait()
+            with pytest.raises(NotFoundError, match="was evicted: it was the least recently used"):
+                await b.input(b_running[0], "").wait()
+            for client, process_id in ((a, a_running[0]), (a, a_running[1]), (b, b_running[1])):
+                assert (await client.input(process_id, "", yield_after_s=0.25).wait()).running
+        finally:
+            await ws_a.delete()
+            await ws_b.delete()
 
 
 class TestAudit:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandboxd.models import StopReason, signal_name
-from sandboxd.processes import clamp_yield, exit_status
+from sandboxd.processes import clamp_yield, exit_status, input_window
 
 
 def _status(**overrides):  # type: ignore[no-untyped-def]
@@ -62,6 +62,23 @@ class TestExitStatus:
         assert _status(requested={StopReason.FAILED, StopReason.KILLED}).stop_reason == StopReason.FAILED
         assert _status(requested={StopReason.KILLED}).stop_reason == StopReason.KILLED
 
+    @pytest.mark.parametrize(("code", "number"), [(130, 2), (130, 0)])
+    def test_sigint_death_after_a_ctrl_c_is_interrupted(self, code: int, number: int) -> None:
+        """A death by SIGINT (or a shell's 130) after a Ctrl-C reached it is interrupted, seen whenever (C08)."""
+        status = _status(exit_code=code, signal_number=number, ctrl_c_delivered=True)
+        assert (status.signal, status.stop_reason) == ("SIGINT", StopReason.INTERRUPTED)
+
+    def test_sigint_death_without_a_ctrl_c_is_exited(self) -> None:
+        """`kill -INT $$` by the command itself, no Ctrl-C sent: its own exit."""
+        assert _status(exit_code=130, signal_number=2).stop_reason == StopReason.EXITED
+
+    @pytest.mark.parametrize(("code", "number"), [(0, 0), (42, 0), (143, 15), (137, 9)])
+    def test_survivor_of_ctrl_c_keeps_its_own_reason(self, code: int, number: int) -> None:
+        """A REPL that caught Ctrl-C and later ends another way is not called interrupted."""
+        assert _status(exit_code=code, signal_number=number, ctrl_c_delivered=True).stop_reason == StopReason.EXITED
+        killed = _status(exit_code=code, signal_number=number, ctrl_c_delivered=True, requested={StopReason.KILLED})
+        assert killed.stop_reason == StopReason.KILLED
+
     def test_unknown_signal_number_has_a_name(self) -> None:
         """A realtime signal without a Python name still gets a readable name."""
         assert signal_name(2) == "SIGINT"
@@ -85,6 +102,24 @@ class TestClampYield:
     def test_tiny_timeout_keeps_the_minimum(self) -> None:
         """Even a sub-second timeout keeps the 250 ms floor."""
         assert clamp_yield(5, 0.5) == 0.25
+
+
+class TestInputWindow:
+    def test_seed_defaults(self) -> None:
+        """250 ms after a write, 5 s for a pure poll (seed 000)."""
+        assert input_window(None, wrote=True, ctrl_c=False, timeout_s=1800) == 0.25
+        assert input_window(None, wrote=False, ctrl_c=False, timeout_s=1800) == 5.0
+
+    def test_requested_window_is_clamped(self) -> None:
+        """A requested window is clamped like Exec's: at least 250 ms, a second under the timeout."""
+        assert input_window(0.01, wrote=True, ctrl_c=False, timeout_s=1800) == 0.25
+        assert input_window(100, wrote=False, ctrl_c=False, timeout_s=30) == 29
+
+    def test_ctrl_c_waits_for_the_death_a_little_longer(self) -> None:
+        """A Ctrl-C call's window is at least 1 s, so the death it causes is usually seen in it (C08)."""
+        assert input_window(None, wrote=False, ctrl_c=True, timeout_s=1800) == 1.0
+        assert input_window(0.25, wrote=False, ctrl_c=True, timeout_s=1800) == 1.0
+        assert input_window(3.0, wrote=False, ctrl_c=True, timeout_s=1800) == 3.0
 
 
 class TestInterruptPlan:
