@@ -11,7 +11,21 @@ import grpc
 
 __all__ = ["TLSOptions", "open_channel"]
 
-_OPTIONS: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+RECONNECT_BACKOFF_MAX_MS = 1000
+"""Longest wait between reconnection attempts to a daemon that went away, in milliseconds.
+
+gRPC's default grows to 120 s, so a client that lived through a daemon restart would fail
+every call for up to half a minute after the daemon serves again; a daemon on this machine
+(or one TLS handshake away) is worth a try every second."""
+
+_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
+    # Subchannels (and their backoff) are shared process-wide by default: a client made after an
+    # outage would inherit an old one's wait. Each channel keeps its own.
+    ("grpc.use_local_subchannel_pool", 1),
+]
 
 
 @dataclasses.dataclass(frozen=True)
