@@ -38,20 +38,61 @@ async def start_yielded(workspace, command: str, **options) -> str:  # type: ign
     return events[-1].process_id
 
 
+async def start_ready(workspace, command: str, ready: str = "ready", **options) -> str:  # type: ignore[no-untyped-def]
+    """Start ``command`` and return its process id once its output contains ``ready``.
+
+    ``command`` prints ``ready`` once what the test is about to signal is in place: after its
+    ``trap``, after starting the children the signal must reach, or once a program has set up
+    its own handler (a REPL's prompt). A signal sent earlier (a slow start under gVisor or on a
+    loaded host) would race it; no fixed sleep can stand in for this.
+    """
+    events, seen, _ = await collect(workspace.exec(command, yield_after_s=0.25, **options))
+    assert isinstance(events[-1], Yielded), events[-1]
+    process_id = events[-1].process_id
+    deadline = time.monotonic() + 20
+    while ready not in seen:
+        assert time.monotonic() < deadline, f"{command!r} never printed {ready!r}: {seen!r}"
+        events, out, _ = await collect(workspace.client.input(process_id, yield_after_s=0.25))
+        seen += out
+        assert ready in seen or isinstance(events[-1], Yielded), f"exited before printing {ready!r}: {events[-1]}"
+    return process_id
+
+
 async def start_trapped(workspace, traps: str, body: str, **options) -> str:  # type: ignore[no-untyped-def]
     """Start ``traps; body`` and return its process id once the traps are set.
 
     A signal sent before the shell has run its ``trap`` (a slow start under gVisor or on a
     loaded host) would meet the default disposition: tests must not race it.
     """
-    events, seen, _ = await collect(workspace.exec(f"{traps}; echo trapped; {body}", yield_after_s=0.25, **options))
-    assert isinstance(events[-1], Yielded), events[-1]
-    process_id = events[-1].process_id
+    return await start_ready(workspace, f"{traps}; echo trapped; {body}", ready="trapped", **options)
+
+
+async def until_alive(workspace, pattern: str, count: int) -> list[str]:  # type: ignore[no-untyped-def]
+    """Poll (20 s at most) until ``count`` live processes match ``pattern``, and return them all.
+
+    For children that must be running before the test signals their command: right after the
+    start they may not have been forked or exec'd yet.
+    """
     deadline = time.monotonic() + 20
-    while "trapped" not in seen and time.monotonic() < deadline:
-        seen += (await collect(workspace.client.input(process_id, yield_after_s=0.25)))[1]
-    assert "trapped" in seen
-    return process_id
+    while len(found := await ps(workspace, pattern)) < count:
+        assert time.monotonic() < deadline, f"only {found} of {count} processes matching {pattern!r} started"
+        await asyncio.sleep(0.1)
+    return found
+
+
+def until_caught(pid: int, signum: int) -> None:
+    """Poll (30 s at most) until local process ``pid`` has a handler for ``signum`` (its ``SigCgt``).
+
+    Before that, the signal would meet its default action (for SIGTERM: death, not a clean stop).
+    """
+    deadline = time.monotonic() + 30
+    while True:
+        with open(f"/proc/{pid}/status") as status:
+            caught = int(next(line for line in status if line.startswith("SigCgt:")).split()[1], 16)
+        if caught >> (signum - 1) & 1:
+            return
+        assert time.monotonic() < deadline, f"process {pid} never installed a handler for signal {signum}"
+        time.sleep(0.01)
 
 
 def one_file_tar(name: str, data: bytes) -> bytes:

@@ -199,16 +199,23 @@ class TestCommandSessions:
         """An abort mid-command interrupts it: stop_reason interrupted, and the command gets Ctrl-C."""
         env = environment(workspace)
         abort = asyncio.Event()
-        asyncio.get_running_loop().call_later(1.0, abort.set)
         call = ToolCall(
             tool_call_id="t-abort-2",
             name="exec_command",
             arguments={
                 "description": "d",
-                "cmd": "trap 'echo got-int > /workspace/int.txt; exit 1' INT; sleep 30 & wait",
+                "cmd": "trap 'echo got-int > /workspace/int.txt; exit 1' INT; echo ready; sleep 30 & wait",
             },
         )
-        out = await env.call(call, abort=abort)
+        seen, out = "", None
+        async for event in env.run(call, abort=abort):
+            if isinstance(event, ToolCallPartial):
+                seen += event.text
+                if "ready" in seen:
+                    abort.set()  # only now: the trap is in place, so the abort's Ctrl-C meets it
+            elif isinstance(event, ToolCallOutput):
+                out = event
+        assert out is not None
         assert out.stop_reason == "interrupted"
         for _ in range(30):
             if (await workspace.exec("cat /workspace/int.txt 2>/dev/null").wait()).stdout:

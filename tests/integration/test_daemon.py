@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sandboxd_client import SandboxClient, UnavailableError
 
 from tests.conftest import DaemonThread, make_settings, rss_bytes, spawned_daemon
+from tests.integration.helpers import until_caught
 
 pytestmark = pytest.mark.docker
 
@@ -153,6 +154,8 @@ class TestProcess:
             with grpc.insecure_channel(f"unix:{socket_path}") as channel:
                 response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert response.status == health_pb2.HealthCheckResponse.SERVING
+            # SERVING is set just before serve() installs its handlers: until then SIGTERM would kill it outright.
+            until_caught(daemon.pid, signal.SIGTERM)
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(timeout=30)
         stderr = log_path.read_text()

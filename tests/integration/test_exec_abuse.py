@@ -12,13 +12,14 @@ from sandboxd_client import (
     Exited,
     InvalidArgumentError,
     NotFoundError,
+    Output,
     ResourceExhaustedError,
     SandboxClient,
     Yielded,
 )
 
 from tests.conftest import DaemonThread, make_settings
-from tests.integration.helpers import collect, start_trapped, start_yielded
+from tests.integration.helpers import collect, start_trapped, start_yielded, until_alive
 from tests.integration.helpers import ps as alive
 
 pytestmark = pytest.mark.docker
@@ -45,13 +46,16 @@ class TestTeardown:
         ws = await client.create_workspace(labels={"test": "delete-while-streaming"})
         handle = ws.exec("echo a; sleep 100", yield_after_s=60)
         events: list[object] = []
+        streaming = asyncio.Event()
 
         async def consume() -> None:
             async for event in handle:
                 events.append(event)
+                if isinstance(event, Output) and "a" in event.text:
+                    streaming.set()
 
         task = asyncio.create_task(consume())
-        await asyncio.sleep(1)
+        await asyncio.wait_for(streaming.wait(), 30)  # the command runs and this call streams it
         start = time.monotonic()
         await ws.delete()
         await asyncio.wait_for(task, 5)
@@ -121,7 +125,7 @@ class TestSessionTable:
             b = await client.create_workspace(labels={"test": "evict-b"})
             try:
                 for _ in range(4):
-                    await start_yielded(a, "trap '' TERM; sleep 1000")
+                    await start_trapped(a, "trap '' TERM", "sleep 1000")  # evicting one must take its grace
 
                 async def timed() -> float:
                     start = time.monotonic()
@@ -169,6 +173,7 @@ class TestInterrupts:
     async def test_tty_ctrl_c_kills_what_was_left(self, client, workspace) -> None:
         """Ctrl-C in tty mode also ends what the interrupted command left behind."""
         process_id = await start_yielded(workspace, "setsid sleep 240 & sleep 100", tty=True)
+        assert len(await until_alive(workspace, r"sleep (240|100)", 2)) == 2  # there is something to leave behind
         events, _, _ = await collect(client.input(process_id, "\u0003", yield_after_s=5))
         assert (events[-1].exit_code, events[-1].stop_reason) == (130, "interrupted")
         assert await alive(workspace, r"sleep 240") == []

@@ -12,6 +12,7 @@ import os
 import secrets
 import signal
 import sys
+import time
 
 import pytest
 
@@ -112,6 +113,23 @@ def _alive_with_marker(marker: str, exclude: int = 0) -> list[int]:
     return pids
 
 
+async def _until_running(sup: Supervised, *commands: bytes) -> None:
+    """Poll (10 s at most) until each of ``commands`` runs in the supervised tree (exec'd, not just forked)."""
+    deadline = time.monotonic() + 10
+    while True:
+        running = set()
+        for pid in _alive_with_marker(sup.marker, sup.process.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    running.add(fh.read().rstrip(b"\0").replace(b"\0", b" "))
+            except OSError:
+                continue
+        if set(commands) <= running:
+            return
+        assert time.monotonic() < deadline, f"never all running: {commands}; running: {running}"
+        await asyncio.sleep(0.02)
+
+
 class TestFrames:
     async def test_output_then_exit(self, run) -> None:
         """stdout and stderr arrive as separate frames, then exactly one exit frame."""
@@ -173,7 +191,7 @@ class TestSignals:
         """Ctrl-C (SIGINT to the group) ends `sleep & sleep`, and nothing of it survives."""
         sup = await run("sleep 1000 & sleep 1001")
         await sup.started()
-        await asyncio.sleep(0.3)
+        await _until_running(sup, b"sleep 1000", b"sleep 1001")  # both are there to be interrupted
         await sup.send(frames.encode_signal(2, interrupt=True))
         _, _, status = await sup.until_exit()
         assert status["exit_code"] == 130
@@ -190,9 +208,12 @@ class TestSignals:
 
     async def test_kill_ladder_reaches_setsid_and_double_fork(self, run) -> None:
         """Kill ends descendants that called setsid or double-forked, and reports the signal."""
-        sup = await run("sleep 1000 & setsid sleep 1001 & (sleep 1002 &) ; trap '' TERM; while :; do sleep 0.1; done")
+        sup = await run(
+            "sleep 1000 & setsid sleep 1001 & (sleep 1002 &) ; trap '' TERM; echo ready; while :; do sleep 0.1; done"
+        )
         await sup.started()
-        await asyncio.sleep(0.5)
+        assert await sup.next() == (frames.STDOUT, b"ready\n")  # TERM is ignored now: only SIGKILL can end it
+        await _until_running(sup, b"sleep 1000", b"sleep 1001", b"sleep 1002")
         assert len(_alive_with_marker(sup.marker, sup.process.pid)) >= 4
         await sup.send(frames.encode_kill(0.5))
         _, _, status = await asyncio.wait_for(sup.until_exit(), 10)
@@ -237,7 +258,8 @@ class TestReapMode:
         victim = await asyncio.create_subprocess_exec(
             "sleep", "1000", env={**os.environ, name: value}, start_new_session=True
         )
-        await asyncio.sleep(0.2)
+        # create_subprocess_exec returns once the exec is done: the victim runs `sleep` with the marker.
+        assert _alive_with_marker(marker) == [victim.pid]
         reaper = await asyncio.create_subprocess_exec(
             sys.executable,
             *script_argv("supervisor.py", {"mode": "reap", "marker": marker, "grace_s": 0.5}, tokens=True)[1:],
