@@ -65,6 +65,23 @@ def set_audit_tenant(tenant: str) -> None:
         record["tenant"] = tenant
 
 
+MAX_FIELD_CHARS = 1024
+"""Longest string kept whole in an audit line; a longer one (a refused 60 MB command) keeps
+its first ``MAX_FIELD_CHARS`` characters, and ``<field>_bytes`` gives its full size."""
+
+
+def _bounded(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with every long string cut to a prefix, its full UTF-8 size beside it."""
+    bounded: dict[str, Any] = {}
+    for key, value in entry.items():
+        if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+            bounded[key] = value[:MAX_FIELD_CHARS] + "…"
+            bounded[f"{key}_bytes"] = len(value.encode("utf-8", "surrogatepass"))
+        else:
+            bounded[key] = value
+    return bounded
+
+
 class AuditLog:
     """Appends audit lines to ``path`` (created 0600; ``off`` disables the trail).
 
@@ -147,7 +164,7 @@ class AuditLog:
         entry = {"time": datetime.datetime.now(datetime.UTC).isoformat(), **entry}
         # Masked before encoding: JSON escaping would hide a value with quotes or backslashes.
         masked = {key: self.mask(value) if isinstance(value, str) else value for key, value in entry.items()}
-        line = (json.dumps(masked, ensure_ascii=False, default=str) + "\n").encode()
+        line = (json.dumps(_bounded(masked), ensure_ascii=False, default=str) + "\n").encode()
         with self._lock:
             try:
                 self._reopen_if_moved()

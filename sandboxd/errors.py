@@ -18,6 +18,7 @@ The hierarchy::
     │   ├── WorkspaceNotRunningError
     │   └── ProcessExitedError
     ├── QuotaExceededError                 RESOURCE_EXHAUSTED
+    │   └── RequestTooLargeError
     ├── DockerUnavailableError             UNAVAILABLE
     ├── BackendError                       INTERNAL
     └── ExecTimeoutError                   DEADLINE_EXCEEDED
@@ -25,7 +26,8 @@ The hierarchy::
 Every message is written for the caller: it says what was wrong and, where it
 helps, what to do. One interceptor turns these into gRPC statuses; anything
 else becomes INTERNAL with a generic message and its traceback goes to the log
-only.
+only. A value from the request is quoted with :func:`quoted`, so that no message
+(nor the log line and audit entry that repeat it) grows with what a caller sent.
 """
 
 from __future__ import annotations
@@ -49,12 +51,31 @@ __all__ = [
     "ProcessExitedError",
     "ProcessNotFoundError",
     "QuotaExceededError",
+    "RequestTooLargeError",
     "SandboxdError",
     "UnauthenticatedError",
     "WorkspaceExistsError",
     "WorkspaceNotFoundError",
     "WorkspaceNotRunningError",
+    "quoted",
 ]
+
+QUOTED_CHARS = 64
+"""Most characters of a caller's value repeated in a message."""
+
+
+def quoted(value: str, limit: int = QUOTED_CHARS) -> str:
+    """``repr(value)``, cut to its first ``limit`` characters with the full length said.
+
+    >>> quoted("ws-1")
+    "'ws-1'"
+    >>> quoted("x" * 100, 4)
+    "'xxxx…' (100 characters)"
+    """
+    if len(value) <= limit:
+        return repr(value)
+    shown = repr(value[:limit])
+    return f"{shown[:-1]}…{shown[-1]} ({len(value)} characters)"
 
 
 class SandboxdError(Exception):
@@ -140,6 +161,10 @@ class QuotaExceededError(SandboxdError):
     """A configured cap (sessions, workspaces, memory) is reached."""
 
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class RequestTooLargeError(QuotaExceededError):
+    """A request message is larger than its RPC takes (see ``sandboxd_client.limits``)."""
 
 
 class DockerUnavailableError(SandboxdError):

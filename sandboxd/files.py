@@ -27,6 +27,13 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Corout
 from typing import Any
 
 import structlog
+from sandboxd_client.limits import (
+    MAX_EDIT_STRING_BYTES,
+    MAX_PATH_BYTES,
+    MAX_URL_BYTES,
+    MAX_WRITE_BYTES,
+    utf8_size,
+)
 
 from . import frames
 from .backend.base import Backend, ExecStream
@@ -71,7 +78,7 @@ DEFAULT_READ_LIMIT = 2000
 """Lines per ReadFile page when the caller sets no limit (seed 000)."""
 MAX_LINE_CHARS = 2000
 """Characters of one line shown before it is cut (seed 000)."""
-MAX_EDIT_BYTES = 16 * 1024 * 1024
+MAX_EDIT_BYTES = MAX_WRITE_BYTES
 """Largest file EditFile loads, in bytes."""
 DIFF_OLD_MAX_BYTES = 1024 * 1024
 """Largest old content WriteFile fetches to diff against, in bytes."""
@@ -105,6 +112,9 @@ def resolve_path(path: str) -> str:
     """
     if not path:
         msg = "path must not be empty"
+        raise InvalidSpecError(msg)
+    if utf8_size(path) > MAX_PATH_BYTES:
+        msg = f"path is {utf8_size(path)} bytes; the limit is {MAX_PATH_BYTES} (Linux's PATH_MAX)"
         raise InvalidSpecError(msg)
     if "\0" in path:
         msg = "path must not contain NUL characters"
@@ -758,6 +768,10 @@ class FileManager:
             PermissionDeniedError: the workspace user may not write the file.
         """
         resolved = resolve_path(path)
+        for name, value in (("old_string", old), ("new_string", new)):
+            if utf8_size(value) > MAX_EDIT_STRING_BYTES:
+                msg = f"{name} is {utf8_size(value)} bytes; the limit is {MAX_EDIT_STRING_BYTES}"
+                raise InvalidSpecError(msg)
         async with self._lock(workspace_id, resolved):
             for attempt in range(_EDIT_ATTEMPTS):
                 if attempt:
@@ -795,6 +809,12 @@ class FileManager:
             ``size`` and ``lines``.
         """
         resolved = resolve_path(path)
+        if len(content) > MAX_WRITE_BYTES:
+            msg = (
+                f"content is {len(content)} bytes; WriteFile takes at most {MAX_WRITE_BYTES} "
+                "(larger files go through Upload: sandboxctl cp)"
+            )
+            raise InvalidSpecError(msg)
         async with self._lock(workspace_id, resolved):
             reply = await self._write(workspace_id, resolved, content, return_old_max=DIFF_OLD_MAX_BYTES)
         created = bool(reply.result["created"])
@@ -855,6 +875,9 @@ class FileManager:
         URLs are fetched from inside the workspace, so they work only when its
         network policy allows it.
         """
+        if utf8_size(source) > MAX_URL_BYTES:
+            msg = f"source is {utf8_size(source)} bytes; the limit is {MAX_URL_BYTES}"
+            raise InvalidSpecError(msg)
         if source.startswith(("http://", "https://")):
             request = {"op": "fetch", "url": source, "max_bytes": IMAGE_MAX_BYTES, "timeout_s": 30}
         else:

@@ -9,7 +9,17 @@ from typing import Any, TextIO
 
 import structlog
 
-__all__ = ["configure_logging"]
+__all__ = ["MAX_LOG_FIELD_CHARS", "configure_logging", "cut_text"]
+
+MAX_LOG_FIELD_CHARS = 2000
+"""Longest string field of a log line; longer ones (a refused command, a huge id) are cut."""
+
+
+def cut_text(text: str, limit: int) -> str:
+    """``text``, or its first ``limit`` characters and how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit} more characters]"
 
 
 def configure_logging(
@@ -50,7 +60,10 @@ def configure_logging(
         renderer = structlog.processors.JSONRenderer()
     if mask is not None:
         # Last, so that exception text rendered above is masked too.
-        shared.append(_masking(mask))
+        shared.append(_each_string(mask))
+    # After masking (a cut must not leave half a secret unmasked): a line never grows with what
+    # a caller sent.
+    shared.append(_each_string(lambda text: cut_text(text, MAX_LOG_FIELD_CHARS)))
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
@@ -69,19 +82,21 @@ def configure_logging(
     root.setLevel(level.upper())
 
 
-def _masking(mask: Callable[[str], str]) -> structlog.types.Processor:
-    def masked(value: Any) -> Any:
+def _each_string(transform: Callable[[str], str]) -> structlog.types.Processor:
+    """A processor applying ``transform`` to every string of a log line, nested ones too."""
+
+    def applied(value: Any) -> Any:
         if isinstance(value, str):
-            return mask(value)
+            return transform(value)
         if isinstance(value, Mapping):
-            return {key: masked(item) for key, item in value.items()}
+            return {key: applied(item) for key, item in value.items()}
         if isinstance(value, (list, tuple)):
-            return [masked(item) for item in value]
+            return [applied(item) for item in value]
         return value
 
     def processor(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         for key, value in event_dict.items():
-            event_dict[key] = masked(value)
+            event_dict[key] = applied(value)
         return event_dict
 
     return processor

@@ -29,6 +29,15 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 import structlog
+from sandboxd_client.limits import (
+    MAX_COMMAND_BYTES,
+    MAX_ENV_BYTES,
+    MAX_ENV_ENTRIES,
+    MAX_ID_BYTES,
+    MAX_INPUT_BYTES,
+    MAX_PATH_BYTES,
+    utf8_size,
+)
 
 from . import frames
 from .backend.base import Backend, ExecStream
@@ -38,6 +47,7 @@ from .errors import (
     ProcessNotFoundError,
     QuotaExceededError,
     SandboxdError,
+    quoted,
 )
 from .incontainer import engine_refusal, looks_like_frames, script_argv
 from .models import (
@@ -89,11 +99,6 @@ SPILL_DIR = "/workspace/.sandboxd/spill"
 MAX_TERMINAL_CELLS = 10_000
 """Largest terminal width or height accepted, in character cells."""
 
-MAX_INPUT_BYTES = 1024 * 1024
-"""Most stdin bytes one Input call may carry; larger data belongs in a file (write_file)."""
-
-MAX_COMMAND_BYTES = 120 * 1024
-"""Longest command line: it travels as one argv string (Linux allows 128 KiB, JSON-escaped)."""
 
 MIN_YIELD_S = 0.25
 """Shortest yield window (seed 000: 250 ms)."""
@@ -223,15 +228,28 @@ def exit_status(
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def check_env(env: Mapping[str, str], field: str) -> None:
-    """Reject environment names that are not POSIX names and values holding NUL.
+def check_env(env: Mapping[str, str], field: str, *, max_bytes: int = MAX_ENV_BYTES) -> None:
+    """Reject environment names that are not POSIX names, values holding NUL, and oversized maps.
+
+    Args:
+        env: the variables.
+        field: the request field, named in the message.
+        max_bytes: most bytes of all ``NAME=value`` entries together
+            (``sandboxd_client.limits``: 128 KiB for a call, 32 KiB for a workspace).
 
     Raises:
-        InvalidSpecError: naming ``field`` and the offending variable.
+        InvalidSpecError: naming ``field`` and the offending variable or the size.
     """
+    if len(env) > MAX_ENV_ENTRIES:
+        msg = f"{field} has {len(env)} variables; the limit is {MAX_ENV_ENTRIES}"
+        raise InvalidSpecError(msg)
+    size = sum(utf8_size(key) + utf8_size(value) + 1 for key, value in env.items())
+    if size > max_bytes:
+        msg = f"{field} is {size} bytes (names and values); the limit is {max_bytes}"
+        raise InvalidSpecError(msg)
     for key, value in env.items():
         if not _ENV_NAME_RE.match(key):
-            msg = f"{field} name {key!r} is not a valid environment variable name"
+            msg = f"{field} name {quoted(key)} is not a valid environment variable name"
             raise InvalidSpecError(msg)
         if "\0" in value:
             msg = f"{field} value of {key!r} contains a NUL character"
@@ -976,6 +994,9 @@ class ProcessTable:
         Raises:
             ProcessNotFoundError: unknown id, or evicted (the message says which).
         """
+        if utf8_size(process_id) > MAX_ID_BYTES:
+            msg = f"process_id is {utf8_size(process_id)} bytes; process ids are at most {MAX_ID_BYTES}"
+            raise InvalidSpecError(msg)
         session = self._sessions.get(process_id)
         tenant = current_tenant()
         if session is not None and session.context.tenant == tenant:
@@ -990,8 +1011,12 @@ class ProcessTable:
         """Return the sessions of one workspace, oldest first."""
         return [s for s in self._sessions.values() if s.context.workspace_id == workspace_id]
 
-    async def start(self, context: ExecContext, spec: ExecSpec) -> tuple[ProcessSession, ExecStarted]:
-        """Start a command as a new session, evicting one first when the table is full."""
+    def check_spec(self, spec: ExecSpec) -> None:
+        """Check every field of an Exec against its bound (``sandboxd_client.limits``), before any work.
+
+        Raises:
+            InvalidSpecError: naming the field, its size and its bound.
+        """
         if not 0 <= spec.max_output_bytes <= self.settings.max_output_buffer_bytes:
             msg = (
                 f"max_output_bytes must be 0 (the daemon default) to {self.settings.max_output_buffer_bytes} "
@@ -1010,19 +1035,32 @@ class ProcessTable:
         if not (1 <= spec.columns <= MAX_TERMINAL_CELLS and 1 <= spec.rows <= MAX_TERMINAL_CELLS):
             msg = f"terminal size must be 1..{MAX_TERMINAL_CELLS} columns and rows, got {spec.columns}x{spec.rows}"
             raise InvalidSpecError(msg)
+        if utf8_size(spec.command) > MAX_COMMAND_BYTES:
+            msg = (
+                f"command is {utf8_size(spec.command)} bytes; the limit is "
+                f"{MAX_COMMAND_BYTES} (one argument of `bash -lc`); write long scripts to a file first"
+            )
+            raise InvalidSpecError(msg)
         if not spec.command.strip():
             msg = "command must not be empty"
             raise InvalidSpecError(msg)
-        if len(spec.command.encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES:
-            msg = (
-                f"command is {len(spec.command.encode('utf-8', 'surrogatepass'))} bytes; the limit is "
-                f"{MAX_COMMAND_BYTES} (one argument of `bash -lc`); write long scripts to a file first"
-            )
+        if utf8_size(spec.workdir) > MAX_PATH_BYTES:
+            msg = f"workdir is {utf8_size(spec.workdir)} bytes; the limit is {MAX_PATH_BYTES}"
             raise InvalidSpecError(msg)
         if "\0" in spec.command or "\0" in spec.workdir:
             msg = "command and workdir must not contain NUL characters"
             raise InvalidSpecError(msg)
         check_env(spec.env, "env")
+
+    async def start(self, context: ExecContext, spec: ExecSpec) -> tuple[ProcessSession, ExecStarted]:
+        """Start a command as a new session, evicting one first when the table is full.
+
+        Raises:
+            InvalidSpecError: a field out of its bound (:meth:`check_spec`, checked again here
+                so that no caller can skip it), or an unknown secret reference.
+            QuotaExceededError: no session can be made room for.
+        """
+        self.check_spec(spec)
         context.secrets.check(spec.env, "env", context.tenant)
         async with self._lock:
             tenant = context.tenant

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sandboxd_client.text import StreamRedactor
 
-from .errors import InvalidSpecError
+from .errors import InvalidSpecError, quoted
 
 __all__ = ["MIN_SECRET_CHARS", "REFERENCE_PREFIX", "BytesRedactor", "SecretStore"]
 
@@ -107,9 +107,8 @@ class SecretStore:
             if value.startswith(REFERENCE_PREFIX):
                 name = value[len(REFERENCE_PREFIX) :]
                 if not _NAME_RE.match(name) or not self.allowed(name, tenant):
-                    msg = (
-                        f"{field} {key}: unknown secret {name!r} (set it in the secrets file or SANDBOXD_SECRET_{name})"
-                    )
+                    hint = f" (set it in the secrets file or SANDBOXD_SECRET_{name})" if _NAME_RE.match(name) else ""
+                    msg = f"{field} {key}: unknown secret {quoted(name)}{hint}"
                     raise InvalidSpecError(msg)
 
     def resolve(self, env: Mapping[str, str], tenant: str) -> dict[str, str]:

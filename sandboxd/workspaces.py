@@ -8,9 +8,11 @@ stored as JSON in its container's ``sandboxd.spec`` label, so ``get`` and
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import contextlib
 import dataclasses
+import datetime
 import json
 import posixpath
 import re
@@ -21,6 +23,17 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import structlog
+from sandboxd_client.limits import (
+    MAX_CAPABILITIES,
+    MAX_IMAGE_REFERENCE_BYTES,
+    MAX_LABEL_VALUE_BYTES,
+    MAX_LABELS,
+    MAX_LABELS_BYTES,
+    MAX_LIST_PAGE_SIZE,
+    MAX_PATH_BYTES,
+    MAX_WORKSPACE_ENV_BYTES,
+    utf8_size,
+)
 
 from .audit import AuditLog
 from .backend.base import Backend, ContainerInfo, ContainerSpec
@@ -32,6 +45,7 @@ from .errors import (
     WorkspaceExistsError,
     WorkspaceNotFoundError,
     WorkspaceNotRunningError,
+    quoted,
 )
 from .incontainer import PROTECTED_PYTHON, PROTECTED_PYTHON_PROBE, PROTECTED_PYTHON_SETUP
 from .models import (
@@ -54,6 +68,7 @@ __all__ = [
     "LABEL_TENANT",
     "RESERVED_LABEL_PREFIX",
     "WorkspaceManager",
+    "check_labels",
     "check_workspace_id",
     "spec_from_json",
     "spec_to_json",
@@ -139,8 +154,34 @@ def check_workspace_id(workspace_id: str) -> None:
         InvalidSpecError: not 1-40 lowercase letters, digits or dashes.
     """
     if not _ID_RE.match(workspace_id):
-        msg = f"workspace_id {workspace_id!r} must be 1-40 lowercase letters, digits or dashes"
+        msg = f"workspace_id {quoted(workspace_id)} must be 1-40 lowercase letters, digits or dashes"
         raise InvalidSpecError(msg)
+
+
+def check_labels(labels: Mapping[str, str], field: str) -> None:
+    """Bound a label map (workspace labels or a selector) and refuse reserved or malformed keys.
+
+    Raises:
+        InvalidSpecError: more than ``MAX_LABELS`` labels, a value over ``MAX_LABEL_VALUE_BYTES``,
+            more than ``MAX_LABELS_BYTES`` in all, a key in the ``sandboxd.`` namespace, or a bad key.
+    """
+    if len(labels) > MAX_LABELS:
+        msg = f"{field} has {len(labels)} entries; the limit is {MAX_LABELS}"
+        raise InvalidSpecError(msg)
+    total = sum(utf8_size(key) + utf8_size(value) for key, value in labels.items())
+    if total > MAX_LABELS_BYTES:
+        msg = f"{field} is {total} bytes (keys and values); the limit is {MAX_LABELS_BYTES}"
+        raise InvalidSpecError(msg)
+    for key, value in labels.items():
+        if key.lower().startswith(RESERVED_LABEL_PREFIX):
+            msg = f"{field} key {quoted(key)} is in the reserved 'sandboxd.' namespace"
+            raise InvalidSpecError(msg)
+        if not _LABEL_KEY_RE.match(key):
+            msg = f"{field} key {quoted(key)} is not valid (letters, digits, '.', '_', '/', '-'; at most 128)"
+            raise InvalidSpecError(msg)
+        if utf8_size(value) > MAX_LABEL_VALUE_BYTES:
+            msg = f"{field} value of {key!r} is {utf8_size(value)} bytes; the limit is {MAX_LABEL_VALUE_BYTES}"
+            raise InvalidSpecError(msg)
 
 
 def spec_to_json(spec: WorkspaceSpec) -> str:
@@ -171,6 +212,45 @@ def spec_from_json(text: str) -> WorkspaceSpec:
             read_only_root_filesystem=bool(data["security"].get("read_only_root_filesystem", False)),
         ),
     )
+
+
+DEFAULT_PAGE_SIZE = 100
+"""Workspaces per ListWorkspaces page when the caller sets no page size."""
+
+PAGE_SPEC_BYTES = 4 * 1024**2
+"""A ListWorkspaces page ends before its stored specs pass this many bytes: with the daemon's
+64 MiB message limit a page always fits, whatever workspaces an older release let be made."""
+
+
+def _listing_key(info: ContainerInfo) -> tuple[datetime.datetime, str]:
+    """The listing order: oldest first, ties by id, so that a page token is a position in it."""
+    return (info.create_time, info.workspace_id)
+
+
+def _page_token(last: Workspace) -> str:
+    position = json.dumps([last.create_time.isoformat(), last.workspace_id]).encode()
+    return base64.urlsafe_b64encode(position).decode().rstrip("=")
+
+
+def _page_position(token: str) -> tuple[datetime.datetime, str] | None:
+    """The listing position a page token names; None for the first page.
+
+    Raises:
+        InvalidSpecError: not a token this daemon gave.
+    """
+    if not token:
+        return None
+    try:
+        if len(token) > 256:
+            raise ValueError  # noqa: TRY301 - one refusal for every kind of bad token
+        created, workspace_id = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        moment = datetime.datetime.fromisoformat(created)
+        if not isinstance(workspace_id, str) or moment.tzinfo is None:
+            raise ValueError  # noqa: TRY301
+    except (ValueError, TypeError):
+        msg = "page_token is not one this daemon gave (pass next_page_token as it came)"
+        raise InvalidSpecError(msg) from None
+    return moment, workspace_id
 
 
 class WorkspaceManager:
@@ -224,14 +304,21 @@ class WorkspaceManager:
             InvalidSpecError: with a message naming the offending field.
         """
         s = self.settings
-        for key in spec.labels:
-            if key.lower().startswith(RESERVED_LABEL_PREFIX):
-                msg = f"label {key!r} is in the reserved 'sandboxd.' namespace"
+        check_labels(spec.labels, "labels")
+        check_env(spec.env, "env", max_bytes=MAX_WORKSPACE_ENV_BYTES)  # it is stored with the workspace
+        for field, text, limit in (
+            ("image", spec.image, MAX_IMAGE_REFERENCE_BYTES),
+            ("working_dir", spec.working_dir, MAX_PATH_BYTES),
+        ):
+            if utf8_size(text) > limit:
+                msg = f"{field} is {utf8_size(text)} bytes; the limit is {limit}"
                 raise InvalidSpecError(msg)
-            if not _LABEL_KEY_RE.match(key):
-                msg = f"label key {key!r} is not valid (letters, digits, '.', '_', '/', '-'; at most 128)"
-                raise InvalidSpecError(msg)
-        check_env(spec.env, "env")
+        if len(spec.security.added_capabilities) > MAX_CAPABILITIES:
+            msg = (
+                f"security.added_capabilities has {len(spec.security.added_capabilities)} entries; "
+                f"the limit is {MAX_CAPABILITIES}"
+            )
+            raise InvalidSpecError(msg)
         self.secrets.check(spec.env, "env", current_tenant())
         limits = spec.limits
         for name, value in (
@@ -270,17 +357,17 @@ class WorkspaceManager:
             raise InvalidSpecError(msg)
         working_dir = spec.working_dir or WORKSPACE_ROOT
         if not working_dir.startswith("/") or "\0" in working_dir:
-            msg = f"working_dir must be an absolute path, got {working_dir!r}"
+            msg = f"working_dir must be an absolute path, got {quoted(working_dir)}"
             raise InvalidSpecError(msg)
         capabilities = []
         for cap in spec.security.added_capabilities:
             name = cap.upper().removeprefix("CAP_")
             if name not in CAPABILITIES:
-                msg = f"unknown capability {cap!r}"
+                msg = f"unknown capability {quoted(cap)}"
                 raise InvalidSpecError(msg)
             capabilities.append(name)
         if spec.security.user and not _USER_RE.match(spec.security.user):
-            msg = f"security.user {spec.security.user!r} is not a user name, uid or uid:gid"
+            msg = f"security.user {quoted(spec.security.user)} is not a user name, uid or uid:gid"
             raise InvalidSpecError(msg)
         if spec.idle_ttl_s is not None and spec.idle_ttl_s < 0:
             msg = "idle_ttl must not be negative"
@@ -421,14 +508,42 @@ class WorkspaceManager:
         self.touch(workspace_id)
         return workspace
 
-    async def list(self, label_selector: Mapping[str, str]) -> list[Workspace]:
-        """Return the workspaces carrying every label in ``label_selector``, oldest first."""
-        for key in label_selector:
-            if key.lower().startswith(RESERVED_LABEL_PREFIX):
-                msg = f"label selector key {key!r} is in the reserved 'sandboxd.' namespace"
-                raise InvalidSpecError(msg)
+    async def list(
+        self, label_selector: Mapping[str, str], *, page_size: int = 0, page_token: str = ""
+    ) -> tuple[builtins.list[Workspace], str]:
+        """One page of the workspaces carrying every label in ``label_selector``, oldest first.
+
+        Args:
+            label_selector: labels every listed workspace carries.
+            page_size: most workspaces on the page; 0 means ``DEFAULT_PAGE_SIZE``, at most
+                ``MAX_LIST_PAGE_SIZE``. A page also ends before its specs pass ``PAGE_SPEC_BYTES``
+                (it always holds at least one workspace), so it fits one message.
+            page_token: the token of the previous page; empty starts with the oldest.
+
+        Returns:
+            The page and the token of the next one (empty when this is the last).
+
+        Raises:
+            InvalidSpecError: a bad selector, page size or token.
+        """
+        check_labels(label_selector, "label_selector")
+        if not 0 <= page_size <= MAX_LIST_PAGE_SIZE:
+            msg = f"page_size must be 0 (the default, {DEFAULT_PAGE_SIZE}) to {MAX_LIST_PAGE_SIZE}, got {page_size}"
+            raise InvalidSpecError(msg)
+        after = _page_position(page_token)
         selector = {**label_selector, LABEL_TENANT: current_tenant()}
-        return [self._workspace(info) for info in await self.backend.list_containers(selector)]
+        infos = sorted(await self.backend.list_containers(selector), key=_listing_key)
+        remaining = [info for info in infos if after is None or _listing_key(info) > after]
+        page: builtins.list[Workspace] = []
+        spec_bytes = 0
+        for info in remaining[: page_size or DEFAULT_PAGE_SIZE]:
+            size = len(info.labels.get(LABEL_SPEC, ""))
+            if page and spec_bytes + size > PAGE_SPEC_BYTES:
+                break
+            page.append(self._workspace(info))
+            spec_bytes += size
+        more = len(page) < len(remaining)
+        return page, _page_token(page[-1]) if more else ""
 
     async def delete(self, workspace_id: str) -> None:
         """Remove a workspace's container and volume.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
@@ -21,7 +22,8 @@ from ._pb.sandboxd.v1 import process_service_pb2 as ppb
 from ._pb.sandboxd.v1 import process_service_pb2_grpc as pgrpc
 from ._pb.sandboxd.v1 import workspace_service_pb2 as wpb
 from ._pb.sandboxd.v1 import workspace_service_pb2_grpc as wgrpc
-from .errors import UnavailableError, from_rpc_error
+from .errors import InvalidArgumentError, UnavailableError, from_rpc_error
+from .limits import MAX_UPLOAD_CHUNK_BYTES, MAX_WRITE_BYTES
 
 __all__ = [
     "EditResult",
@@ -345,11 +347,25 @@ class SandboxClient:
         response = await self._unary(lambda: self._workspaces.GetWorkspace(request), idempotent=True)
         return Workspace(self, WorkspaceInfo.from_proto(response.workspace))
 
-    async def list_workspaces(self, labels: Mapping[str, str] | None = None) -> list[WorkspaceInfo]:
-        """Return every workspace carrying all of ``labels``, oldest first."""
-        request = wpb.ListWorkspacesRequest(label_selector=dict(labels or {}))
-        response = await self._unary(lambda: self._workspaces.ListWorkspaces(request), idempotent=True)
-        return [WorkspaceInfo.from_proto(w) for w in response.workspaces]
+    async def list_workspaces(
+        self, labels: Mapping[str, str] | None = None, *, page_size: int = 0
+    ) -> list[WorkspaceInfo]:
+        """Return every workspace carrying all of ``labels``, oldest first.
+
+        The daemon lists in pages (``page_size`` workspaces each, 0 for its default of 100);
+        this reads them all.
+        """
+        found: list[WorkspaceInfo] = []
+        token = ""
+        while True:
+            request = wpb.ListWorkspacesRequest(
+                label_selector=dict(labels or {}), page_size=page_size, page_token=token
+            )
+            response = await self._unary(functools.partial(self._workspaces.ListWorkspaces, request), idempotent=True)
+            found += [WorkspaceInfo.from_proto(w) for w in response.workspaces]
+            token = response.next_page_token
+            if not token:
+                return found
 
     async def delete_workspace(self, workspace_id: str) -> None:
         """Remove a workspace and its volume; NotFoundError when there is none."""
@@ -510,8 +526,19 @@ class SandboxClient:
         return EditResult(message=r.message, path=r.path, replacements=r.replacements, diff=r.diff)
 
     async def write_file(self, workspace_id: str, path: str, content: str | bytes) -> WriteResult:
-        """Create or atomically overwrite a file (parents created); ``str`` content is written as UTF-8."""
+        """Create or atomically overwrite a file (parents created); ``str`` content is written as UTF-8.
+
+        Raises:
+            InvalidArgumentError: more than ``limits.MAX_WRITE_BYTES`` (8 MiB) of content; larger
+                files go through :meth:`upload`.
+        """
         data = content.encode() if isinstance(content, str) else content
+        if len(data) > MAX_WRITE_BYTES:
+            msg = (
+                f"content is {len(data)} bytes; WriteFile takes at most {MAX_WRITE_BYTES} "
+                "(larger files go through Upload: sandboxctl cp)"
+            )
+            raise InvalidArgumentError(msg)
         request = fpb.WriteFileRequest(workspace_id=workspace_id, path=path, content=data)
         r = await self._unary(lambda: self._files.WriteFile(request))
         return WriteResult(
@@ -548,12 +575,17 @@ class SandboxClient:
         await self._unary(lambda: self._files.Move(request))
 
     async def upload(self, workspace_id: str, path: str, archive: AsyncIterable[bytes]) -> int:
-        """Extract a tar stream into directory ``path`` (created when missing); return the entry count."""
+        """Extract a tar stream into directory ``path`` (created when missing); return the entry count.
+
+        ``archive`` may yield pieces of any size: each is sent in messages of at most
+        ``limits.MAX_UPLOAD_CHUNK_BYTES`` (1 MiB).
+        """
 
         async def requests() -> AsyncIterator[fpb.UploadRequest]:
             yield fpb.UploadRequest(target=fpb.UploadTarget(workspace_id=workspace_id, path=path))
             async for chunk in archive:
-                yield fpb.UploadRequest(chunk=chunk)
+                for start in range(0, len(chunk), MAX_UPLOAD_CHUNK_BYTES):
+                    yield fpb.UploadRequest(chunk=chunk[start : start + MAX_UPLOAD_CHUNK_BYTES])
 
         r = await self._unary(lambda: self._files.Upload(requests()))
         return int(r.entry_count)

@@ -17,9 +17,11 @@ from typing import Any, NoReturn
 
 import grpc
 import structlog
+from sandboxd_client.limits import request_limit
 
 from ..audit import STATE_CHANGING, AuditLog, audit_fields, set_audit_tenant, start_audit
-from ..errors import InvalidSpecError, SandboxdError
+from ..errors import InvalidSpecError, RequestTooLargeError, SandboxdError
+from ..logging import cut_text
 from ..tenancy import Authenticator, reset_tenant, tenant_scope
 from ._types import Context
 
@@ -28,6 +30,8 @@ __all__ = ["ErrorInterceptor"]
 log = structlog.get_logger("sandboxd.rpc")
 
 _HEALTH_AND_REFLECTION = ("/grpc.health.", "/grpc.reflection.")
+MAX_STATUS_MESSAGE_CHARS = 2000
+"""Longest status message sent: gRPC carries it in trailers, and HTTP/2 bounds their size."""
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -57,7 +61,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         quiet = method.startswith(_HEALTH_AND_REFLECTION)
         audited = self.audit is not None and self.audit.enabled and method.rsplit("/", 1)[-1] in STATE_CHANGING
         call = _Call(method, quiet, None if quiet else self.authenticator, self.audit if audited else None)
-        deserializer = _tolerant(handler.request_deserializer)
+        deserializer = _tolerant(handler.request_deserializer, method.rsplit("/", 1)[-1])
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 _wrap_unary(handler.unary_unary, call),
@@ -89,37 +93,48 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
 @dataclasses.dataclass(frozen=True)
 class _Malformed:
-    """Stands in for a request that did not decode, so that the call can refuse it cleanly."""
+    """Stands in for a request that is refused unread, so that the call can refuse it cleanly."""
 
-    message: str
+    error: SandboxdError
 
 
-def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
-    """Wrap a request deserializer: undecodable bytes become :class:`_Malformed`, not an exception.
+def _tolerant(deserializer: Callable[[bytes], Any] | None, rpc: str) -> Callable[[bytes], Any] | None:
+    """Wrap a request deserializer: oversized or undecodable bytes become :class:`_Malformed`.
 
-    gRPC would answer a deserializer's exception with UNKNOWN and the exception's text;
-    bad wire format and invalid UTF-8 in a string field are the caller's mistake.
+    A message larger than ``rpc`` takes (``sandboxd_client.limits``) is never parsed: it
+    costs its bytes and nothing more. gRPC would answer a deserializer's exception with
+    UNKNOWN and the exception's text; bad wire format and invalid UTF-8 in a string field
+    are the caller's mistake.
     """
     if deserializer is None:
         return None
     message_type = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
     name = message_type.full_name if message_type is not None else "request"
+    limit = request_limit(rpc)
 
     def deserialize(data: bytes) -> Any:
+        if len(data) > limit:
+            hint = "; larger files go through Upload (sandboxctl cp)" if rpc == "WriteFile" else ""
+            return _Malformed(
+                RequestTooLargeError(f"the {rpc} request is {len(data)} bytes; {rpc} takes at most {limit}{hint}")
+            )
         try:
             return deserializer(data)
         except Exception:  # protobuf raises DecodeError, or RuntimeError on some builds
             return _Malformed(
-                f"malformed request: not a valid {name} message (bad wire format, or invalid UTF-8 in a string field)"
+                InvalidSpecError(
+                    f"malformed request: not a valid {name} message (bad wire format, or invalid UTF-8 in a "
+                    "string field)"
+                )
             )
 
     return deserialize
 
 
 def _refuse_malformed(request: Any) -> None:
-    """INVALID_ARGUMENT for a request that did not decode (checked after authentication)."""
+    """The status of a request refused unread (checked after authentication, so it is audited)."""
     if isinstance(request, _Malformed):
-        raise InvalidSpecError(request.message)
+        raise request.error
 
 
 def _checked_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
@@ -218,8 +233,10 @@ async def _fail(context: Context, start: float, call: _Call, exc: Exception) -> 
         _finish(start, context.code() or grpc.StatusCode.UNKNOWN, call)
         raise exc
     if isinstance(exc, SandboxdError):
-        _finish(start, exc.grpc_code, call, exc.message)
-        await context.abort(exc.grpc_code, exc.message)
+        # A status travels in HTTP/2 trailers: a message that grew with the request must not.
+        message = cut_text(exc.message, MAX_STATUS_MESSAGE_CHARS)
+        _finish(start, exc.grpc_code, call, message)
+        await context.abort(exc.grpc_code, message)
     _finish(start, grpc.StatusCode.INTERNAL, call)
     log.error("rpc.internal_error", exc_info=exc)
     await context.abort(grpc.StatusCode.INTERNAL, "internal error in sandboxd; the daemon log has the details")

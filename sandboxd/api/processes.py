@@ -10,7 +10,7 @@ from sandboxd_client._pb.sandboxd.v1 import process_service_pb2 as ppb
 from sandboxd_client._pb.sandboxd.v1 import process_service_pb2_grpc as pgrpc
 
 from ..audit import audit_fields
-from ..errors import InvalidSpecError
+from ..errors import InvalidSpecError, quoted
 from ..models import StopReason
 from ..processes import ProcessTable, clamp_yield
 from ..workspaces import WorkspaceManager
@@ -38,7 +38,7 @@ def parse_signal(text: str) -> int:
     try:
         return int(signal.Signals[name])
     except KeyError:
-        msg = f"unknown signal {text!r}"
+        msg = f"unknown signal {quoted(text)}"
         raise InvalidSpecError(msg) from None
 
 
@@ -53,6 +53,7 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
     async def Exec(self, request: ppb.ExecRequest, context: Context) -> AsyncIterator[ppb.ExecResponse]:
         """Start a command and stream its events (started, output..., exited | yielded)."""
         spec = convert.exec_spec(request)
+        self.processes.check_spec(spec)  # bounds first: nothing is looked up for a request refused anyway
         exec_context = await self.workspaces.exec_context(request.workspace_id)
         session, started = await self.processes.start(exec_context, spec)
         streaming = False

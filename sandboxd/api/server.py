@@ -24,6 +24,7 @@ from sandboxd_client._pb.sandboxd.v1 import (
     workspace_service_pb2,
     workspace_service_pb2_grpc,
 )
+from sandboxd_client.limits import MAX_MESSAGE_BYTES
 
 from ..audit import AuditLog
 from ..backend.base import Backend
@@ -49,7 +50,8 @@ SERVICE_NAMES = (
     process_service_pb2.DESCRIPTOR.services_by_name["ProcessService"].full_name,
     file_service_pb2.DESCRIPTOR.services_by_name["FileService"].full_name,
 )
-_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_MAX_SEND_BYTES = 64 * 1024 * 1024
+"""Largest response message (a ListWorkspaces page or a file page is far smaller)."""
 
 
 @dataclasses.dataclass
@@ -192,8 +194,11 @@ async def start(settings: Settings, backend: Backend, *, environ: Mapping[str, s
     server = grpc.aio.server(
         interceptors=[ErrorInterceptor(authenticator, audit)],
         options=[
-            ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", _MAX_SEND_BYTES),
+            # The largest legitimate request: anything bigger is refused by the transport before
+            # it is parsed (RESOURCE_EXHAUSTED), and each RPC's own smaller cap is checked on the
+            # raw bytes (see interceptors._tolerant).
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ],
     )

@@ -34,9 +34,13 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
         return wpb.GetWorkspaceResponse(workspace=convert.workspace_to_proto(workspace))
 
     async def ListWorkspaces(self, request: wpb.ListWorkspacesRequest, context: Context) -> wpb.ListWorkspacesResponse:
-        """List workspaces, optionally by label."""
-        workspaces = await self.workspaces.list(dict(request.label_selector))
-        return wpb.ListWorkspacesResponse(workspaces=[convert.workspace_to_proto(w) for w in workspaces])
+        """One page of workspaces, optionally by label."""
+        workspaces, next_page_token = await self.workspaces.list(
+            dict(request.label_selector), page_size=request.page_size, page_token=request.page_token
+        )
+        return wpb.ListWorkspacesResponse(
+            workspaces=[convert.workspace_to_proto(w) for w in workspaces], next_page_token=next_page_token
+        )
 
     async def DeleteWorkspace(
         self, request: wpb.DeleteWorkspaceRequest, context: Context

@@ -75,3 +75,54 @@ async def test_one_access_line_per_rpc(tmp_path) -> None:
     finished = [entry for entry in logs if entry["event"] == "rpc.finished"]
     assert len(finished) == 1
     assert finished[0]["code"] == "NOT_FOUND"
+
+
+async def test_a_long_message_is_cut_before_it_reaches_the_wire(tmp_path) -> None:
+    """A message that grew with the request is cut to 2000 characters plus its length (trailers are bounded)."""
+    error = await _call(tmp_path, errors.InvalidSpecError("x" * 100_000))
+    assert error.details() == "x" * 2000 + "… [98000 more characters]"
+
+
+def test_quoted_bounds_what_a_message_repeats() -> None:
+    """A caller's value is repeated whole when short, else its first 64 characters and its length."""
+    assert errors.quoted("ws-1") == "'ws-1'"
+    assert errors.quoted("w" * 50_000) == "'" + "w" * 64 + "…' (50000 characters)"
+
+
+def test_audit_cuts_long_fields_and_keeps_their_size(tmp_path) -> None:
+    """A 60 MB command is recorded as its first 1 KiB and its size in bytes, nothing more."""
+    import json
+
+    from sandboxd.audit import AuditLog
+
+    log = AuditLog(str(tmp_path / "audit.jsonl"))
+    log.event("exec.refused", command="é" * 3_000_000, workspace_id="ws-1")
+    log.close()
+    line = (tmp_path / "audit.jsonl").read_text()
+    entry = json.loads(line)
+    assert len(line) < 4096
+    assert (entry["command"], entry["command_bytes"], entry["workspace_id"]) == ("é" * 1024 + "…", 6_000_000, "ws-1")
+
+
+def test_log_lines_never_grow_with_a_field(tmp_path) -> None:
+    """Every string field of a log line, nested ones too, is cut to 2000 characters."""
+    import io
+    import json
+    import logging
+
+    from sandboxd.logging import configure_logging
+
+    saved, root = structlog.get_config(), logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    stream = io.StringIO()
+    configure_logging(fmt="json", stream=stream, cache=False, mask=lambda text: text.replace("hunter2", "[MASK]"))
+    try:
+        structlog.get_logger("t").info("big", value="v" * 10_000, nested={"inner": ["n" * 5000]}, secret="hunter2")
+    finally:  # the suite's own logging set-up comes back
+        structlog.configure(**saved)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    entry = json.loads(stream.getvalue())
+    assert entry["value"] == "v" * 2000 + "… [8000 more characters]"
+    assert entry["nested"] == {"inner": ["n" * 2000 + "… [3000 more characters]"]}
+    assert entry["secret"] == "[MASK]"

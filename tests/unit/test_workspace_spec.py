@@ -41,7 +41,7 @@ class TestResolve:
             (WorkspaceSpec(limits=ResourceLimits(memory_bytes=10**15)), "memory_bytes must be between"),
             (WorkspaceSpec(limits=ResourceLimits(pids=-5)), "pids must not be negative"),
             (WorkspaceSpec(labels={"Sandboxd.Managed": "x"}), "reserved"),
-            (WorkspaceSpec(labels={"bad key": "x"}), "label key"),
+            (WorkspaceSpec(labels={"bad key": "x"}), "labels key"),
             (WorkspaceSpec(env={"1X": "y"}), "1X"),
             (WorkspaceSpec(env={"X": "a\0b"}), "NUL"),
             (WorkspaceSpec(working_dir="rel/dir"), "absolute"),

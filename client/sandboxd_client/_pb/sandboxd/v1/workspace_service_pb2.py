@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#sandboxd/v1/workspace_service.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\\\n\x0eResourceLimits\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x12\n\ncpu_millis\x18\x02 \x01(\x03\x12\x0c\n\x04pids\x18\x03 \x01(\x03\x12\x12\n\ndisk_bytes\x18\x04 \x01(\x03\"|\n\x0fSecurityOptions\x12\x1a\n\x12\x61\x64\x64\x65\x64_capabilities\x18\x01 \x03(\t\x12\x1c\n\x14\x61llow_new_privileges\x18\x02 \x01(\x08\x12\x0c\n\x04user\x18\x03 \x01(\t\x12!\n\x19read_only_root_filesystem\x18\x04 \x01(\x08\"\xd6\x03\n\rWorkspaceSpec\x12\r\n\x05image\x18\x01 \x01(\t\x12\x30\n\x03\x65nv\x18\x02 \x03(\x0b\x32#.sandboxd.v1.WorkspaceSpec.EnvEntry\x12\x13\n\x0bworking_dir\x18\x03 \x01(\t\x12\x36\n\x06labels\x18\x04 \x03(\x0b\x32&.sandboxd.v1.WorkspaceSpec.LabelsEntry\x12+\n\x06limits\x18\x05 \x01(\x0b\x32\x1b.sandboxd.v1.ResourceLimits\x12+\n\x07network\x18\x06 \x01(\x0e\x32\x1a.sandboxd.v1.NetworkPolicy\x12%\n\x07runtime\x18\x07 \x01(\x0e\x32\x14.sandboxd.v1.Runtime\x12+\n\x08idle_ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x08security\x18\t \x01(\x0b\x32\x1c.sandboxd.v1.SecurityOptions\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd3\x01\n\tWorkspace\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12(\n\x04spec\x18\x02 \x01(\x0b\x32\x1a.sandboxd.v1.WorkspaceSpec\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.sandboxd.v1.WorkspaceState\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63ontainer_id\x18\x05 \x01(\t\x12\x13\n\x0bvolume_name\x18\x06 \x01(\t\"X\n\x16\x43reateWorkspaceRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.sandboxd.v1.WorkspaceSpec\x12\x14\n\x0cworkspace_id\x18\x02 \x01(\t\"D\n\x17\x43reateWorkspaceResponse\x12)\n\tworkspace\x18\x01 \x01(\x0b\x32\x16.sandboxd.v1.Workspace\"+\n\x13GetWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\"A\n\x14GetWorkspaceResponse\x12)\n\tworkspace\x18\x01 \x01(\x0b\x32\x16.sandboxd.v1.Workspace\"\x9c\x01\n\x15ListWorkspacesRequest\x12M\n\x0elabel_selector\x18\x01 \x03(\x0b\x32\x35.sandboxd.v1.ListWorkspacesRequest.LabelSelectorEntry\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\x16ListWorkspacesResponse\x12*\n\nworkspaces\x18\x01 \x03(\x0b\x32\x16.sandboxd.v1.Workspace\".\n\x16\x44\x65leteWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\"/\n\x17\x44\x65leteWorkspaceResponse\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t*c\n\rNetworkPolicy\x12\x1e\n\x1aNETWORK_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13NETWORK_POLICY_NONE\x10\x01\x12\x19\n\x15NETWORK_POLICY_BRIDGE\x10\x02*G\n\x07Runtime\x12\x17\n\x13RUNTIME_UNSPECIFIED\x10\x00\x12\x10\n\x0cRUNTIME_RUNC\x10\x01\x12\x11\n\rRUNTIME_RUNSC\x10\x02*k\n\x0eWorkspaceState\x12\x1f\n\x1bWORKSPACE_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17WORKSPACE_STATE_RUNNING\x10\x01\x12\x1b\n\x17WORKSPACE_STATE_STOPPED\x10\x02\x32\xfe\x02\n\x10WorkspaceService\x12\\\n\x0f\x43reateWorkspace\x12#.sandboxd.v1.CreateWorkspaceRequest\x1a$.sandboxd.v1.CreateWorkspaceResponse\x12S\n\x0cGetWorkspace\x12 .sandboxd.v1.GetWorkspaceRequest\x1a!.sandboxd.v1.GetWorkspaceResponse\x12Y\n\x0eListWorkspaces\x12\".sandboxd.v1.ListWorkspacesRequest\x1a#.sandboxd.v1.ListWorkspacesResponse\x12\\\n\x0f\x44\x65leteWorkspace\x12#.sandboxd.v1.DeleteWorkspaceRequest\x1a$.sandboxd.v1.DeleteWorkspaceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#sandboxd/v1/workspace_service.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\\\n\x0eResourceLimits\x12\x14\n\x0cmemory_bytes\x18\x01 \x01(\x03\x12\x12\n\ncpu_millis\x18\x02 \x01(\x03\x12\x0c\n\x04pids\x18\x03 \x01(\x03\x12\x12\n\ndisk_bytes\x18\x04 \x01(\x03\"|\n\x0fSecurityOptions\x12\x1a\n\x12\x61\x64\x64\x65\x64_capabilities\x18\x01 \x03(\t\x12\x1c\n\x14\x61llow_new_privileges\x18\x02 \x01(\x08\x12\x0c\n\x04user\x18\x03 \x01(\t\x12!\n\x19read_only_root_filesystem\x18\x04 \x01(\x08\"\xd6\x03\n\rWorkspaceSpec\x12\r\n\x05image\x18\x01 \x01(\t\x12\x30\n\x03\x65nv\x18\x02 \x03(\x0b\x32#.sandboxd.v1.WorkspaceSpec.EnvEntry\x12\x13\n\x0bworking_dir\x18\x03 \x01(\t\x12\x36\n\x06labels\x18\x04 \x03(\x0b\x32&.sandboxd.v1.WorkspaceSpec.LabelsEntry\x12+\n\x06limits\x18\x05 \x01(\x0b\x32\x1b.sandboxd.v1.ResourceLimits\x12+\n\x07network\x18\x06 \x01(\x0e\x32\x1a.sandboxd.v1.NetworkPolicy\x12%\n\x07runtime\x18\x07 \x01(\x0e\x32\x14.sandboxd.v1.Runtime\x12+\n\x08idle_ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x08security\x18\t \x01(\x0b\x32\x1c.sandboxd.v1.SecurityOptions\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd3\x01\n\tWorkspace\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12(\n\x04spec\x18\x02 \x01(\x0b\x32\x1a.sandboxd.v1.WorkspaceSpec\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.sandboxd.v1.WorkspaceState\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63ontainer_id\x18\x05 \x01(\t\x12\x13\n\x0bvolume_name\x18\x06 \x01(\t\"X\n\x16\x43reateWorkspaceRequest\x12(\n\x04spec\x18\x01 \x01(\x0b\x32\x1a.sandboxd.v1.WorkspaceSpec\x12\x14\n\x0cworkspace_id\x18\x02 \x01(\t\"D\n\x17\x43reateWorkspaceResponse\x12)\n\tworkspace\x18\x01 \x01(\x0b\x32\x16.sandboxd.v1.Workspace\"+\n\x13GetWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\"A\n\x14GetWorkspaceResponse\x12)\n\tworkspace\x18\x01 \x01(\x0b\x32\x16.sandboxd.v1.Workspace\"\xc3\x01\n\x15ListWorkspacesRequest\x12M\n\x0elabel_selector\x18\x01 \x03(\x0b\x32\x35.sandboxd.v1.ListWorkspacesRequest.LabelSelectorEntry\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"]\n\x16ListWorkspacesResponse\x12*\n\nworkspaces\x18\x01 \x03(\x0b\x32\x16.sandboxd.v1.Workspace\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\".\n\x16\x44\x65leteWorkspaceRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\"/\n\x17\x44\x65leteWorkspaceResponse\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t*c\n\rNetworkPolicy\x12\x1e\n\x1aNETWORK_POLICY_UNSPECIFIED\x10\x00\x12\x17\n\x13NETWORK_POLICY_NONE\x10\x01\x12\x19\n\x15NETWORK_POLICY_BRIDGE\x10\x02*G\n\x07Runtime\x12\x17\n\x13RUNTIME_UNSPECIFIED\x10\x00\x12\x10\n\x0cRUNTIME_RUNC\x10\x01\x12\x11\n\rRUNTIME_RUNSC\x10\x02*k\n\x0eWorkspaceState\x12\x1f\n\x1bWORKSPACE_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17WORKSPACE_STATE_RUNNING\x10\x01\x12\x1b\n\x17WORKSPACE_STATE_STOPPED\x10\x02\x32\xfe\x02\n\x10WorkspaceService\x12\\\n\x0f\x43reateWorkspace\x12#.sandboxd.v1.CreateWorkspaceRequest\x1a$.sandboxd.v1.CreateWorkspaceResponse\x12S\n\x0cGetWorkspace\x12 .sandboxd.v1.GetWorkspaceRequest\x1a!.sandboxd.v1.GetWorkspaceResponse\x12Y\n\x0eListWorkspaces\x12\".sandboxd.v1.ListWorkspacesRequest\x1a#.sandboxd.v1.ListWorkspacesResponse\x12\\\n\x0f\x44\x65leteWorkspace\x12#.sandboxd.v1.DeleteWorkspaceRequest\x1a$.sandboxd.v1.DeleteWorkspaceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,12 +39,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKSPACESPEC_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_LISTWORKSPACESREQUEST_LABELSELECTORENTRY']._loaded_options = None
   _globals['_LISTWORKSPACESREQUEST_LABELSELECTORENTRY']._serialized_options = b'8\001'
-  _globals['_NETWORKPOLICY']._serialized_start=1622
-  _globals['_NETWORKPOLICY']._serialized_end=1721
-  _globals['_RUNTIME']._serialized_start=1723
-  _globals['_RUNTIME']._serialized_end=1794
-  _globals['_WORKSPACESTATE']._serialized_start=1796
-  _globals['_WORKSPACESTATE']._serialized_end=1903
+  _globals['_NETWORKPOLICY']._serialized_start=1686
+  _globals['_NETWORKPOLICY']._serialized_end=1785
+  _globals['_RUNTIME']._serialized_start=1787
+  _globals['_RUNTIME']._serialized_end=1858
+  _globals['_WORKSPACESTATE']._serialized_start=1860
+  _globals['_WORKSPACESTATE']._serialized_end=1967
   _globals['_RESOURCELIMITS']._serialized_start=117
   _globals['_RESOURCELIMITS']._serialized_end=209
   _globals['_SECURITYOPTIONS']._serialized_start=211
@@ -66,15 +66,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETWORKSPACERESPONSE']._serialized_start=1229
   _globals['_GETWORKSPACERESPONSE']._serialized_end=1294
   _globals['_LISTWORKSPACESREQUEST']._serialized_start=1297
-  _globals['_LISTWORKSPACESREQUEST']._serialized_end=1453
-  _globals['_LISTWORKSPACESREQUEST_LABELSELECTORENTRY']._serialized_start=1401
-  _globals['_LISTWORKSPACESREQUEST_LABELSELECTORENTRY']._serialized_end=1453
-  _globals['_LISTWORKSPACESRESPONSE']._serialized_start=1455
-  _globals['_LISTWORKSPACESRESPONSE']._serialized_end=1523
-  _globals['_DELETEWORKSPACEREQUEST']._serialized_start=1525
-  _globals['_DELETEWORKSPACEREQUEST']._serialized_end=1571
-  _globals['_DELETEWORKSPACERESPONSE']._serialized_start=1573
-  _globals['_DELETEWORKSPACERESPONSE']._serialized_end=1620
-  _globals['_WORKSPACESERVICE']._serialized_start=1906
-  _globals['_WORKSPACESERVICE']._serialized_end=2288
+  _globals['_LISTWORKSPACESREQUEST']._serialized_end=1492
+  _globals['_LISTWORKSPACESREQUEST_LABELSELECTORENTRY']._serialized_start=1440
+  _globals['_LISTWORKSPACESREQUEST_LABELSELECTORENTRY']._serialized_end=1492
+  _globals['_LISTWORKSPACESRESPONSE']._serialized_start=1494
+  _globals['_LISTWORKSPACESRESPONSE']._serialized_end=1587
+  _globals['_DELETEWORKSPACEREQUEST']._serialized_start=1589
+  _globals['_DELETEWORKSPACEREQUEST']._serialized_end=1635
+  _globals['_DELETEWORKSPACERESPONSE']._serialized_start=1637
+  _globals['_DELETEWORKSPACERESPONSE']._serialized_end=1684
+  _globals['_WORKSPACESERVICE']._serialized_start=1970
+  _globals['_WORKSPACESERVICE']._serialized_end=2352
 # @@protoc_insertion_point(module_scope)

@@ -141,7 +141,7 @@ class GetWorkspaceResponse(_message.Message):
     def __init__(self, workspace: _Optional[_Union[Workspace, _Mapping]] = ...) -> None: ...
 
 class ListWorkspacesRequest(_message.Message):
-    __slots__ = ("label_selector",)
+    __slots__ = ("label_selector", "page_size", "page_token")
     class LabelSelectorEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -150,14 +150,20 @@ class ListWorkspacesRequest(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     label_selector: _containers.ScalarMap[str, str]
-    def __init__(self, label_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, label_selector: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListWorkspacesResponse(_message.Message):
-    __slots__ = ("workspaces",)
+    __slots__ = ("workspaces", "next_page_token")
     WORKSPACES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     workspaces: _containers.RepeatedCompositeFieldContainer[Workspace]
-    def __init__(self, workspaces: _Optional[_Iterable[_Union[Workspace, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, workspaces: _Optional[_Iterable[_Union[Workspace, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class DeleteWorkspaceRequest(_message.Message):
     __slots__ = ("workspace_id",)

@@ -78,7 +78,8 @@ class WorkspaceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListWorkspaces(self, request, context):
-        """ListWorkspaces returns every workspace of this daemon, optionally filtered by labels.
+        """ListWorkspaces returns the caller's workspaces, oldest first, optionally filtered by labels,
+        one page at a time (a page always fits one message, however many workspaces there are).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
