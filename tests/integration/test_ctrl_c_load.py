@@ -59,12 +59,14 @@ async def test_survivor_killed_later_is_killed(client, workspace) -> None:
 
 @contextlib.asynccontextmanager
 async def load(client) -> AsyncIterator[None]:  # type: ignore[no-untyped-def]
-    """Two cores kept busy in a neighbour workspace, and loops of `true` keeping the engine and daemon busy.
+    """One of the two cores kept busy in a neighbour workspace, and loops of `true` keeping the engine
+    and the daemon busy.
 
-    Lighter than the trial that found C08 (31 workspaces x 4 loops): the suite runs in parallel,
-    and the tests above pin the rule deterministically; this one checks it end to end under load.
+    Much lighter than the trial that found C08 (31 workspaces x 4 loops on both cores): the suite's
+    other tests run beside this one and must not be starved, and the tests above pin the rule
+    deterministically; this one checks it end to end under load.
     """
-    neighbours = [await client.create_workspace(cpu_millis=2000, labels={"test": "ctrl-c-load"}) for _ in range(2)]
+    neighbours = [await client.create_workspace(cpu_millis=1000, labels={"test": "ctrl-c-load"}) for _ in range(2)]
     stop = asyncio.Event()
 
     async def loop(neighbour) -> None:  # type: ignore[no-untyped-def]
@@ -72,9 +74,8 @@ async def load(client) -> AsyncIterator[None]:  # type: ignore[no-untyped-def]
             await neighbour.exec("true").wait()
 
     try:
-        for _ in range(2):
-            await start_yielded(neighbours[0], "while :; do :; done", timeout_s=600)
-        loops = [asyncio.create_task(loop(n)) for n in neighbours for _ in range(3)]
+        await start_yielded(neighbours[0], "while :; do :; done", timeout_s=600)
+        loops = [asyncio.create_task(loop(n)) for n in neighbours for _ in range(2)]
         try:
             yield
         finally:
