@@ -11,15 +11,20 @@ What is compared:
                       docker-py: exec_run(["true"]) on a live container.
 sandboxd does more per exec (a supervisor process, a process group, exact exit
 status, streaming over gRPC), so the ratio is the price of those guarantees.
+The two sides' samples are taken in turns within one run, the first of each pair
+alternating, because this machine's speed drifts by a third within an hour.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import docker
 from _daemon import IMAGE, INSTANCE, private_daemon
@@ -32,76 +37,88 @@ def summary(samples: list[float]) -> str:
     return f"median {statistics.median(ordered) * 1000:7.1f} ms   p90 {p90 * 1000:7.1f} ms"
 
 
-async def sandboxd_numbers(socket_path: str, runs: int) -> tuple[list[float], list[float]]:
-    create, round_trip = [], []
-    async with SandboxClient(socket_path=socket_path) as client:
-        for _ in range(max(3, runs // 4)):
-            start = time.perf_counter()
-            ws = await client.create_workspace()
-            await ws.exec("true").wait(check=True)
-            create.append(time.perf_counter() - start)
-            await ws.delete()
+DOCKER_OPTIONS = {
+    "detach": True,
+    "init": True,
+    "labels": {"sandboxd.instance": INSTANCE},
+    "network_mode": "none",
+    "cap_drop": ["ALL"],
+    "security_opt": ["no-new-privileges"],
+    "mem_limit": "1g",
+    "pids_limit": 512,
+    "entrypoint": ["tail", "-f", "/dev/null"],
+}
+"""The raw container: the same image and the same hardening sandboxd applies."""
+
+
+async def timed(call: Callable[[], Awaitable[object]]) -> float:
+    start = time.perf_counter()
+    await call()
+    return time.perf_counter() - start
+
+
+async def interleaved(socket_path: str, runs: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Samples of both sides taken in turns (which goes first alternates), so drift hits both alike."""
+    engine = docker.from_env()
+    results: dict[str, tuple[list[float], list[float]]] = {"create": ([], []), "rtt": ([], [])}
+
+    async def sandboxd_create() -> None:
         ws = await client.create_workspace()
-        try:
-            await ws.exec("true").wait()
-            for _ in range(runs):
-                start = time.perf_counter()
-                await ws.exec("true").wait(check=True)
-                round_trip.append(time.perf_counter() - start)
-        finally:
-            await ws.delete()
-    return create, round_trip
+        await ws.exec("true").wait(check=True)
+        created.append(ws)
 
+    def docker_create() -> None:
+        container = engine.containers.run(IMAGE, **DOCKER_OPTIONS)
+        assert container.exec_run(["true"]).exit_code == 0
+        containers.append(container)
 
-def docker_numbers(runs: int) -> tuple[list[float], list[float]]:
-    client = docker.from_env()
-    labels = {"sandboxd.instance": INSTANCE}
-    create, round_trip = [], []
-    options = {
-        "detach": True,
-        "init": True,
-        "labels": labels,
-        "network_mode": "none",
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
-        "mem_limit": "1g",
-        "pids_limit": 512,
-        "entrypoint": ["tail", "-f", "/dev/null"],
-    }
+    async def sandboxd_true() -> None:
+        await live.exec("true").wait(check=True)
+
+    def docker_true() -> None:
+        assert raw.exec_run(["true"]).exit_code == 0
+
+    created: list[Any] = []
+    containers: list[Any] = []
     try:
-        for _ in range(max(3, runs // 4)):
-            start = time.perf_counter()
-            container = client.containers.run(IMAGE, **options)
-            assert container.exec_run(["true"]).exit_code == 0
-            create.append(time.perf_counter() - start)
-            container.remove(force=True)
-        container = client.containers.run(IMAGE, **options)
-        container.exec_run(["true"])
-        for _ in range(runs):
-            start = time.perf_counter()
-            assert container.exec_run(["true"]).exit_code == 0
-            round_trip.append(time.perf_counter() - start)
-        container.remove(force=True)
+        async with SandboxClient(socket_path=socket_path) as client:
+            pairs = [
+                ("create", sandboxd_create, lambda: asyncio.to_thread(docker_create), max(3, runs // 4)),
+                ("rtt", sandboxd_true, lambda: asyncio.to_thread(docker_true), runs),
+            ]
+            live = await client.create_workspace()
+            await live.exec("true").wait()
+            raw = engine.containers.run(IMAGE, **DOCKER_OPTIONS)
+            raw.exec_run(["true"])
+            containers.append(raw)
+            for name, ours, theirs, count in pairs:
+                for index in range(count):
+                    order = [(0, ours), (1, theirs)] if index % 2 == 0 else [(1, theirs), (0, ours)]
+                    for side, call in order:
+                        results[name][side].append(await timed(call))
+            for ws in [live, *created]:
+                await ws.delete()
     finally:
-        for leftover in client.containers.list(all=True, filters={"label": f"sandboxd.instance={INSTANCE}"}):
+        for leftover in engine.containers.list(all=True, filters={"label": f"sandboxd.instance={INSTANCE}"}):
             leftover.remove(force=True, v=True)
-        client.close()
-    return create, round_trip
+        engine.close()
+    return results
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
     opts = parser.parse_args()
+    started = datetime.datetime.now(datetime.UTC)
     with private_daemon() as socket_path:
-        sd_create, sd_rtt = asyncio.run(sandboxd_numbers(socket_path, opts.runs))
-    dk_create, dk_rtt = docker_numbers(opts.runs)
-    print(f"runs: {opts.runs} round trips, {len(sd_create)} creations; image {IMAGE}")
+        results = asyncio.run(interleaved(socket_path, opts.runs))
+    print(
+        f"{started:%Y-%m-%d %H:%M} UTC; runs: {opts.runs} round trips, {len(results['create'][0])} creations, "
+        f"interleaved; image {IMAGE}"
+    )
     print(f"{'':22}{'sandboxd':>38}   {'docker-py':>38}   ratio (median)")
-    for name, ours, theirs in (
-        ("create -> first exec", sd_create, dk_create),
-        ("exec `true` round trip", sd_rtt, dk_rtt),
-    ):
+    for name, key in (("create -> first exec", "create"), ("exec `true` round trip", "rtt")):
+        ours, theirs = results[key]
         ratio = statistics.median(ours) / statistics.median(theirs)
         print(f"{name:22}{summary(ours):>38}   {summary(theirs):>38}   {ratio:5.2f}x")
     return 0
