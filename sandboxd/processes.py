@@ -200,10 +200,12 @@ def exit_status(
     killed by a signal. OOM is claimed only when the cgroup counted an OOM kill
     while the command ran and the command died of SIGKILL.
 
-    ``ctrl_c_delivered``: a Ctrl-C reached the command at some point. A death by SIGINT
-    is then ``interrupted`` whenever it is observed, also after the Ctrl-C call itself
-    yielded (a loaded machine may take longer than its window to deliver the death);
-    a command that survived the Ctrl-C and later ends otherwise keeps its own reason.
+    ``ctrl_c_delivered``: a Ctrl-C reached the command at some point. The stop reason is
+    ``interrupted`` exactly when the command then died of SIGINT (or its shell reports 130),
+    whenever that is observed: also after the Ctrl-C call itself yielded (a loaded machine
+    may take longer than its window to deliver the death). A command that caught the Ctrl-C
+    keeps its own reason however it ends later, and whichever call sees it end: a trap that
+    exits 42, a REPL that exits 0 (``exited``), a Kill (``killed``), a timeout (``timeout``).
     """
     number = signal_number
     if not number and 128 < exit_code <= 128 + 64:
@@ -777,7 +779,6 @@ class ProcessSession:
         self.last_used = time.monotonic()
         if not self.running:
             return
-        self._requested.add(StopReason.INTERRUPTED)
         plan = interrupt_plan(self.context.os, pid=self.pid, tty=self.spec.tty)
         match plan:
             case InterruptPlan.TERMINAL:
@@ -789,6 +790,8 @@ class ProcessSession:
             case InterruptPlan.PROCESS_GROUP:
                 self._ctrl_c_delivered |= await self._send(frames.encode_signal(int(signal.SIGINT), interrupt=True))
             case list():
+                # A tree kill always ends the command: its death is the interrupt, whatever its code.
+                self._requested.add(StopReason.INTERRUPTED)
                 await self.backend.exec_run(
                     self.context.workspace_id, plan, user=self.context.user, container_id=self.context.container_id
                 )
@@ -912,8 +915,6 @@ class ProcessSession:
                 now = time.monotonic()
                 if now >= deadline:
                     finished = True
-                    # It outlived its Ctrl-C (a REPL caught it): a later stop has another cause.
-                    self._requested.discard(StopReason.INTERRUPTED)
                     yield Yielded(process_id=self.process_id, elapsed_s=self.elapsed_s)
                     return
                 beat_at = last_event + self.settings.heartbeat_interval_s

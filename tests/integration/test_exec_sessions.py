@@ -59,11 +59,11 @@ class TestYieldAndPoll:
         assert "KeyboardInterrupt" in err
 
     async def test_trap_exits_with_its_own_code(self, client, workspace) -> None:
-        """A trap on INT runs and its exit code is kept (no signal reported)."""
+        """A trap on INT runs and its exit code is kept (no signal), and so is its stop reason: it chose to exit."""
         process_id = await start_trapped(workspace, "trap 'echo got INT; exit 42' INT", "while :; do sleep 0.1; done")
         events, out, _ = await collect(client.input(process_id, "\u0003", yield_after_s=5))
         assert out == "got INT\n"
-        assert (events[-1].exit_code, events[-1].signal, events[-1].stop_reason) == (42, "", "interrupted")
+        assert (events[-1].exit_code, events[-1].signal, events[-1].stop_reason) == (42, "", "exited")
 
     async def test_yielded_command_starts_with_default_sigint(self, client, workspace) -> None:
         """A backgrounded (yielded) command still has Python's default SIGINT handler."""

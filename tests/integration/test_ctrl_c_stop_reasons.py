@@ -1,4 +1,8 @@
-"""Ctrl-C whose effect is slow to be seen: the stop reason does not depend on which call sees the death (C08)."""
+"""Ctrl-C's stop reason says what ended the command, not which call saw it or how the Ctrl-C came (C08).
+
+``interrupted`` exactly when the command died of SIGINT after a Ctrl-C reached it; a command
+that caught the Ctrl-C keeps the reason of whatever ended it later.
+"""
 
 from __future__ import annotations
 
@@ -55,6 +59,68 @@ async def test_survivor_killed_later_is_killed(client, workspace) -> None:
     assert isinstance(events[-1], Yielded)
     exited = await client.kill(process_id)
     assert (exited.exit_code, exited.signal, exited.stop_reason) == (143, "SIGTERM", "killed")
+
+
+CAUGHT = "trap 'touch /tmp/caught; echo caught' INT"
+LOOP = "while :; do sleep 0.1; done"
+
+
+async def _until_caught(workspace) -> None:  # type: ignore[no-untyped-def]
+    """Until the trap has run (the Ctrl-C arrived and was caught)."""
+    done = await workspace.exec("until [ -e /tmp/caught ]; do sleep 0.05; done", timeout_s=20).wait()
+    assert done.exit_code == 0
+
+
+@pytest.mark.parametrize("how", ["signal", "input", "input-long-window"])
+async def test_caught_ctrl_c_then_kill_is_killed(client, workspace, how: str) -> None:
+    """However the Ctrl-C came (Signal INT, Input, an Input still waiting), a Kill after it is `killed`."""
+    process_id = await start_trapped(workspace, CAUGHT, LOOP)
+    pending = None
+    if how == "signal":
+        await client.signal(process_id, "INT")
+    elif how == "input":
+        events, _, _ = await collect(client.input(process_id, "\u0003"))
+        assert isinstance(events[-1], Yielded)
+    else:  # the Kill lands while the Ctrl-C call is still in its window
+        pending = asyncio.create_task(collect(client.input(process_id, "\u0003", yield_after_s=30)))
+    await _until_caught(workspace)
+    exited = await client.kill(process_id)
+    assert (exited.exit_code, exited.signal, exited.stop_reason) == (143, "SIGTERM", "killed")
+    if pending is not None:
+        events, _, _ = await pending
+        assert (events[-1].exit_code, events[-1].stop_reason) == (143, "killed")
+
+
+async def test_cancelled_call_then_kill_is_killed(client, workspace) -> None:
+    """A cancelled call counts as Ctrl-C; a command that catches it and is then killed is `killed`."""
+    process_id = await start_trapped(workspace, CAUGHT, LOOP)
+    reader = asyncio.create_task(collect(client.input(process_id, yield_after_s=30)))
+    await asyncio.sleep(0.5)  # the poll is under way (nothing marks it: the command prints nothing)
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    await _until_caught(workspace)  # the cancel reached the command as Ctrl-C, and it survived
+    exited = await client.kill(process_id)
+    assert (exited.exit_code, exited.signal, exited.stop_reason) == (143, "SIGTERM", "killed")
+
+
+async def test_caught_signal_int_then_timeout_is_timeout(client, workspace) -> None:
+    """Signal(INT) caught, then the timeout ends it: `timeout`."""
+    process_id = await start_trapped(workspace, CAUGHT, LOOP, timeout_s=4)
+    await client.signal(process_id, "INT")
+    await _until_caught(workspace)
+    events, _, _ = await collect(client.input(process_id, yield_after_s=15))
+    final = await _until_exited(client, process_id, events)
+    assert (final.exit_code, final.signal, final.stop_reason) == (143, "SIGTERM", "timeout")
+
+
+@pytest.mark.parametrize("window_s", [None, 10.0])
+async def test_caught_then_exits_zero_is_exited_whatever_the_window(client, workspace, window_s) -> None:  # type: ignore[no-untyped-def]
+    """Caught, then exit 0 a second later: `exited`, whether or not the Ctrl-C call is still waiting."""
+    process_id = await start_trapped(workspace, "trap 'echo caught; sleep 1; exit 0' INT", LOOP)
+    events, _, _ = await collect(client.input(process_id, "\u0003", yield_after_s=window_s))
+    final = await _until_exited(client, process_id, events)
+    assert (final.exit_code, final.signal, final.stop_reason) == (0, "", "exited")
 
 
 @contextlib.asynccontextmanager
