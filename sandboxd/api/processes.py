@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 from collections.abc import AsyncIterator
 
@@ -20,26 +21,29 @@ from ._types import Context
 __all__ = ["ProcessServicer", "parse_signal"]
 
 
+_NUMBER_RE = re.compile(r"[0-9]{1,3}")
+_REALTIME_RE = re.compile(r"SIGRT(MIN\+|MAX-)([0-9]{1,2})")
+
+
 def parse_signal(text: str) -> int:
-    """A signal by name (``TERM``, ``SIGTERM``, ``SIGRTMIN+2``) or number (``15``).
+    """A signal by name (``TERM``, ``SIGTERM``, ``SIGRTMIN+2``) or number (``15``), in ASCII.
 
     Raises:
         InvalidSpecError: not a signal of this platform.
     """
     name = text.strip().upper()
-    if name.isdigit() and 0 < int(name) <= signal.SIGRTMAX:
+    if _NUMBER_RE.fullmatch(name) and 0 < int(name) <= signal.SIGRTMAX:
         return int(name)
     name = name if name.startswith("SIG") else f"SIG{name}"
-    for base, anchor in (("SIGRTMIN+", signal.SIGRTMIN), ("SIGRTMAX-", signal.SIGRTMAX)):
-        if name.startswith(base) and name[len(base) :].isdigit():
-            number = anchor + int(name[len(base) :]) if "+" in base else anchor - int(name[len(base) :])
-            if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
-                return int(number)
-    try:
+    if realtime := _REALTIME_RE.fullmatch(name):
+        offset = int(realtime.group(2))
+        number = signal.SIGRTMIN + offset if realtime.group(1) == "MIN+" else signal.SIGRTMAX - offset
+        if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
+            return int(number)
+    elif name.isascii() and name in signal.Signals.__members__:
         return int(signal.Signals[name])
-    except KeyError:
-        msg = f"unknown signal {quoted(text)}"
-        raise InvalidSpecError(msg) from None
+    msg = f"unknown signal {quoted(text)}"
+    raise InvalidSpecError(msg)
 
 
 class ProcessServicer(pgrpc.ProcessServiceServicer):

@@ -142,3 +142,39 @@ class TestInterruptPlan:
         from sandboxd.processes import interrupt_plan
 
         assert interrupt_plan(os_name, pid=4711, tty=tty) == ["taskkill", "/T", "/F", "/PID", "4711"]
+
+
+class TestParseSignal:
+    @pytest.mark.parametrize(
+        ("text", "number"),
+        [("TERM", 15), ("sigterm", 15), (" 15 ", 15), ("KILL", 9), ("SIGRTMIN+2", 36), ("RTMAX-1", 63), ("CHLD", 17)],
+    )
+    def test_names_and_numbers(self, text: str, number: int) -> None:
+        """A signal by name (with or without SIG), by realtime offset, or by ASCII number."""
+        from sandboxd.api.processes import parse_signal
+
+        assert parse_signal(text) == number
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "\u00b2",
+            "\u0661\u0665",
+            "9" * 5000,
+            "SIGRTMIN+" + "1" * 5000,
+            "0",
+            "65",
+            "SIG15",
+            "SIGRTMIN+99",
+            "",
+            "Signals",
+        ],
+    )
+    def test_anything_else_is_an_unknown_signal(self, text: str) -> None:
+        """Non-ASCII digits, huge numbers and unknown names are INVALID_ARGUMENT, never an exception."""
+        from sandboxd.api.processes import parse_signal
+        from sandboxd.errors import InvalidSpecError
+
+        with pytest.raises(InvalidSpecError, match=r"^unknown signal ") as caught:
+            parse_signal(text)
+        assert len(caught.value.message) < 120
