@@ -360,7 +360,9 @@ def op_write(req):
     atomic = os.access(parent, os.W_OK | os.X_OK) and (st is None or st.st_uid == os.getuid())
     if atomic:
         try:
-            fd, staged = tempfile.mkstemp(dir=parent, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
+            # ".NAME.XXXXXXXX.tmp" beside the target: cut to fit NAME_MAX (255 bytes) whatever NAME is.
+            stem = os.fsencode(os.path.basename(target))[:200].decode("utf-8", "ignore")
+            fd, staged = tempfile.mkstemp(dir=parent, prefix="." + stem + ".", suffix=".tmp")
         except OSError as exc:
             raise from_os_error(exc, parent)
         spool = os.fdopen(fd, "w+b")

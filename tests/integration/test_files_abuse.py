@@ -158,6 +158,16 @@ class TestNames:
         link = await client.stat(workspace.workspace_id, "odd/link")
         assert (link.type, link.link_target) == ("symlink", "bad\ufffd")
 
+    async def test_longest_names_can_be_written_and_edited(self, client, workspace) -> None:
+        """A 255-byte file name (NAME_MAX) is written, edited and read like any other; no temp file stays."""
+        ws = workspace.workspace_id
+        for name in ("e" * 255, "é" * 127):  # 255 bytes of ASCII, 254 of two-byte UTF-8
+            await client.write_file(ws, name, "hello\r\nworld\r\n")
+            edited = await client.edit_file(ws, name, "world", "there")
+            assert edited.replacements == 1
+            assert await raw(workspace, name) == b"hello\r\nthere\r\n"
+        assert await sh(workspace, "ls -a /workspace | grep -c '\\.tmp$' || true") == "0\n"
+
     async def test_upload_of_a_dot_rooted_archive(self, client, workspace, tmp_path) -> None:
         """`tar -C src -cf - .` starts with "./": accepted, as tar itself does."""
         (tmp_path / "src" / "sub").mkdir(parents=True)
