@@ -37,6 +37,7 @@ from typing import ClassVar
 import grpc
 
 __all__ = [
+    "QUOTED_CHARS",
     "AlreadyExistsError",
     "BackendError",
     "DockerUnavailableError",

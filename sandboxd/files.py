@@ -47,7 +47,8 @@ from .errors import (
     QuotaExceededError,
     SandboxdError,
 )
-from .incontainer import engine_refusal, looks_like_frames, script_argv
+from .incontainer import MAX_CONTAINER_MESSAGE_CHARS, engine_refusal, looks_like_frames, script_argv
+from .logging import cut_text
 from .processes import ExecContext
 from .workspaces import WorkspaceManager
 
@@ -640,7 +641,8 @@ class FileManager:
                             msg = "the file operation's reply from the workspace is malformed"
                             raise FailedPreconditionError(msg)
                         cls = _Conflict if code == "conflict" else _ERRORS.get(code, SandboxdError)
-                        raise cls(message[:2000])
+                        # Bounded here, shortened for the caller by the RPC layer (paths may be 4 KiB each).
+                        raise cls(cut_text(message, MAX_CONTAINER_MESSAGE_CHARS))
                     if kind == b"R":
                         finished = True
                     yield kind, payload

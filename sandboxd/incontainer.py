@@ -18,6 +18,7 @@ from .errors import FailedPreconditionError, InvalidSpecError, QuotaExceededErro
 
 __all__ = [
     "MAX_ARGUMENT_BYTES",
+    "MAX_CONTAINER_MESSAGE_CHARS",
     "PROTECTED_PYTHON",
     "PROTECTED_PYTHON_PROBE",
     "PROTECTED_PYTHON_SETUP",
@@ -37,6 +38,10 @@ its replies forged. The window left is the interpreter's start-up, a few millise
 def _source(name: str) -> str:
     return _PRELUDE + importlib.resources.files("sandboxd").joinpath(name).read_text()
 
+
+MAX_CONTAINER_MESSAGE_CHARS = 16384
+"""Longest error message taken from an in-container helper: room for the request's paths (4 KiB
+each), which the RPC layer then shortens for the caller."""
 
 MAX_ARGUMENT_BYTES = 131072 - 1
 """Linux caps each argv string at 32 pages (MAX_ARG_STRLEN), the terminating NUL included."""

@@ -16,10 +16,21 @@ MAX_LOG_FIELD_CHARS = 2000
 
 
 def cut_text(text: str, limit: int) -> str:
-    """``text``, or its first ``limit`` characters and how many more there were."""
+    """``text`` if it has at most ``limit`` characters, else its head and tail in ``limit`` characters.
+
+    The tail is kept as well as the head because that is where a message says what went
+    wrong (``…/a/very/long/path: No such file or directory``); the middle gives way to a
+    marker saying how much was cut.
+
+    >>> cut_text("abcdefghijklmnopqrstuvwxyz" * 4, 60)
+    'abcdefghijklmnopqr… [68 characters cut] …ijklmnopqrstuvwxyz'
+    """
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}… [{len(text) - limit} more characters]"
+    # Sized with the whole length, which has at least as many digits as the count that is cut.
+    keep = max(0, limit - len(f"… [{len(text)} characters cut] …"))
+    head, tail = keep - keep // 2, keep // 2
+    return f"{text[:head]}… [{len(text) - keep} characters cut] …{text[len(text) - tail :] if tail else ''}"
 
 
 def configure_logging(

@@ -49,7 +49,8 @@ from .errors import (
     SandboxdError,
     quoted,
 )
-from .incontainer import engine_refusal, looks_like_frames, script_argv
+from .incontainer import MAX_CONTAINER_MESSAGE_CHARS, engine_refusal, looks_like_frames, script_argv
+from .logging import cut_text
 from .models import (
     ExecEvent,
     ExecSpec,
@@ -254,7 +255,7 @@ def check_env(env: Mapping[str, str], field: str, *, max_bytes: int = MAX_ENV_BY
             msg = f"{field} name {quoted(key)} is not a valid environment variable name"
             raise InvalidSpecError(msg)
         if "\0" in value:
-            msg = f"{field} value of {key!r} contains a NUL character"
+            msg = f"{field} value of {quoted(key)} contains a NUL character"
             raise InvalidSpecError(msg)
 
 
@@ -610,7 +611,9 @@ class ProcessSession:
                 raise frames.FrameError(msg)
             stage = report.get("stage")
             detail = report.get("message")
-            detail = detail[:1000] if isinstance(detail, str) and detail else "unknown error"
+            detail = (
+                cut_text(detail, MAX_CONTAINER_MESSAGE_CHARS) if isinstance(detail, str) and detail else "unknown error"
+            )
             if stage == "fork":
                 error: SandboxdError = QuotaExceededError(
                     f"cannot start the command: {detail} (the workspace's process limit is reached)"

@@ -143,6 +143,25 @@ _IMAGE_RE = re.compile(
     r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*"
     r"(?::[\w][\w.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
+MAX_IMAGE_NAME_CHARS = 255
+"""Docker's limit on an image's repository name (registry and path, without tag or digest)."""
+
+
+def _image_name(reference: str) -> str:
+    """The repository name Docker checks its limit on, normalised as Docker does.
+
+    ``host:5000/a/b:tag@sha256:…`` gives ``host:5000/a/b``; a name without a registry is
+    Docker Hub's: ``ubuntu`` counts as ``docker.io/library/ubuntu``, ``a/b`` as ``docker.io/a/b``.
+    """
+    name = reference.split("@", 1)[0]
+    head, colon, tag = name.rpartition(":")
+    name = head if colon and "/" not in tag else name
+    first, slash, _rest = name.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return name
+    return f"docker.io/{name}" if slash else f"docker.io/library/{name}"
+
+
 _LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$")
 
@@ -180,7 +199,7 @@ def check_labels(labels: Mapping[str, str], field: str) -> None:
             msg = f"{field} key {quoted(key)} is not valid (letters, digits, '.', '_', '/', '-'; at most 128)"
             raise InvalidSpecError(msg)
         if utf8_size(value) > MAX_LABEL_VALUE_BYTES:
-            msg = f"{field} value of {key!r} is {utf8_size(value)} bytes; the limit is {MAX_LABEL_VALUE_BYTES}"
+            msg = f"{field} value of {quoted(key)} is {utf8_size(value)} bytes; the limit is {MAX_LABEL_VALUE_BYTES}"
             raise InvalidSpecError(msg)
 
 
@@ -374,7 +393,14 @@ class WorkspaceManager:
             raise InvalidSpecError(msg)
         if spec.image and not _IMAGE_RE.match(spec.image):
             msg = (
-                f"image {spec.image!r} is not a valid image reference (lowercase repository, optional :tag or @digest)"
+                f"image {quoted(spec.image)} is not a valid image reference (lowercase repository, optional :tag or "
+                "@digest)"
+            )
+            raise InvalidSpecError(msg)
+        if len(name := _image_name(spec.image)) > MAX_IMAGE_NAME_CHARS:
+            msg = (
+                f"image's repository name is {len(name)} characters as Docker counts it ({quoted(name)}); "
+                f"Docker allows at most {MAX_IMAGE_NAME_CHARS}"
             )
             raise InvalidSpecError(msg)
         return dataclasses.replace(
@@ -451,7 +477,7 @@ class WorkspaceManager:
                 raise ImageNotFoundError(msg)
             image = await self.backend.pull_image(resolved.image)
         if image.os != "linux":
-            msg = f"image {resolved.image!r} is a {image.os} image; this daemon runs Linux workspaces"
+            msg = f"image {quoted(resolved.image)} is a {image.os} image; this daemon runs Linux workspaces"
             raise InvalidSpecError(msg)
         user = resolved.security.user or (
             image.user if image.user.split(":")[0] not in {"", "root", "0"} else FALLBACK_USER

@@ -12,7 +12,7 @@ import contextvars
 import dataclasses
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, NoReturn
 
 import grpc
@@ -20,7 +20,7 @@ import structlog
 from sandboxd_client.limits import request_limit
 
 from ..audit import STATE_CHANGING, AuditLog, audit_fields, set_audit_tenant, start_audit
-from ..errors import InvalidSpecError, RequestTooLargeError, SandboxdError
+from ..errors import QUOTED_CHARS, InvalidSpecError, RequestTooLargeError, SandboxdError
 from ..logging import cut_text
 from ..tenancy import Authenticator, reset_tenant, tenant_scope
 from ._types import Context
@@ -227,14 +227,42 @@ def _audit_response(response: Any) -> None:
         )
 
 
-async def _fail(context: Context, start: float, call: _Call, exc: Exception) -> NoReturn:
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a request: fields, map keys and values, repeated and nested ones."""
+    if isinstance(value, str):
+        yield value
+    elif hasattr(value, "ListFields"):
+        for _field, item in value.ListFields():
+            yield from _strings(item)
+    elif hasattr(value, "items"):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif not isinstance(value, bytes | int | float) and hasattr(value, "__iter__"):
+        for item in value:
+            yield from _strings(item)
+
+
+def _caller_facing(message: str, request: Any) -> str:
+    """``message`` with every long value of the request shortened, and the whole cut to a bound.
+
+    A status travels in HTTP/2 trailers, and a message must not grow with what the caller
+    sent (a 4000-byte path in "…: No such file or directory"), wherever it was written.
+    """
+    if hasattr(request, "ListFields"):
+        long = {value for value in _strings(request) if QUOTED_CHARS < len(value) <= len(message)}
+        for value in sorted(long, key=len, reverse=True):
+            message = message.replace(value, f"{value[:QUOTED_CHARS]}… ({len(value)} characters)")
+    return cut_text(message, MAX_STATUS_MESSAGE_CHARS)
+
+
+async def _fail(context: Context, start: float, call: _Call, exc: Exception, request: Any = None) -> NoReturn:
     """Log the outcome and abort the RPC with the status ``exc`` maps to."""
     if isinstance(exc, grpc.aio.AbortError):  # a handler aborted on purpose: already a status
         _finish(start, context.code() or grpc.StatusCode.UNKNOWN, call)
         raise exc
     if isinstance(exc, SandboxdError):
-        # A status travels in HTTP/2 trailers: a message that grew with the request must not.
-        message = cut_text(exc.message, MAX_STATUS_MESSAGE_CHARS)
+        message = _caller_facing(exc.message, request)
         _finish(start, exc.grpc_code, call, message)
         await context.abort(exc.grpc_code, message)
     _finish(start, grpc.StatusCode.INTERNAL, call)
@@ -267,7 +295,7 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], call: _Call) -> Callabl
             _finish(start, grpc.StatusCode.CANCELLED, call)
             raise
         except Exception as exc:
-            await _fail(context, start, call, exc)
+            await _fail(context, start, call, exc, request)
         finally:
             if scope is not None:
                 reset_tenant(scope)
@@ -293,7 +321,7 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Ca
             _finish(start, grpc.StatusCode.CANCELLED, call)
             raise
         except Exception as exc:
-            await _fail(context, start, call, exc)
+            await _fail(context, start, call, exc, request)
         finally:
             if scope is not None:
                 reset_tenant(scope)

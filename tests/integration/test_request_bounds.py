@@ -187,6 +187,40 @@ class TestFieldBounds:
                 await ws.delete()
 
 
+class TestMessages:
+    async def test_messages_repeat_caller_values_only_briefly(self, daemon) -> None:  # type: ignore[no-untyped-def]
+        """Long values are quoted as 64 characters and a length; no message passes 2000; the cause stays."""
+        from sandboxd_client import NotFoundError
+
+        _process, socket_path, _log, _audit = daemon
+        async with SandboxClient(socket_path=socket_path, retries=False) as client:
+            with pytest.raises(InvalidArgumentError) as caught:
+                await client.exec("ws-unknown", "true", env={"A" * 100_000: "\0"}).wait()
+            assert (
+                caught.value.message
+                == "env value of " + repr("A" * 64)[:-1] + "…' (100000 characters) contains a NUL character"
+            )
+            with pytest.raises(InvalidArgumentError, match=r"^image's repository name is 273 characters as Docker"):
+                await client.create_workspace(image="a" * 255)  # Docker counts it as docker.io/library/a…
+            with pytest.raises(
+                InvalidArgumentError, match=r"^image's repository name is 256 characters .* at most 255$"
+            ):
+                await client.create_workspace(image="example.com/" + "a" * 244)
+            ws = await client.create_workspace(labels={"test": "bounds"})
+            try:
+                deep = "/tmp/" + "/".join(["d" * 200] * 19)
+                with pytest.raises(NotFoundError) as missing:
+                    await ws.read_file(deep)
+                assert len(missing.value.message) < 300
+                assert missing.value.message.endswith("No such file or directory"), missing.value.message
+                with pytest.raises(InvalidArgumentError) as caught:
+                    await ws.exec("true", workdir="w" * 4000).wait()
+                assert len(caught.value.message) < 300, caught.value.message
+                assert "(4000 characters)" in caught.value.message
+            finally:
+                await ws.delete()
+
+
 class TestListingPages:
     async def test_pages_by_count_and_token(self, daemon) -> None:  # type: ignore[no-untyped-def]
         """page_size 2 over 3 workspaces: two pages, oldest first; a bad token or size is refused."""
