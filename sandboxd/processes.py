@@ -135,6 +135,10 @@ NON_INTERACTIVE_ENV = {
 }
 """SPEC §6 defaults for commands without a terminal; the caller's values win."""
 
+EDITOR_ENV = frozenset({"GIT_EDITOR", "EDITOR", "VISUAL"})
+"""Set together or not at all: a caller naming any of them has an editor that works without a
+terminal, and git would prefer the default GIT_EDITOR over the caller's EDITOR."""
+
 TTY_ENV = {"TERM": "xterm-256color", "LANG": "C.UTF-8"}
 
 _PROCESS_ID_RE = re.compile(r"^p-[0-9a-f]{12}$")
@@ -488,6 +492,8 @@ class ProcessSession:
         """The command's environment on top of the image's: defaults, workspace env, exec env, marker."""
         defaults = TTY_ENV if self.spec.tty else NON_INTERACTIVE_ENV
         env = self.context.secrets.resolve({**self.context.env, **self.spec.env}, self.context.tenant)
+        if EDITOR_ENV & env.keys():
+            defaults = {key: value for key, value in defaults.items() if key not in EDITOR_ENV}
         return {**defaults, **env, MARKER_ENV: self.process_id}
 
     async def start(self) -> ExecStarted:

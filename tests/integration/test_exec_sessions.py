@@ -302,6 +302,13 @@ class TestEnvironment:
             assert called.stdout == "call-editor\n"
         finally:
             await ws.delete()
+        # A caller's EDITOR alone is used too: the default GIT_EDITOR (which git prefers) stands aside.
+        called = await workspace.exec(command, env={"EDITOR": "echo editor >"}).wait()
+        assert called.stdout == "editor\n"
+        shown = await workspace.exec(
+            "echo ${GIT_EDITOR-unset} ${VISUAL-unset} $GIT_MERGE_AUTOEDIT", env={"VISUAL": "x"}
+        ).wait()
+        assert shown.stdout == "unset x no\n"
 
     async def test_caller_overrides_defaults(self, workspace) -> None:
         """The caller's env wins over the defaults."""
