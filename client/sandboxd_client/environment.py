@@ -119,6 +119,26 @@ class ToolCallStop:
 ToolEvent = ToolCallStart | ToolCallPartial | ToolCallOutput | ToolCallStop
 
 
+_TYPE_WORDS = {
+    "string": "a string",
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+    "object": "an object",
+    "array": "an array",
+    "null": "null",
+}
+
+
+def _is_of(value: object, kind: str) -> bool:
+    """JSON Schema's types: a bool is no number, and 250.0 is an integer (it is one mathematically)."""
+    if isinstance(value, bool):
+        return kind == "boolean"
+    if kind == "integer":
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return isinstance(value, _JSON_TYPES.get(kind, (object,)))
+
+
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -168,11 +188,10 @@ def check_arguments(
         if expected is None:
             continue
         kinds = [expected] if isinstance(expected, str) else list(expected)
-        allowed = tuple(t for kind in kinds for t in _JSON_TYPES.get(kind, ()))
-        is_bool = isinstance(value, bool)
-        if allowed and (not isinstance(value, allowed) or (is_bool and "boolean" not in kinds)):
-            return f"argument {name!r} of {definition.name} must be {' or '.join(kinds)}"
-        if isinstance(value, int | float) and not is_bool and name not in clamped:
+        if not any(_is_of(value, kind) for kind in kinds):
+            words = " or ".join(_TYPE_WORDS.get(kind, kind) for kind in kinds)
+            return f"argument {name!r} of {definition.name} must be {words}"
+        if isinstance(value, int | float) and not isinstance(value, bool) and name not in clamped:
             low, high = properties[name].get("minimum"), properties[name].get("maximum")
             if (low is not None and value < low) or (high is not None and value > high):
                 return f"argument {name!r} of {definition.name} must be {_range_words(low, high)}"

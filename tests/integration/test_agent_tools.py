@@ -152,7 +152,8 @@ class TestCommandSessions:
         )
         bad = await run(env, "input_command", process_id=process_id, yield_time_ms=-5)
         assert (bad.output, bad.stop_reason) == (
-            "Error: argument 'yield_time_ms' of input_command must be a whole number of milliseconds, at least 250",
+            "Error: argument 'yield_time_ms' of input_command must be a whole number of milliseconds, not negative "
+            "(waits under 250 are raised to 250)",
             "failed",
         )
         done = await run(env, "input_command", process_id=process_id, yield_time_ms=10**9)

@@ -225,10 +225,10 @@ class TestArguments:
         assert check_arguments(exec_command, {"description": "d", "cmd": "ls"}) is None
         assert "missing" in (check_arguments(exec_command, {"description": "d"}) or "")
         assert "unknown" in (check_arguments(exec_command, {"description": "d", "cmd": "ls", "x": 1}) or "")
-        assert "integer" in (
+        assert "whole number" in (
             check_arguments(exec_command, {"description": "d", "cmd": "ls", "yield_time_ms": "5"}) or ""
         )
-        assert "integer" in (
+        assert "whole number" in (
             check_arguments(exec_command, {"description": "d", "cmd": "ls", "yield_time_ms": True}) or ""
         )
         assert check_arguments(exec_command, ["not", "an", "object"]) == "the arguments must be a JSON object"
@@ -278,6 +278,23 @@ class TestArguments:
         args = {} if requested is None else {"yield_time_ms": requested}
         assert yield_window(args, 60_000 if tool == "exec_command" else 250, definition) == (window_s, note)
 
+    def test_types_are_worded_and_integral_floats_are_integers(self) -> None:
+        """'must be a whole number'; 250.0 is an integer (JSON Schema), 1.5 and true are not."""
+        from sandboxd_client.tools._builtin import yield_window
+
+        exec_command = builtin_definitions()["exec_command"]
+        call = {"description": "d", "cmd": "ls"}
+        assert check_arguments(exec_command, {**call, "yield_time_ms": 250.0}) is None
+        for bad in (1.5, "500", True):
+            assert check_arguments(exec_command, {**call, "yield_time_ms": bad}) == (
+                "argument 'yield_time_ms' of exec_command must be a whole number"
+            )
+        input_command = builtin_definitions()["input_command"]
+        assert check_arguments(input_command, {"description": "d", "process_id": "p", "yield_time_ms": "x"}) == (
+            "argument 'yield_time_ms' of input_command must be a whole number or null"
+        )
+        assert yield_window({"yield_time_ms": 250.0}, 60_000, exec_command) == (0.25, "")
+
     @pytest.mark.parametrize("bad", [-5, -1, 1.5, "100", True])
     def test_yield_that_is_no_duration_is_an_argument_error(self, bad: object) -> None:
         """Negative or non-integer yields are refused with the range in words, never 9223372036854775807."""
@@ -286,7 +303,8 @@ class TestArguments:
         with pytest.raises(ToolArgumentError) as caught:
             yield_window({"yield_time_ms": bad}, 250, builtin_definitions()["input_command"])
         assert str(caught.value) == (
-            "argument 'yield_time_ms' of input_command must be a whole number of milliseconds, at least 250"
+            "argument 'yield_time_ms' of input_command must be a whole number of milliseconds, not negative "
+            "(waits under 250 are raised to 250)"
         )
 
 

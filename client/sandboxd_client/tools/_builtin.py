@@ -39,14 +39,23 @@ def _text(args: Mapping[str, Any], name: str, *, default: str | None = None) -> 
     return value
 
 
+def _whole(value: object) -> int | None:
+    """``value`` as an int when it is a whole number (``250.0`` is, as JSON Schema says); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) else None
+
+
 def _integer(args: Mapping[str, Any], name: str, default: int | None) -> int | None:
     value = args.get(name, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        msg = f"argument {name!r} must be an integer"
+    if (whole := _whole(value)) is None:
+        msg = f"argument {name!r} must be a whole number"
         raise ToolArgumentError(msg)
-    return value
+    return whole
 
 
 def yield_window(args: Mapping[str, Any], default_ms: int, definition: ToolDefinitionConfig) -> tuple[float, str]:
@@ -67,13 +76,12 @@ def yield_window(args: Mapping[str, Any], default_ms: int, definition: ToolDefin
     Raises:
         ToolArgumentError: a value that is not a whole number of milliseconds, or is negative.
     """
-    requested = args.get("yield_time_ms")
-    if requested is None:
-        requested = default_ms
-    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
+    given = args.get("yield_time_ms")
+    requested = default_ms if given is None else _whole(given)
+    if requested is None or requested < 0:
         msg = (
-            f"argument 'yield_time_ms' of {definition.name} must be a whole number of milliseconds, "
-            f"at least {MIN_YIELD_MS}"
+            f"argument 'yield_time_ms' of {definition.name} must be a whole number of milliseconds, not negative "
+            f"(waits under {MIN_YIELD_MS} are raised to {MIN_YIELD_MS})"
         )
         raise ToolArgumentError(msg)
     window = max(requested, MIN_YIELD_MS)
