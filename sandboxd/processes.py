@@ -1083,7 +1083,7 @@ class ProcessTable:
                     self._evict_one(
                         tenant,
                         f"the daemon is at its {self.settings.max_sessions} process sessions",
-                        others_exited=True,
+                        others=True,
                     )
                 else:
                     break
@@ -1115,32 +1115,44 @@ class ProcessTable:
             return self.settings.tenant_max_sessions
         return max(1, self.settings.max_sessions // max(1, self._tenants()))
 
-    def _evict_one(self, tenant: str, full: str, *, others_exited: bool = False) -> None:
+    def _evict_one(self, tenant: str, full: str, *, others: bool = False) -> None:
         """Take one session out of the table now for ``tenant``'s new one; kill it in the background.
 
-        Seed 000's order: an exited session (``tenant``'s own first, then, with ``others_exited``,
-        the oldest idle one of any tenant: an exited session holds only unread output), else
-        ``tenant``'s least recently used idle one. A running command of another tenant is never
-        a candidate: one tenant's load never ends another's commands.
+        Seed 000's order, fair between tenants: an exited session (``tenant``'s own first;
+        then, with ``others``, the oldest idle one of any tenant: an exited session holds
+        only unread output), then with ``others`` the least recently used idle session of a
+        tenant holding more than its share (shares shrink when a tenant is added to the tokens
+        file), then ``tenant``'s own least recently used idle one. No other running command is
+        a candidate: one tenant's load never ends another's commands within their share.
 
         Raises:
             QuotaExceededError: nothing may go (every candidate is attached, or there is none).
         """
-        sessions = [s for s in self._sessions.values() if s.context.tenant == tenant]
-        exited = [s for s in sessions if not s.running]
-        if not exited and others_exited:
-            exited = [s for s in self._sessions.values() if not s.running and s.idle]
-        idle = sorted((s for s in sessions if s.running and s.idle), key=lambda s: s.last_used)
-        if exited:
-            victim, why = min(exited, key=lambda s: s.last_used), "it had exited and the session table was full"
-        elif idle:
-            victim, why = idle[0], "it was the least recently used idle session when the table was full"
-        else:
+        everyone = list(self._sessions.values())
+        sessions = [s for s in everyone if s.context.tenant == tenant]
+        share = self.tenant_share()
+        held = collections.Counter(s.context.tenant for s in everyone)
+        candidates = (
+            ([s for s in sessions if not s.running], "it had exited and the session table was full"),
+            (
+                [s for s in everyone if others and not s.running and s.idle],
+                "it had exited and the session table was full",
+            ),
+            (
+                [s for s in everyone if others and s.running and s.idle and held[s.context.tenant] > share],
+                "it was the least recently used idle session of a tenant over its share when the table was full",
+            ),
+            (
+                [s for s in sessions if s.running and s.idle],
+                "it was the least recently used idle session when the table was full",
+            ),
+        )
+        found = next(((group, why) for group, why in candidates if group), None)
+        if found is None:
             busy = f"all {len(sessions)} of its sessions are in use by active calls" if sessions else "it has none"
-            if others_exited:
-                busy += ", and no session of another tenant has exited"
             msg = f"{full} and none can be evicted for tenant {tenant!r}: {busy}"
             raise QuotaExceededError(msg)
+        victim, why = min(found[0], key=lambda s: s.last_used), found[1]
         self._sessions.pop(victim.process_id, None)
         self._remember_evicted(victim.process_id, f"was evicted: {why}", victim.context.tenant)
         log.info("process.evicted", process_id=victim.process_id, reason=why)

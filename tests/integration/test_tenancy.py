@@ -413,6 +413,38 @@ class TestSessionShares:
         finally:
             thread.stop()
 
+    async def test_a_tenant_added_while_serving_gets_its_share(self, tmp_path: Path, default_image: str) -> None:
+        """Cap 6, A and B hold 3 running each; C's token is added without a restart: C runs, taking the
+        least recently used idle session of a tenant now over its share of 2."""
+        tokens = tmp_path / "tokens.json"
+        token_a, token_b = create_token(tokens, "team-a"), create_token(tokens, "team-b")
+        thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens), max_sessions=6)).start()
+        try:
+            async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+                ws_a, ws_b = await a.create_workspace(), await b.create_workspace()
+                try:
+                    a_running = [await start_yielded(ws_a, "sleep 300") for _ in range(3)]
+                    b_running = [await start_yielded(ws_b, "sleep 300") for _ in range(3)]
+                    token_c = create_token(tokens, "team-c")
+                    async with _client(thread, token_c) as c:
+                        ws_c = await c.create_workspace()
+                        try:
+                            assert (await ws_c.exec("echo c").wait()).stdout == "c\n"
+                        finally:
+                            await ws_c.delete()
+                    with pytest.raises(
+                        NotFoundError,
+                        match="was evicted: it was the least recently used idle session of a tenant over its share",
+                    ):
+                        await a.input(a_running[0], "").wait()
+                    for client, process_id in [(a, p) for p in a_running[1:]] + [(b, p) for p in b_running]:
+                        assert (await client.input(process_id, "", yield_after_s=0.25).wait()).running
+                finally:
+                    await ws_a.delete()
+                    await ws_b.delete()
+        finally:
+            thread.stop()
+
     async def _exited_evictions(self, a, b, ws_a, ws_b) -> None:  # type: ignore[no-untyped-def]
         try:
             a_running = [await start_yielded(ws_a, "sleep 300") for _ in range(2)]
