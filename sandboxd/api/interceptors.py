@@ -12,8 +12,9 @@ import contextvars
 import dataclasses
 import secrets
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 import structlog
@@ -22,6 +23,7 @@ from sandboxd_client.limits import request_limit
 from ..audit import STATE_CHANGING, AuditLog, audit_fields, set_audit_tenant, start_audit
 from ..errors import QUOTED_CHARS, InvalidSpecError, RequestTooLargeError, SandboxdError
 from ..logging import cut_text
+from ..memory import HeapTrimmer
 from ..tenancy import Authenticator, reset_tenant, tenant_scope
 from ._types import Context
 
@@ -41,12 +43,19 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         authenticator: turns a call's bearer token into its tenant (health and
             reflection need none).
         audit: where state-changing calls are recorded.
+        trimmer: told the size of every large request, so that their memory is given back.
     """
 
-    def __init__(self, authenticator: Authenticator | None = None, audit: AuditLog | None = None) -> None:
-        """Configure authentication and auditing."""
+    def __init__(
+        self,
+        authenticator: Authenticator | None = None,
+        audit: AuditLog | None = None,
+        trimmer: HeapTrimmer | None = None,
+    ) -> None:
+        """Configure authentication, auditing and memory trimming."""
         self.authenticator = authenticator or Authenticator()
         self.audit = audit
+        self.trimmer = trimmer
 
     async def intercept_service(
         self,
@@ -61,12 +70,15 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         quiet = method.startswith(_HEALTH_AND_REFLECTION)
         audited = self.audit is not None and self.audit.enabled and method.rsplit("/", 1)[-1] in STATE_CHANGING
         call = _Call(method, quiet, None if quiet else self.authenticator, self.audit if audited else None)
-        deserializer = _tolerant(handler.request_deserializer, method.rsplit("/", 1)[-1])
+        deserializer = _tolerant(handler.request_deserializer, method.rsplit("/", 1)[-1], self.trimmer)
+        # A refused unary call returns None with its status set (see _fail): nothing to serialise.
+        serializer = handler.response_serializer
+        unary_serializer = None if serializer is None else _none_as_empty(serializer)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 _wrap_unary(handler.unary_unary, call),
                 request_deserializer=deserializer,
-                response_serializer=handler.response_serializer,
+                response_serializer=unary_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
@@ -80,7 +92,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             return grpc.stream_unary_rpc_method_handler(
                 _wrap_unary(_checked_stream(handler.stream_unary), call),
                 request_deserializer=deserializer,
-                response_serializer=handler.response_serializer,
+                response_serializer=unary_serializer,
             )
         if handler.stream_stream is not None:
             return grpc.stream_stream_rpc_method_handler(
@@ -98,13 +110,46 @@ class _Malformed:
     error: SandboxdError
 
 
-def _tolerant(deserializer: Callable[[bytes], Any] | None, rpc: str) -> Callable[[bytes], Any] | None:
+class _Unparsed:
+    """A large request's bytes, parsed only once its caller has authenticated.
+
+    A caller without a valid token then costs the bytes gRPC already holds, never the
+    copies parsing makes (a 16 MiB WriteFile is several).
+    """
+
+    __slots__ = ("_data", "_parse")
+
+    def __init__(self, data: bytes, parse: Callable[[bytes], Any]) -> None:
+        self._data, self._parse = data, parse
+
+    def parse(self) -> Any:
+        """The request, or :class:`_Malformed`; the bytes are let go either way."""
+        data, self._data = self._data, b""
+        return self._parse(data)
+
+
+_EAGER_BYTES = 64 * 1024
+"""Requests up to this size are parsed before authentication, so that a refused attempt's
+audit line still names what it tried (the workspace, the command)."""
+
+
+def _none_as_empty(serializer: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    def serialize(response: Any) -> bytes:
+        return b"" if response is None else serializer(response)
+
+    return serialize
+
+
+def _tolerant(
+    deserializer: Callable[[bytes], Any] | None, rpc: str, trimmer: HeapTrimmer | None = None
+) -> Callable[[bytes], Any] | None:
     """Wrap a request deserializer: oversized or undecodable bytes become :class:`_Malformed`.
 
     A message larger than ``rpc`` takes (``sandboxd_client.limits``) is never parsed: it
-    costs its bytes and nothing more. gRPC would answer a deserializer's exception with
-    UNKNOWN and the exception's text; bad wire format and invalid UTF-8 in a string field
-    are the caller's mistake.
+    costs its bytes and nothing more; one larger than ``_EAGER_BYTES`` waits as
+    :class:`_Unparsed` until the caller has authenticated. gRPC would answer a
+    deserializer's exception with UNKNOWN and the exception's text; bad wire format and
+    invalid UTF-8 in a string field are the caller's mistake.
     """
     if deserializer is None:
         return None
@@ -112,12 +157,7 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None, rpc: str) -> Callable
     name = message_type.full_name if message_type is not None else "request"
     limit = request_limit(rpc)
 
-    def deserialize(data: bytes) -> Any:
-        if len(data) > limit:
-            hint = "; larger files go through Upload (sandboxctl cp)" if rpc == "WriteFile" else ""
-            return _Malformed(
-                RequestTooLargeError(f"the {rpc} request is {len(data)} bytes; {rpc} takes at most {limit}{hint}")
-            )
+    def parse(data: bytes) -> Any:
         try:
             return deserializer(data)
         except Exception:  # protobuf raises DecodeError, or RuntimeError on some builds
@@ -128,7 +168,22 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None, rpc: str) -> Callable
                 )
             )
 
+    def deserialize(data: bytes) -> Any:
+        if trimmer is not None and len(data) > _EAGER_BYTES:
+            trimmer.note(len(data))
+        if len(data) > limit:
+            hint = "; larger files go through Upload (sandboxctl cp)" if rpc == "WriteFile" else ""
+            return _Malformed(
+                RequestTooLargeError(f"the {rpc} request is {len(data)} bytes; {rpc} takes at most {limit}{hint}")
+            )
+        return _Unparsed(data, parse) if len(data) > _EAGER_BYTES else parse(data)
+
     return deserialize
+
+
+def _parsed(request: Any) -> Any:
+    """The request itself: an :class:`_Unparsed` one is parsed now (its caller has authenticated)."""
+    return request.parse() if isinstance(request, _Unparsed) else request
 
 
 def _refuse_malformed(request: Any) -> None:
@@ -138,13 +193,17 @@ def _refuse_malformed(request: Any) -> None:
 
 
 def _checked_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
-    """For client-streaming calls: a malformed message in the request stream refuses the call."""
+    """For client-streaming calls: a malformed message in the request stream refuses the call.
+
+    The call has authenticated before its stream is read, so each message is parsed as it comes.
+    """
 
     def wrapper(request_iterator: AsyncIterator[Any], context: Context) -> Any:
         async def checked() -> AsyncIterator[Any]:
             async for request in request_iterator:
-                _refuse_malformed(request)
-                yield request
+                message = _parsed(request)
+                _refuse_malformed(message)
+                yield message
 
         return behavior(checked(), context)
 
@@ -159,14 +218,19 @@ class _Call:
     audit: AuditLog | None
 
 
-def _begin(context: Context, call: _Call, request: Any) -> tuple[float, contextvars.Token[str] | None]:
-    """Bind the log context, start the audit record, authenticate (raises UnauthenticatedError)."""
+def _begin(context: Context, call: _Call, request: Any) -> tuple[float, contextvars.Token[str] | None, Any]:
+    """Bind the log context, start the audit record, authenticate (raises UnauthenticatedError).
+
+    Returns:
+        The start time, the tenant scope to reset, and the request, parsed if it was not yet.
+    """
     structlog.contextvars.clear_contextvars()
     metadata = tuple(context.invocation_metadata() or ())
     request_id = str(dict(metadata).get("x-request-id") or secrets.token_hex(8))
     structlog.contextvars.bind_contextvars(request_id=request_id, rpc=call.method, peer=context.peer())
     start_audit(call.method, context.peer())
-    if call.audit is not None:
+    unparsed = isinstance(request, _Unparsed)
+    if call.audit is not None and not unparsed:
         _audit_request(request)  # before authenticating: refused attempts are audited too
     scope = None
     if call.authenticator is not None:
@@ -174,9 +238,13 @@ def _begin(context: Context, call: _Call, request: Any) -> tuple[float, contextv
         structlog.contextvars.bind_contextvars(tenant=tenant)
         set_audit_tenant(tenant)
         scope = tenant_scope(tenant)
+    if unparsed:
+        request = _parsed(request)
+        if call.audit is not None:
+            _audit_request(request)
     if call.audit is not None and call.method.endswith("/CreateWorkspace"):
         call.audit.begin()  # a crash mid-create still leaves the attempt on record
-    return time.monotonic(), scope
+    return time.monotonic(), scope, request
 
 
 _AUDITED_REQUEST_FIELDS = (
@@ -256,18 +324,26 @@ def _caller_facing(message: str, request: Any) -> str:
     return cut_text(message, MAX_STATUS_MESSAGE_CHARS)
 
 
-async def _fail(context: Context, start: float, call: _Call, exc: Exception, request: Any = None) -> NoReturn:
-    """Log the outcome and abort the RPC with the status ``exc`` maps to."""
+def _fail(context: Context, start: float, call: _Call, exc: Exception, request: Any = None) -> None:
+    """Log the outcome and set the status ``exc`` maps to; the handler then returns.
+
+    Setting the status rather than raising ``context.abort()``'s exception matters for
+    memory: that exception chained to ``exc`` keeps the frames, and with them the request
+    (a 16 MiB WriteFile), in a reference cycle until the cyclic collector happens to run.
+    """
     if isinstance(exc, grpc.aio.AbortError):  # a handler aborted on purpose: already a status
         _finish(start, context.code() or grpc.StatusCode.UNKNOWN, call)
         raise exc
     if isinstance(exc, SandboxdError):
-        message = _caller_facing(exc.message, request)
-        _finish(start, exc.grpc_code, call, message)
-        await context.abort(exc.grpc_code, message)
-    _finish(start, grpc.StatusCode.INTERNAL, call)
-    log.error("rpc.internal_error", exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, "internal error in sandboxd; the daemon log has the details")
+        code, message = exc.grpc_code, _caller_facing(exc.message, request)
+        _finish(start, code, call, message)
+    else:
+        code, message = grpc.StatusCode.INTERNAL, "internal error in sandboxd; the daemon log has the details"
+        _finish(start, code, call)
+        log.error("rpc.internal_error", exc_info=exc)
+    traceback.clear_frames(exc.__traceback__)
+    context.set_code(code)
+    context.set_details(message)
 
 
 def _finish(start: float, code: grpc.StatusCode, call: _Call, message: str = "") -> None:
@@ -286,7 +362,7 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], call: _Call) -> Callabl
     async def wrapper(request: Any, context: Context) -> Any:
         start, scope = time.monotonic(), None
         try:
-            start, scope = _begin(context, call, request)
+            start, scope, request = _begin(context, call, request)
             _refuse_malformed(request)
             response = await behavior(request, context)
             if call.audit is not None:
@@ -295,7 +371,8 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], call: _Call) -> Callabl
             _finish(start, grpc.StatusCode.CANCELLED, call)
             raise
         except Exception as exc:
-            await _fail(context, start, call, exc, request)
+            _fail(context, start, call, exc, request)
+            return None
         finally:
             if scope is not None:
                 reset_tenant(scope)
@@ -309,7 +386,7 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Ca
     async def wrapper(request: Any, context: Context) -> AsyncIterator[Any]:
         start, scope = time.monotonic(), None
         try:
-            start, scope = _begin(context, call, request)
+            start, scope, request = _begin(context, call, request)
             _refuse_malformed(request)
             async for response in behavior(request, context):
                 if call.audit is not None:
@@ -321,7 +398,8 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Ca
             _finish(start, grpc.StatusCode.CANCELLED, call)
             raise
         except Exception as exc:
-            await _fail(context, start, call, exc, request)
+            _fail(context, start, call, exc, request)
+            return
         finally:
             if scope is not None:
                 reset_tenant(scope)

@@ -31,6 +31,7 @@ from ..backend.base import Backend
 from ..errors import InvalidSpecError, SandboxdError
 from ..files import FileManager
 from ..images import ensure_default_image
+from ..memory import HeapTrimmer
 from ..processes import ProcessTable
 from ..secrets import SecretStore
 from ..settings import Settings
@@ -67,13 +68,15 @@ class Daemon:
     addresses: list[str]
     audit: AuditLog
     reaper: asyncio.Task[None] | None = None
+    trimmer: asyncio.Task[None] | None = None
 
     async def stop(self, grace_s: float) -> None:
         """Stop accepting calls, give in-flight ones ``grace_s`` seconds, then release everything."""
-        if self.reaper is not None:
-            self.reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.reaper
+        for task in (self.reaper, self.trimmer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
         await self.processes.close()
@@ -191,8 +194,9 @@ async def start(settings: Settings, backend: Backend, *, environ: Mapping[str, s
     except SandboxdError as exc:
         # The engine may be down now and back later: serve anyway, calls get UNAVAILABLE meanwhile.
         log.error("daemon.adopt_failed", error=exc.message)  # noqa: TRY400
+    trimmer = HeapTrimmer()
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor(authenticator, audit)],
+        interceptors=[ErrorInterceptor(authenticator, audit, trimmer)],
         options=[
             ("grpc.max_send_message_length", _MAX_SEND_BYTES),
             # The largest legitimate request: anything bigger is refused by the transport before
@@ -254,6 +258,7 @@ async def start(settings: Settings, backend: Backend, *, environ: Mapping[str, s
         addresses=addresses,
         audit=audit,
         reaper=asyncio.create_task(_reap_forever(workspaces, audit), name="idle-reaper"),
+        trimmer=asyncio.create_task(trimmer.run(), name="heap-trimmer"),
     )
 
 

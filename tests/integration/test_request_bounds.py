@@ -119,6 +119,54 @@ class TestOversizedMessages:
         assert log_path.stat().st_size - before < 16 * 1024
 
 
+def _refused_writes(socket_path: str, token: str) -> set[str]:
+    """16 threads, each sending six 16 MiB WriteFiles to a workspace that does not exist; their codes."""
+    import threading
+
+    from sandboxd_client._pb.sandboxd.v1 import file_service_pb2 as fpb
+    from sandboxd_client._pb.sandboxd.v1 import file_service_pb2_grpc as fgrpc
+
+    codes: set[str] = set()
+    request = fpb.WriteFileRequest(workspace_id="ws-none", path="x", content=b"x" * (16 * MIB))
+
+    def worker() -> None:
+        with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+            stub = fgrpc.FileServiceStub(channel)
+            for _ in range(6):
+                try:
+                    stub.WriteFile(request, metadata=[("authorization", f"Bearer {token}")])
+                except grpc.RpcError as error:
+                    codes.add(error.code().name)
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return codes
+
+
+async def test_refused_large_requests_give_their_memory_back(tmp_path: Path, default_image: str) -> None:
+    """96 refused 16 MiB WriteFiles, 16 at once: without a valid token they are never parsed; with one they
+    are refused by the missing workspace. Either way the daemon's memory comes back (was 2.2 GB and stayed)."""
+    from sandboxd.tenancy import create_token
+
+    tokens = tmp_path / "tokens.json"
+    token = create_token(tokens, "team-a")
+    with spawned_daemon(tmp_path, SANDBOXD_TOKENS_FILE=str(tokens)) as (process, socket_path, _log):
+        for presented, code, peak_limit in (("sbd_wrong", "UNAUTHENTICATED", 600 * MB), (token, "NOT_FOUND", None)):
+            before, peak = rss_bytes(process.pid), 0
+            sending = asyncio.create_task(asyncio.to_thread(_refused_writes, socket_path, presented))
+            while not sending.done():
+                peak = max(peak, rss_bytes(process.pid))
+                await asyncio.sleep(0.05)
+            assert await sending == {code}
+            if peak_limit is not None:
+                assert peak - before < peak_limit, f"unparsed requests took {(peak - before) // MB} MB"
+            await asyncio.sleep(3)  # the trimmer looks once a second
+            assert rss_bytes(process.pid) - before < 250 * MB, f"{(rss_bytes(process.pid) - before) // MB} MB kept"
+
+
 class TestFieldBounds:
     async def test_workspace_env_and_labels_are_bounded(self, daemon) -> None:  # type: ignore[no-untyped-def]
         """Env and labels stored with a workspace have bounds, checked before anything is created."""
