@@ -59,6 +59,8 @@ import time
 HEADER = struct.Struct(">cI")
 READ_SIZE = 65536
 MAX_PENDING_INPUT = 16 * 1024 * 1024
+READY = b"\0"
+"""Written by the child once all but its execve is done: a report is JSON, so never this."""
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
 _CATCHABLE = [s for s in range(1, 65) if s not in (signal.SIGKILL, signal.SIGSTOP)]
@@ -392,6 +394,9 @@ class Supervisor:
     def start(self):
         program, argv = self.argv()
         err_r, err_w = os.pipe()
+        # The child waits on this until its pid is reported: a command that kills us at once
+        # (`kill -9 $PPID`) must not beat the report, or the daemon would think it never started.
+        go_r, go_w = os.pipe()
         if self.tty:
             import pty
 
@@ -422,11 +427,21 @@ class Supervisor:
             self.send(b"F", dumps(report))
             return False
         if pid == 0:  # child: never returns
-            self.exec_child(program, argv, child_fds, err_r, err_w)
+            os.close(go_w)
+            self.exec_child(program, argv, child_fds, err_r, err_w, go_r)
         self.pid = pid
-        for fd in close_in_parent + [err_w]:
+        for fd in close_in_parent + [err_w, go_r]:
             os.close(fd)
-        failure = b""
+        # Everything before execve is done (or failed) when the child writes READY or a report.
+        failure = os.read(err_r, 4096)
+        if failure == READY:
+            self.send_json(b"P", {"pid": pid})
+            os.close(go_w)  # go: the child execs (a failure of execve itself follows on err_r)
+            failure = b""
+        else:
+            os.close(go_w)
+            if not failure:  # it died without a word (a signal) before it could run the command
+                failure = dumps({"stage": "exec", "errno": 0, "message": "the command's process died before it started"})
         while True:
             chunk = os.read(err_r, 4096)
             if not chunk:
@@ -439,10 +454,9 @@ class Supervisor:
             return False
         for fd in list(self.out_fds) + [self.stdin_fd]:
             os.set_blocking(fd, False)
-        self.send_json(b"P", {"pid": pid})
         return True
 
-    def exec_child(self, program, argv, child_fds, err_r, err_w):
+    def exec_child(self, program, argv, child_fds, err_r, err_w, go_r):
         stage = "setsid"
         try:
             os.close(err_r)
@@ -474,6 +488,9 @@ class Supervisor:
             stage = "chdir"
             os.chdir(self.cwd)
             stage = "exec"
+            os.write(err_w, READY)
+            os.read(go_r, 1)  # EOF once the supervisor has reported this pid
+            os.close(go_r)
             os.execve(program, argv, self.env)
         except OSError as exc:
             message = "%s: %s" % (stage, exc.strerror or exc)

@@ -145,6 +145,14 @@ class TestFrames:
         _, _, status = await sup.until_exit()
         assert (status["exit_code"], status["signal"]) == (137, 9)
 
+    async def test_started_comes_before_the_command_runs(self, run) -> None:
+        """A command that kills its supervisor at once still finds its start reported first."""
+        for _ in range(20):
+            sup = await run("kill -9 $PPID")
+            assert await sup.started() > 0  # the pid frame, before the supervisor died
+            with pytest.raises(EOFError):
+                await sup.next()
+
     async def test_missing_cwd_fails_to_start(self, run) -> None:
         """A working directory that does not exist gives a failed frame naming it."""
         sup = await run("true", cwd="/nonexistent-dir")
