@@ -441,7 +441,9 @@ class Supervisor:
         else:
             os.close(go_w)
             if not failure:  # it died without a word (a signal) before it could run the command
-                failure = dumps({"stage": "exec", "errno": 0, "message": "the command's process died before it started"})
+                failure = dumps(
+                    {"stage": "exec", "errno": 0, "message": "the command's process died before it started"}
+                )
         while True:
             chunk = os.read(err_r, 4096)
             if not chunk:
