@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 __all__ = ["TRIM_AFTER_BYTES", "TRIM_INTERVAL_S", "HeapTrimmer"]
 
-TRIM_AFTER_BYTES = 64 * 1024 * 1024
-"""Large request bytes seen since the last trim that make the next one worth its few milliseconds."""
+TRIM_AFTER_BYTES = 8 * 1024 * 1024
+"""Large request bytes seen since the last look that make a trim worth its few milliseconds."""
 
 TRIM_INTERVAL_S = 1.0
 """How often the trimmer looks, in seconds."""
@@ -39,6 +39,7 @@ class HeapTrimmer:
     def __init__(self) -> None:
         """Find glibc's ``malloc_trim`` (None elsewhere)."""
         self._seen = 0
+        self._again = False
         self._trim = _malloc_trim()
 
     def note(self, size_bytes: int) -> None:
@@ -51,6 +52,9 @@ class HeapTrimmer:
             return
         while True:
             await asyncio.sleep(TRIM_INTERVAL_S)
-            if self._seen >= TRIM_AFTER_BYTES:
-                self._seen = 0
+            busy = self._seen >= TRIM_AFTER_BYTES
+            if busy or self._again:
+                # Once more a second after the last large request: what it held is freed only
+                # when its call ends, after the trim that its arrival caused.
+                self._seen, self._again = 0, busy
                 await asyncio.to_thread(self._trim, 0)
