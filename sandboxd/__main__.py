@@ -46,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     build = image_commands.add_parser("build", help="find or build the default workspace image")
     build.add_argument("--route", choices=["auto", "registry", "offline"], help="where the Debian base comes from")
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    agent = commands.add_parser("agent", help="manage the in-container agent")
+    agent_commands = agent.add_subparsers(dest="agent_command", required=True)
+    agent_build = agent_commands.add_parser("build", help="build the agent (in a builder container) if missing")
+    agent_build.add_argument("--test", action="store_true", help="run its Go tests again (vet, race detector)")
+    agent_build.add_argument(
+        "--route", choices=["auto", "registry", "offline"], help="where the Debian base comes from"
+    )
     return parser
 
 
@@ -65,6 +72,18 @@ async def _images_build(settings: Settings, opts: argparse.Namespace) -> None:
             progress=_progress,
             force=opts.force,
         )
+    finally:
+        await backend.close()
+
+
+async def _agent_build(settings: Settings, opts: argparse.Namespace) -> None:
+    from .agentbuild import ensure_agent
+
+    backend = DockerBackend(docker_host=settings.docker_host, instance=settings.instance)
+    try:
+        route = opts.route or settings.image_route
+        build = await ensure_agent(backend, route=route, progress=_progress, test=opts.test)
+        _progress(f"agent {build.image} is ready (volume {build.volume})")
     finally:
         await backend.close()
 
@@ -95,7 +114,7 @@ def _token_create(settings: Settings, opts: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in {"serve", "images", "token", "-h", "--help"}:
+    if not args or args[0] not in {"serve", "images", "agent", "token", "-h", "--help"}:
         args = ["serve", *args]  # `sandboxd --socket X` and `python -m sandboxd` mean serve
     opts = _parser().parse_args(args)
     command = opts.command
@@ -121,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging_ready = True
         if command == "images":
             asyncio.run(_images_build(settings, opts))
+        elif command == "agent":
+            asyncio.run(_agent_build(settings, opts))
         else:
             asyncio.run(_serve(settings, opts))
     except SandboxdError as exc:

@@ -132,11 +132,31 @@ class Backend(Protocol):
         build_args: Mapping[str, str],
         labels: Mapping[str, str],
         on_line: Callable[[str], None],
+        target: str = "",
+        no_cache: bool = False,
     ) -> None:
-        """Build ``context``'s Dockerfile as ``ref``, passing each log line to ``on_line``.
+        """Build ``context``'s Dockerfile as ``ref`` (up to stage ``target``; ``no_cache`` reruns every step).
+
+        Each log line goes to ``on_line``.
 
         Raises:
             BackendError: the build failed (the message carries the failing step).
+        """
+        ...
+
+    async def remove_image(self, ref: str) -> None:
+        """Untag ``ref``, keeping its layers as build cache (nothing if it is missing)."""
+        ...
+
+    async def architecture(self) -> str:
+        """The engine's CPU architecture (``x86_64``, ``aarch64``)."""
+        ...
+
+    async def fill_volume(self, name: str, *, image: str, path: str, labels: Mapping[str, str]) -> None:
+        """Make volume ``name`` hold what ``image`` has at ``path``, once (an existing one is kept).
+
+        Raises:
+            BackendError: the image could not be run to fill it.
         """
         ...
 

@@ -236,8 +236,10 @@ class DockerBackend:
         build_args: Mapping[str, str],
         labels: Mapping[str, str],
         on_line: Callable[[str], None],
+        target: str = "",
+        no_cache: bool = False,
     ) -> None:
-        """Build ``context`` as ``ref``, streaming its log lines to ``on_line``."""
+        """Build ``context`` as ``ref`` (up to stage ``target``; ``no_cache`` reruns every step), streaming its log."""
 
         def build() -> None:
             stream = self._api().build(
@@ -248,6 +250,8 @@ class DockerBackend:
                 rm=True,
                 forcerm=True,
                 decode=True,
+                target=target or None,
+                nocache=no_cache,
             )
             for item in stream:
                 if "error" in item:
@@ -259,6 +263,53 @@ class DockerBackend:
                         on_line(line.rstrip())
 
         await self._call(build)
+
+    async def remove_image(self, ref: str) -> None:
+        """Untag ``ref`` (its layers stay as build cache); nothing happens if it is not there."""
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.ImageNotFound):
+            await self._call(self._api().remove_image, ref, noprune=True)
+
+    async def architecture(self) -> str:
+        """The engine's CPU architecture, as it reports it (``x86_64``, ``aarch64``)."""
+        info = await self._call(self._api().info, idempotent=True)
+        return str(info.get("Architecture", ""))
+
+    async def fill_volume(self, name: str, *, image: str, path: str, labels: Mapping[str, str]) -> None:
+        """Make volume ``name`` hold what ``image`` has at ``path`` (the agent binary), once.
+
+        Docker copies an image's content into an empty named volume mounted over it; a
+        volume that holds something already is left as it is. The copy is made by a
+        container of ``image`` that runs ``PATH/sandboxd-agent version`` and is removed.
+
+        Raises:
+            BackendError: the image does not run there.
+        """
+        api = self._api()
+        try:
+            await self._call(api.inspect_volume, name, idempotent=True)
+        except docker.errors.NotFound:
+            await self._call(
+                api.create_volume, name=name, labels={**labels, LABEL_MANAGED: "true", "sandboxd.volume.kind": "agent"}
+            )
+        holder = await self._call(
+            api.create_container,
+            image,
+            command=[f"{path}/sandboxd-agent", "version"],
+            labels={LABEL_MANAGED: "true", "sandboxd.volume.kind": "agent-filler"},
+            host_config=api.create_host_config(
+                mounts=[Mount(target=path, source=name, type="volume")], network_mode="none"
+            ),
+        )
+        try:
+            await self._call(api.start, holder["Id"])
+            result = await self._call(api.wait, holder["Id"], timeout=60)
+            if result.get("StatusCode") != 0:
+                logs = await self._call(api.logs, holder["Id"], tail=5)
+                msg = f"the agent in {image} does not run: {logs.decode('utf-8', 'replace').strip()}"
+                raise BackendError(msg)
+        finally:
+            with contextlib.suppress(SandboxdError):
+                await self._call(api.remove_container, holder["Id"], force=True)
 
     # -- containers ---------------------------------------------------------------------
     async def create_container(self, spec: ContainerSpec) -> ContainerInfo:

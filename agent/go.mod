@@ -1,0 +1,3 @@
+module sandboxd/agent
+
+go 1.19

@@ -1,0 +1,451 @@
+//go:build linux
+
+// Package agent is the in-container agent: it holds the workspace's sessions and
+// serves one daemon connection at a time over the frame protocol (PROTOCOL.md).
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"sandboxd/agent/internal/proto"
+	"sandboxd/agent/internal/session"
+)
+
+// Version is the agent's release, reported in Welcome.
+var Version = "dev"
+
+// SocketDir holds the agent's socket: a root-only tmpfs the daemon mounts.
+const SocketDir = "/run/sandboxd"
+
+// SocketPath is where the agent listens.
+const SocketPath = SocketDir + "/agent.sock"
+
+// maxQueuedBytes bounds frames waiting for a slow daemon; past it the connection is dropped
+// (output is kept by the sessions and sent again on the next connection).
+const maxQueuedBytes = 64 << 20
+
+// Agent holds the sessions and the current connection.
+type Agent struct {
+	self string
+	logf func(string, ...any)
+
+	mu       sync.Mutex
+	sessions map[uint32]*session.Session
+	files    map[uint32]*fileOp
+	conn     *conn
+	changed  chan struct{} // closed when the connection changes
+
+	reapMu   sync.Mutex
+	expected map[int]chan syscall.WaitStatus
+	unowned  map[int]reaped // statuses of children nobody expected yet (a race with Expect)
+}
+
+type reaped struct {
+	status syscall.WaitStatus
+	at     time.Time
+}
+
+// New returns an agent that starts helpers from the binary at self.
+func New(self string) *Agent {
+	return &Agent{
+		self:     self,
+		logf:     log.New(os.Stderr, "sandboxd-agent: ", 0).Printf,
+		sessions: map[uint32]*session.Session{},
+		files:    map[uint32]*fileOp{},
+		changed:  make(chan struct{}),
+		expected: map[int]chan syscall.WaitStatus{},
+		unowned:  map[int]reaped{},
+	}
+}
+
+// Self is the agent's own binary.
+func (a *Agent) Self() string { return a.self }
+
+// Connected returns a channel closed at the next change of connection.
+func (a *Agent) Connected() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.changed
+}
+
+// Send queues a frame on the current connection; false without one.
+func (a *Agent) Send(kind byte, channel uint32, payload []byte) bool {
+	a.mu.Lock()
+	c := a.conn
+	a.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	return c.enqueue(proto.Encode(kind, channel, payload))
+}
+
+// Expect registers a child; its wait status is delivered on the returned channel.
+func (a *Agent) Expect(pid int) <-chan syscall.WaitStatus {
+	ch := make(chan syscall.WaitStatus, 1)
+	a.reapMu.Lock()
+	defer a.reapMu.Unlock()
+	if r, ok := a.unowned[pid]; ok {
+		delete(a.unowned, pid)
+		ch <- r.status
+		return ch
+	}
+	a.expected[pid] = ch
+	return ch
+}
+
+// reap collects every exited child (the agent is the subreaper of all commands) and hands
+// each status to whoever expects it.
+func (a *Agent) reap(signals <-chan os.Signal) {
+	for range signals {
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+			a.reapMu.Lock()
+			if ch, ok := a.expected[pid]; ok {
+				delete(a.expected, pid)
+				ch <- ws
+			} else {
+				a.unowned[pid] = reaped{status: ws, at: time.Now()}
+				for other, r := range a.unowned {
+					if time.Since(r.at) > time.Minute { // an orphan's: nobody will ask
+						delete(a.unowned, other)
+					}
+				}
+			}
+			a.reapMu.Unlock()
+		}
+	}
+}
+
+// Serve listens on SocketPath and serves connections until the listener fails.
+func (a *Agent) Serve() error {
+	if err := setSubreaper(); err != nil {
+		a.logf("cannot become the subreaper of commands: %v", err)
+	}
+	children := make(chan os.Signal, 1)
+	signal.Notify(children, syscall.SIGCHLD)
+	go a.reap(children)
+	children <- syscall.SIGCHLD // children that ended before the handler was in place
+	signal.Ignore(syscall.SIGPIPE)
+	if err := os.MkdirAll(SocketDir, 0o700); err != nil {
+		return fmt.Errorf("socket directory: %w", err)
+	}
+	if err := os.Chmod(SocketDir, 0o700); err != nil {
+		return fmt.Errorf("socket directory: %w", err)
+	}
+	_ = os.Remove(SocketPath)
+	listener, err := net.ListenUnix("unix", &net.UnixAddr{Name: SocketPath, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", SocketPath, err)
+	}
+	if err := os.Chmod(SocketPath, 0o600); err != nil {
+		return fmt.Errorf("socket mode: %w", err)
+	}
+	for {
+		raw, err := listener.AcceptUnix()
+		if err != nil {
+			return fmt.Errorf("accept: %w", err)
+		}
+		if uid, err := peerUID(raw); err != nil || uid != 0 {
+			raw.Close() // only root (the daemon's exec) may speak for the daemon
+			continue
+		}
+		a.adopt(newConn(raw, a))
+	}
+}
+
+// adopt makes c the connection, closing the one before.
+func (a *Agent) adopt(c *conn) {
+	a.mu.Lock()
+	old := a.conn
+	a.conn = c
+	close(a.changed)
+	a.changed = make(chan struct{})
+	sessions := make([]*session.Session, 0, len(a.sessions))
+	for _, s := range a.sessions {
+		sessions = append(sessions, s)
+	}
+	a.mu.Unlock()
+	if old != nil {
+		old.close()
+	}
+	a.abandonFiles()
+	for _, s := range sessions {
+		s.Reconnected()
+	}
+	go c.writeLoop()
+	go a.readLoop(c)
+}
+
+func (a *Agent) drop(c *conn) {
+	a.mu.Lock()
+	if a.conn == c {
+		a.conn = nil
+		close(a.changed)
+		a.changed = make(chan struct{})
+	}
+	a.mu.Unlock()
+	c.close()
+}
+
+func (a *Agent) readLoop(c *conn) {
+	defer a.drop(c)
+	reader := proto.NewReader(c.raw)
+	for {
+		frame, err := reader.Read()
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !c.isClosed() {
+				a.logf("connection: %v", err)
+			}
+			return
+		}
+		a.dispatch(c, frame)
+	}
+}
+
+func (a *Agent) protocolError(c *conn, channel uint32, format string, args ...any) {
+	body, _ := json.Marshal(proto.ErrorReply{Code: "protocol", Message: fmt.Sprintf(format, args...)})
+	c.enqueue(proto.Encode(proto.ErrorMsg, channel, body))
+}
+
+func decode(payload []byte, v any) error {
+	if err := json.Unmarshal(payload, v); err != nil {
+		return fmt.Errorf("payload is not the expected JSON: %w", err)
+	}
+	return nil
+}
+
+func (a *Agent) dispatch(c *conn, f proto.Frame) {
+	if f.Kind == proto.Hello {
+		var hello proto.HelloMsg
+		if err := decode(f.Payload, &hello); err != nil || hello.Protocol != proto.Version {
+			a.protocolError(c, 0, "this agent speaks protocol %d", proto.Version)
+			return
+		}
+		c.enqueue(proto.Encode(proto.Welcome, 0, a.welcome()))
+		return
+	}
+	if f.Channel == 0 {
+		a.protocolError(c, 0, "frame %q on channel 0", f.Kind)
+		return
+	}
+	switch f.Kind {
+	case proto.Start:
+		var msg proto.StartMsg
+		if err := decode(f.Payload, &msg); err != nil {
+			a.protocolError(c, f.Channel, "start: %v", err)
+			return
+		}
+		a.mu.Lock()
+		_, taken := a.sessions[f.Channel]
+		_, fileTaken := a.files[f.Channel]
+		var s *session.Session
+		if !taken && !fileTaken {
+			s = session.New(a, f.Channel, msg)
+			a.sessions[f.Channel] = s
+		}
+		a.mu.Unlock()
+		if s == nil {
+			a.protocolError(c, f.Channel, "channel %d is in use", f.Channel)
+			return
+		}
+		go s.Run()
+		return
+	case proto.FileOp, proto.FileData, proto.FileEnd, proto.FileAck:
+		a.dispatchFile(c, f)
+		return
+	}
+	a.mu.Lock()
+	s := a.sessions[f.Channel]
+	a.mu.Unlock()
+	if s == nil {
+		a.protocolError(c, f.Channel, "no session on channel %d", f.Channel)
+		return
+	}
+	var err error
+	switch f.Kind {
+	case proto.Input:
+		s.Input(f.Payload)
+	case proto.CloseInput:
+		s.CloseInput()
+	case proto.Signal:
+		var msg proto.SignalMsg
+		if err = decode(f.Payload, &msg); err == nil {
+			s.Signal(msg)
+		}
+	case proto.Kill:
+		var msg proto.KillMsg
+		if err = decode(f.Payload, &msg); err == nil {
+			go s.Kill(msg)
+		}
+	case proto.Window:
+		var msg proto.WindowMsg
+		if err = decode(f.Payload, &msg); err == nil {
+			s.Resize(msg)
+		}
+	case proto.Pull:
+		var msg proto.PullMsg
+		if err = decode(f.Payload, &msg); err == nil {
+			s.Pull(msg)
+		}
+	case proto.Discard:
+		a.mu.Lock()
+		delete(a.sessions, f.Channel)
+		a.mu.Unlock()
+		go s.Discard()
+	default:
+		err = fmt.Errorf("unknown frame kind %q", f.Kind)
+	}
+	if err != nil {
+		a.protocolError(c, f.Channel, "%v", err)
+	}
+}
+
+func (a *Agent) welcome() []byte {
+	a.mu.Lock()
+	states := make([]proto.SessionState, 0, len(a.sessions))
+	for _, s := range a.sessions {
+		states = append(states, s.State())
+	}
+	a.mu.Unlock()
+	body, _ := json.Marshal(proto.WelcomeMsg{Protocol: proto.Version, Agent: Version, PID: os.Getpid(), Sessions: states})
+	return body
+}
+
+// conn is one daemon connection: frames in, a bounded queue of frames out.
+type conn struct {
+	raw    *net.UnixConn
+	agent  *Agent
+	mu     sync.Mutex
+	queue  [][]byte
+	queued int
+	ready  *sync.Cond
+	closed bool
+}
+
+func newConn(raw *net.UnixConn, a *Agent) *conn {
+	c := &conn{raw: raw, agent: a}
+	c.ready = sync.NewCond(&c.mu)
+	return c
+}
+
+func (c *conn) enqueue(frame []byte) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	if c.queued+len(frame) > maxQueuedBytes {
+		// The daemon does not read: drop it; nothing is lost that a new one cannot pull again.
+		c.closed = true
+		c.ready.Broadcast()
+		go c.raw.Close()
+		return false
+	}
+	c.queue = append(c.queue, frame)
+	c.queued += len(frame)
+	c.ready.Signal()
+	return true
+}
+
+func (c *conn) writeLoop() {
+	for {
+		c.mu.Lock()
+		for len(c.queue) == 0 && !c.closed {
+			c.ready.Wait()
+		}
+		if c.closed {
+			c.mu.Unlock()
+			return
+		}
+		batch := c.queue
+		c.queue, c.queued = nil, 0
+		c.mu.Unlock()
+		buffers := net.Buffers(batch)
+		if _, err := buffers.WriteTo(c.raw); err != nil {
+			c.agent.drop(c)
+			return
+		}
+	}
+}
+
+func (c *conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+func (c *conn) close() {
+	c.mu.Lock()
+	already := c.closed
+	c.closed = true
+	c.ready.Broadcast()
+	c.mu.Unlock()
+	if !already {
+		c.raw.Close()
+	}
+}
+
+func setSubreaper() error {
+	if _, _, errno := syscall.RawSyscall6(syscall.SYS_PRCTL, 36 /* PR_SET_CHILD_SUBREAPER */, 1, 0, 0, 0, 0); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// peerUID is the uid of the process at the other end of a Unix socket.
+func peerUID(c *net.UnixConn) (uint32, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *syscall.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if credErr != nil {
+		return 0, credErr
+	}
+	return cred.Uid, nil
+}
+
+// Bridge connects stdin and stdout to the agent's socket (the daemon's docker exec runs
+// this), and returns when either side ends.
+func Bridge() error {
+	raw, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: SocketPath, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("the agent does not answer on %s: %w", SocketPath, err)
+	}
+	defer raw.Close()
+	if uid, err := peerUID(raw); err != nil || uid != 0 {
+		return fmt.Errorf("the process on %s is not the agent (uid %d)", SocketPath, uid)
+	}
+	done := make(chan struct{}, 2)
+	go func() {
+		_, _ = io.Copy(raw, os.Stdin)
+		_ = raw.CloseWrite()
+		done <- struct{}{}
+	}()
+	go func() {
+		_, _ = io.Copy(os.Stdout, raw)
+		done <- struct{}{}
+	}()
+	<-done
+	return nil
+}

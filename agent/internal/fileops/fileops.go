@@ -1,0 +1,229 @@
+// Package fileops is the file-operation helper. The agent starts it as the workspace
+// user for one operation, so paths (symlinks included) resolve inside the container and
+// permissions are the user's shell's. It does only primitive operations; the file
+// semantics (cat -n pages, exact replacement, diffs) live in the daemon.
+//
+// The operation (JSON) comes on fd 3. Frames (one kind byte, a 4-byte big-endian length,
+// the payload), as sandboxd's file operations have always spoken:
+//
+//	stdout: 'D' data bytes; 'L' one selected line (an 8-byte big-endian character count
+//	        of the whole line, then its first bytes); 'R' the result as JSON, or 'E' an
+//	        error as JSON {"code", "errno", "message"}: exactly one of the two, always last.
+//	stdin (write, upload): 'I' bytes, 'C' end of data.
+package fileops
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+)
+
+// chunk is the size of a data frame.
+const chunk = 64 << 10
+
+// procFileCap is the most read from a file that reports size 0 (/proc, /sys).
+const procFileCap = 64 << 20
+
+// OpError is a failure the daemon maps to a status: code is one of not_found,
+// not_directory, is_directory, permission, exists, not_empty, no_space, invalid, io,
+// too_large, binary, conflict, aborted, network.
+type OpError struct {
+	Code    string `json:"code"`
+	Errno   int    `json:"errno"`
+	Message string `json:"message"`
+}
+
+func (e *OpError) Error() string { return e.Message }
+
+func opErr(code, format string, args ...any) *OpError {
+	return &OpError{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+var codes = map[syscall.Errno]string{
+	syscall.ENOENT:       "not_found",
+	syscall.ENOTDIR:      "not_directory",
+	syscall.EISDIR:       "is_directory",
+	syscall.EACCES:       "permission",
+	syscall.EPERM:        "permission",
+	syscall.EROFS:        "permission",
+	syscall.EEXIST:       "exists",
+	syscall.ENOTEMPTY:    "not_empty",
+	syscall.ENOSPC:       "no_space",
+	syscall.EDQUOT:       "no_space",
+	syscall.ELOOP:        "invalid",
+	syscall.ENAMETOOLONG: "invalid",
+	syscall.EXDEV:        "invalid",
+	syscall.EINVAL:       "invalid",
+}
+
+// strerror is the C library's wording, as the shell prints it.
+func strerror(errno syscall.Errno) string {
+	text := errno.Error()
+	if text == "" {
+		return "error"
+	}
+	return string(text[0]-32) + text[1:]
+}
+
+// fromOS turns a system error about path into an OpError ("PATH: No such file or directory").
+func fromOS(err error, path string) *OpError {
+	var op *OpError
+	if errors.As(err, &op) {
+		return op
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		code, ok := codes[errno]
+		if !ok {
+			code = "io"
+		}
+		return &OpError{Code: code, Errno: int(errno), Message: fmt.Sprintf("%s: %s", path, strerror(errno))}
+	}
+	return &OpError{Code: "io", Message: fmt.Sprintf("%s: %v", path, err)}
+}
+
+// out writes frames to stdout, buffered.
+type out struct {
+	w *bufio.Writer
+}
+
+func (o *out) send(kind byte, payload []byte) {
+	var hdr [5]byte
+	hdr[0] = kind
+	binary.BigEndian.PutUint32(hdr[1:], uint32(len(payload)))
+	_, _ = o.w.Write(hdr[:])
+	_, _ = o.w.Write(payload)
+}
+
+func (o *out) sendJSON(kind byte, v any) {
+	body, _ := json.Marshal(v)
+	o.send(kind, body)
+}
+
+// dataWriter turns writes into 'D' frames of at most chunk bytes.
+type dataWriter struct {
+	o       *out
+	pending []byte
+}
+
+func (d *dataWriter) Write(p []byte) (int, error) {
+	d.pending = append(d.pending, p...)
+	for len(d.pending) >= chunk {
+		d.o.send('D', d.pending[:chunk])
+		d.pending = d.pending[chunk:]
+	}
+	return len(p), nil
+}
+
+func (d *dataWriter) flush() {
+	if len(d.pending) > 0 {
+		d.o.send('D', d.pending)
+		d.pending = nil
+	}
+}
+
+// in reads the 'I' frames of stdin until 'C'.
+type in struct {
+	r    *bufio.Reader
+	data []byte
+	done bool
+}
+
+var errCutOff = &OpError{Code: "aborted", Message: "the data stream was cut off before its end; nothing was written"}
+
+func (i *in) Read(p []byte) (int, error) {
+	for len(i.data) == 0 {
+		if i.done {
+			return 0, io.EOF
+		}
+		var hdr [5]byte
+		if _, err := io.ReadFull(i.r, hdr[:]); err != nil {
+			// The daemon hung up before its end-of-data frame: the call was cancelled.
+			// Committing what arrived would leave a truncated file.
+			return 0, errCutOff
+		}
+		n := binary.BigEndian.Uint32(hdr[1:])
+		if n > 4<<20 {
+			return 0, opErr("invalid", "a data frame of %d bytes is too large", n)
+		}
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(i.r, payload); err != nil {
+			return 0, errCutOff
+		}
+		if hdr[0] == 'C' {
+			i.done = true
+			continue
+		}
+		i.data = payload
+	}
+	n := copy(p, i.data)
+	i.data = i.data[n:]
+	return n, nil
+}
+
+// Main runs one operation; its exit status is the process's.
+func Main() int {
+	request, err := io.ReadAll(io.LimitReader(os.NewFile(3, "request"), 1<<20))
+	if err != nil {
+		return 127
+	}
+	o := &out{w: bufio.NewWriterSize(os.Stdout, 256<<10)}
+	defer o.w.Flush()
+	var req map[string]any
+	if err := json.Unmarshal(request, &req); err != nil {
+		o.sendJSON('E', opErr("invalid", "the file operation is not JSON"))
+		return 0
+	}
+	ops := map[string]func(map[string]any, *out) (any, error){
+		"read":      opRead,
+		"read_text": opReadText,
+		"write":     opWrite,
+		"stat":      opStat,
+		"list":      opList,
+		"remove":    opRemove,
+		"move":      opMove,
+		"download":  opDownload,
+		"upload":    opUpload,
+		"fetch":     opFetch,
+	}
+	name, _ := req["op"].(string)
+	op, ok := ops[name]
+	if !ok {
+		o.sendJSON('E', opErr("invalid", "unknown file operation %q", name))
+		return 0
+	}
+	result, err := op(req, o)
+	if err != nil {
+		o.sendJSON('E', fromOS(err, str(req, "path")))
+		return 0
+	}
+	o.sendJSON('R', result)
+	return 0
+}
+
+func str(req map[string]any, key string) string {
+	v, _ := req[key].(string)
+	return v
+}
+
+func num(req map[string]any, key string) int64 {
+	switch v := req[key].(type) {
+	case float64:
+		return int64(v)
+	case string:
+		var n int64
+		_, _ = fmt.Sscan(v, &n)
+		return n
+	}
+	return 0
+}
+
+func flag(req map[string]any, key string) bool {
+	v, _ := req[key].(bool)
+	return v
+}

@@ -1,0 +1,110 @@
+package proto
+
+// HelloMsg opens a connection (daemon -> agent).
+type HelloMsg struct {
+	Protocol int `json:"protocol"`
+}
+
+// WelcomeMsg answers Hello (agent -> daemon).
+type WelcomeMsg struct {
+	Protocol int            `json:"protocol"`
+	Agent    string         `json:"agent"`
+	PID      int            `json:"pid"`
+	Sessions []SessionState `json:"sessions"`
+}
+
+// SessionState describes a session the agent holds, for a daemon that (re)connects.
+type SessionState struct {
+	Channel   uint32     `json:"channel"`
+	ProcessID string     `json:"process_id"`
+	PID       int        `json:"pid"`
+	Running   bool       `json:"running"`
+	Ack       uint64     `json:"ack"`
+	AckGap    uint64     `json:"ack_gap"`
+	End       uint64     `json:"end"`
+	Exit      *ExitedMsg `json:"exit,omitempty"`
+	Failed    *FailedMsg `json:"failed,omitempty"`
+}
+
+// StartMsg starts a command (daemon -> agent).
+type StartMsg struct {
+	ProcessID       string      `json:"process_id"`
+	Command         string      `json:"command"`
+	Cwd             string      `json:"cwd"`
+	Env             [][2]string `json:"env"`
+	User            string      `json:"user"` // "name", "uid", "name:group" or "uid:gid"
+	TTY             bool        `json:"tty"`
+	Columns         int         `json:"columns"`
+	Rows            int         `json:"rows"`
+	TimeoutS        float64     `json:"timeout_s"`
+	GraceS          float64     `json:"grace_s"`
+	BufferBytes     int         `json:"buffer_bytes"`
+	SpillPath       string      `json:"spill_path"`
+	SpillAfterBytes int64       `json:"spill_after_bytes"`
+	MergeStderr     bool        `json:"merge_stderr"`
+	Capabilities    []string    `json:"capabilities"`
+}
+
+// StartedMsg says a command runs (agent -> daemon), sent before it can run a single instruction.
+type StartedMsg struct {
+	PID int `json:"pid"`
+}
+
+// FailedMsg says a command could not be started.
+type FailedMsg struct {
+	Stage   string `json:"stage"`
+	Message string `json:"message"`
+}
+
+// SignalMsg sends a signal to a command's process group.
+type SignalMsg struct {
+	Signal    int  `json:"signal"`
+	Interrupt bool `json:"interrupt"`
+}
+
+// KillMsg runs the kill ladder over a command's whole tree.
+type KillMsg struct {
+	GraceS float64 `json:"grace_s"`
+}
+
+// WindowMsg sets a terminal's size.
+type WindowMsg struct {
+	Columns int `json:"columns"`
+	Rows    int `json:"rows"`
+}
+
+// PullMsg acknowledges output and allows more of it.
+type PullMsg struct {
+	Ack    uint64 `json:"ack"`
+	AckGap uint64 `json:"ack_gap"` // bytes of a gap at Ack already reported
+	Until  uint64 `json:"until"`
+	Reader bool   `json:"reader"`
+}
+
+// DroppedMsg marks output lost because nobody read it.
+type DroppedMsg struct {
+	Offset uint64 `json:"offset"`
+	Bytes  uint64 `json:"bytes"`
+}
+
+// ExitedMsg is a command's end (agent -> daemon).
+type ExitedMsg struct {
+	ExitCode  int    `json:"exit_code"`
+	Signal    int    `json:"signal"`
+	OOMKills  int    `json:"oom_kills"`
+	TimedOut  bool   `json:"timed_out"`
+	Leftovers int    `json:"leftovers"`
+	SpillPath string `json:"spill_path"`
+	End       uint64 `json:"end"`
+}
+
+// ErrorReply reports a failed operation or a protocol error.
+type ErrorReply struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// FileAckMsg acknowledges a file operation's output.
+type FileAckMsg struct {
+	Ack uint64 `json:"ack"`
+}

@@ -1,0 +1,782 @@
+//go:build linux
+
+// Package session runs one command: its start, its output (kept until the daemon
+// acknowledges it), its input, signals, the kill ladder, its timeout, its exit.
+package session
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"sandboxd/agent/internal/creds"
+	"sandboxd/agent/internal/output"
+	"sandboxd/agent/internal/proctree"
+	"sandboxd/agent/internal/proto"
+	"sandboxd/agent/internal/pty"
+	"sandboxd/agent/internal/spawn"
+	"sandboxd/agent/internal/users"
+)
+
+// MarkerName is the environment entry every process of a command inherits.
+const MarkerName = "SANDBOXD_PROCESS_ID"
+
+// MaxPendingInput bounds input the command has not read yet; more is dropped.
+const MaxPendingInput = 16 << 20
+
+// OOMScoreAdj makes the kernel's OOM killer pick commands before the agent.
+const OOMScoreAdj = 1000
+
+// sendChunk is the most output one frame carries.
+const sendChunk = 256 << 10
+
+// drainWindow is how long output is still collected after the command's exit once its
+// pipes go quiet (a background writer may hold them open for ever).
+const drainWindow = 20 * time.Millisecond
+
+// Host is what a session needs from the agent.
+type Host interface {
+	// Send queues a frame for the daemon; false when no daemon is connected.
+	Send(kind byte, channel uint32, payload []byte) bool
+	// Connected returns a channel closed when the current connection goes (or a new one comes).
+	Connected() <-chan struct{}
+	// Expect registers a child's pid; its wait status arrives on the returned channel.
+	Expect(pid int) <-chan syscall.WaitStatus
+	// Self is the agent binary, for the spawn helper.
+	Self() string
+}
+
+// Session is one command.
+type Session struct {
+	Channel   uint32
+	ProcessID string
+
+	host   Host
+	spec   proto.StartMsg
+	user   users.User
+	cred   creds.User
+	marker []byte
+	buf    *output.Buffer
+
+	mu          sync.Mutex
+	pid         int
+	started     bool
+	startFailed *proto.FailedMsg
+	exit        *proto.ExitedMsg
+	interrupted bool
+	killing     bool
+	killAt      time.Time
+	timedOut    bool
+	discarded   bool
+	pendingSig  []proto.SignalMsg
+	pendingKill *float64
+	until       uint64
+	cursor      uint64
+	cursorGap   uint64
+	wake        chan struct{}
+
+	stdin     *os.File
+	master    *os.File
+	input     []byte
+	inputWake chan struct{}
+	closeIn   bool
+	lastInput byte
+
+	oomBefore int
+	spill     *spill
+	done      chan struct{}
+}
+
+// New makes a session for a Start frame; Run starts its command.
+func New(host Host, channel uint32, msg proto.StartMsg) *Session {
+	return &Session{
+		Channel:   channel,
+		ProcessID: msg.ProcessID,
+		host:      host,
+		spec:      msg,
+		marker:    []byte(MarkerName + "=" + msg.ProcessID),
+		buf:       output.New(msg.BufferBytes),
+		wake:      make(chan struct{}, 1),
+		inputWake: make(chan struct{}, 1),
+		done:      make(chan struct{}),
+	}
+}
+
+func (s *Session) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Session) send(kind byte, v any) {
+	body, _ := json.Marshal(v)
+	s.host.Send(kind, s.Channel, body)
+}
+
+func (s *Session) fail(stage, message string) {
+	f := &proto.FailedMsg{Stage: stage, Message: message}
+	s.mu.Lock()
+	s.startFailed = f
+	s.mu.Unlock()
+	s.send(proto.Failed, f)
+	close(s.done)
+}
+
+// Run starts the command and follows it to its end; it returns when the command has
+// exited and its exit has been reported (its leftovers are still watched).
+func (s *Session) Run() {
+	u, err := users.Resolve(s.spec.User, "")
+	if err != nil {
+		s.fail("user", err.Error())
+		return
+	}
+	s.user = u
+	s.cred = creds.User{UID: u.UID, GID: u.GID, Groups: u.Groups}
+	stdio, parentEnds, err := s.openStdio()
+	if err != nil {
+		s.fail("stdio", err.Error())
+		return
+	}
+	s.oomBefore = oomKills()
+	s.spill = newSpill(s.spec.SpillPath, s.spec.SpillAfterBytes, s.cred)
+	proc, failure, err := spawn.Start(s.host.Self(), s.request(), stdio, s.spec.TTY)
+	for _, f := range stdio {
+		if f != nil {
+			f.Close()
+		}
+	}
+	if err == nil && failure != nil && failure.Stage == "fork" && strings.Contains(failure.Message, "resource temporarily unavailable") {
+		failure.Message += " (the workspace's process limit is reached)"
+	}
+	if err != nil || failure != nil {
+		for _, f := range parentEnds {
+			f.Close()
+		}
+		if err != nil {
+			s.fail("spawn", err.Error())
+		} else {
+			s.fail(failure.Stage, failure.Message)
+		}
+		return
+	}
+	status := s.host.Expect(proc.PID)
+	s.mu.Lock()
+	s.pid = proc.PID
+	s.started = true
+	s.mu.Unlock()
+	// Reported before the command can run: a command that kills everything at once
+	// still is a command that started.
+	s.send(proto.Started, proto.StartedMsg{PID: proc.PID})
+	if failure := proc.Go(); failure != nil {
+		for _, f := range parentEnds {
+			f.Close()
+		}
+		s.fail(failure.Stage, failure.Message)
+		return
+	}
+	s.applyPending()
+	go s.writeInput()
+	if s.spec.TimeoutS > 0 {
+		time.AfterFunc(time.Duration(s.spec.TimeoutS*float64(time.Second)), s.onTimeout)
+	}
+	readers := s.startReaders(parentEnds)
+	go s.pump()
+	ws := <-status
+	s.finish(ws, readers)
+}
+
+func (s *Session) request() spawn.Request {
+	env := commandEnv(s.spec.Env, s.user, s.marker)
+	command := s.spec.Command
+	return spawn.Request{
+		Shell:        "bash",
+		Args:         []string{"-lc", "--", command},
+		Fallback:     "/bin/sh",
+		FallbackArgs: []string{"-c", "--", command},
+		Env:          env,
+		Dir:          s.spec.Cwd,
+		UID:          s.user.UID,
+		GID:          s.user.GID,
+		Groups:       s.user.Groups,
+		Capabilities: capabilityNumbers(s.spec.Capabilities),
+		OOMScoreAdj:  OOMScoreAdj,
+	}
+}
+
+// commandEnv is the image's environment (the agent's own, less what is the agent's),
+// HOME of the user, then the daemon's list (defaults, workspace, call), then the marker.
+func commandEnv(daemonEnv [][2]string, u users.User, marker []byte) []string {
+	values := map[string]string{}
+	var order []string
+	set := func(name, value string) {
+		if _, seen := values[name]; !seen {
+			order = append(order, name)
+		}
+		values[name] = value
+	}
+	for _, entry := range os.Environ() {
+		name, value, ok := strings.Cut(entry, "=")
+		if !ok || strings.HasPrefix(name, "SANDBOXD_") {
+			continue
+		}
+		set(name, value)
+	}
+	if _, ok := values["PATH"]; !ok {
+		set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	}
+	set("HOME", u.Home)
+	for _, pair := range daemonEnv {
+		set(pair[0], pair[1])
+	}
+	name, value, _ := strings.Cut(string(marker), "=")
+	set(name, value)
+	env := make([]string, 0, len(order))
+	for _, name := range order {
+		env = append(env, name+"="+values[name])
+	}
+	return env
+}
+
+func capabilityNumbers(names []string) []int {
+	var out []int
+	for _, name := range names {
+		if n, ok := capabilityByName[strings.TrimPrefix(strings.ToUpper(name), "CAP_")]; ok {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// openStdio returns the child's stdin, stdout, stderr and the agent's ends: the pipes'
+// other ends, or the terminal's master (once, it is both).
+func (s *Session) openStdio() ([3]*os.File, []*os.File, error) {
+	if s.spec.TTY {
+		master, slave, err := pty.Open(s.spec.Columns, s.spec.Rows, s.user.UID, s.user.GID)
+		if err != nil {
+			return [3]*os.File{}, nil, err
+		}
+		s.master, s.stdin = master, master
+		return [3]*os.File{slave, slave, nil}, []*os.File{master}, nil
+	}
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return [3]*os.File{}, nil, err
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		return [3]*os.File{}, nil, err
+	}
+	s.stdin = inW
+	if s.spec.MergeStderr {
+		return [3]*os.File{inR, outW, outW}, []*os.File{outR}, nil
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		outR.Close()
+		outW.Close()
+		return [3]*os.File{}, nil, err
+	}
+	return [3]*os.File{inR, outW, errW}, []*os.File{outR, errR}, nil
+}
+
+type reader struct {
+	file    *os.File
+	stream  byte
+	drained chan struct{}
+}
+
+// startReaders reads every output pipe into the buffer (and the spill file).
+func (s *Session) startReaders(files []*os.File) []*reader {
+	var out []*reader
+	for i, f := range files {
+		stream := byte('1')
+		if i == 1 {
+			stream = '2'
+		}
+		r := &reader{file: f, stream: stream, drained: make(chan struct{})}
+		out = append(out, r)
+		go s.read(r)
+	}
+	return out
+}
+
+func (s *Session) read(r *reader) {
+	defer r.file.Close()
+	chunk := make([]byte, 64<<10)
+	forward := true
+	drained := false
+	markDrained := func() {
+		if !drained {
+			drained = true
+			close(r.drained)
+		}
+	}
+	defer markDrained()
+	for {
+		n, err := r.file.Read(chunk)
+		if n > 0 && forward {
+			s.spill.feed(chunk[:n])
+			if !s.buf.Append(r.stream, chunk[:n]) {
+				forward = false
+			}
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The command exited and this pipe went quiet: what follows is no longer its
+			// output (a background writer's), drained so that it never blocks, not kept.
+			forward = false
+			markDrained()
+			_ = r.file.SetReadDeadline(time.Time{})
+			continue
+		}
+		return // EOF, or EIO from a terminal whose last holder closed it
+	}
+}
+
+// finish waits for the output the command wrote before it exited, ends what an
+// interrupted or killed command left, and reports the exit.
+func (s *Session) finish(ws syscall.WaitStatus, readers []*reader) {
+	deadline := time.Now().Add(drainWindow)
+	for _, r := range readers {
+		_ = r.file.SetReadDeadline(deadline)
+	}
+	limit := time.After(500 * time.Millisecond) // a writer that never goes quiet
+	for _, r := range readers {
+		select {
+		case <-r.drained:
+		case <-limit:
+		}
+	}
+	s.mu.Lock()
+	killing, interrupted := s.killing, s.interrupted
+	s.mu.Unlock()
+	if killing {
+		// The rest of the tree gets what is left of its grace to go on SIGTERM.
+		for time.Now().Before(s.killDeadline()) && len(proctree.Tree(s.pid, s.marker, s.cred)) > 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if interrupted || killing {
+		// The command as a whole was stopped: nothing it started may outlive it.
+		proctree.HardKill(s.pid, s.marker, s.cred)
+	}
+	code, sig := 0, 0
+	if ws.Signaled() {
+		sig = int(ws.Signal())
+		code = 128 + sig
+	} else {
+		code = ws.ExitStatus()
+	}
+	s.buf.Close() // later output is a leftover's, not the command's
+	_, _, end, _ := s.buf.State()
+	exit := &proto.ExitedMsg{
+		ExitCode:  code,
+		Signal:    sig,
+		OOMKills:  max(0, oomKills()-s.oomBefore),
+		Leftovers: len(proctree.Tree(s.pid, s.marker, s.cred)),
+		SpillPath: s.spill.close(),
+		End:       end,
+	}
+	s.mu.Lock()
+	exit.TimedOut = s.timedOut
+	s.exit = exit
+	s.mu.Unlock()
+	s.send(proto.Exited, exit)
+	close(s.done)
+	s.poke()
+}
+
+func max(a, b int) int {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+func (s *Session) killDeadline() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.killAt
+}
+
+// startKill is the first rung of the ladder: SIGTERM to the whole tree, SIGKILL after grace.
+func (s *Session) startKill(grace time.Duration) {
+	s.mu.Lock()
+	if s.killing || !s.started {
+		s.mu.Unlock()
+		return
+	}
+	s.killing = true
+	exited := s.exit != nil
+	s.mu.Unlock()
+	if exited {
+		proctree.HardKill(s.pid, s.marker, s.cred) // only leftovers remain: no grace for them
+		return
+	}
+	s.mu.Lock()
+	s.killAt = time.Now().Add(grace)
+	s.mu.Unlock()
+	proctree.SignalAll(proctree.Tree(s.pid, s.marker, s.cred), syscall.SIGTERM)
+	time.AfterFunc(grace, func() {
+		proctree.HardKill(s.pid, s.marker, s.cred)
+	})
+}
+
+func (s *Session) onTimeout() {
+	s.mu.Lock()
+	if s.exit == nil {
+		s.timedOut = true
+	}
+	s.mu.Unlock()
+	s.startKill(time.Duration(s.spec.GraceS * float64(time.Second)))
+}
+
+// applyPending delivers what arrived while the command was starting.
+func (s *Session) applyPending() {
+	s.mu.Lock()
+	signals, kill := s.pendingSig, s.pendingKill
+	s.pendingSig, s.pendingKill = nil, nil
+	s.mu.Unlock()
+	for _, sig := range signals {
+		s.Signal(sig)
+	}
+	if kill != nil {
+		s.Kill(proto.KillMsg{GraceS: *kill})
+	}
+}
+
+// Signal delivers a signal to the command's process group.
+func (s *Session) Signal(msg proto.SignalMsg) {
+	s.mu.Lock()
+	if !s.started {
+		s.pendingSig = append(s.pendingSig, msg)
+		s.mu.Unlock()
+		return
+	}
+	if msg.Interrupt {
+		s.interrupted = true
+	}
+	pid, exited := s.pid, s.exit != nil
+	s.mu.Unlock()
+	if msg.Signal > 0 && msg.Signal < 65 && !exited {
+		_ = syscall.Kill(-pid, syscall.Signal(msg.Signal))
+	}
+}
+
+// Kill runs the kill ladder over the whole tree.
+func (s *Session) Kill(msg proto.KillMsg) {
+	s.mu.Lock()
+	if !s.started {
+		grace := msg.GraceS
+		s.pendingKill = &grace
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	if msg.GraceS < 0 {
+		msg.GraceS = 0
+	}
+	s.startKill(time.Duration(msg.GraceS * float64(time.Second)))
+}
+
+// Resize sets the terminal's size; the foreground group gets SIGWINCH.
+func (s *Session) Resize(msg proto.WindowMsg) {
+	s.mu.Lock()
+	master, pid := s.master, s.pid
+	s.mu.Unlock()
+	if master != nil && pid > 0 && pty.Resize(master, msg.Columns, msg.Rows) == nil {
+		_ = syscall.Kill(-pid, syscall.SIGWINCH)
+	}
+}
+
+// Input queues bytes for the command's stdin (bounded; more is dropped).
+func (s *Session) Input(data []byte) {
+	s.mu.Lock()
+	room := MaxPendingInput - len(s.input)
+	if room > len(data) {
+		room = len(data)
+	}
+	if room > 0 {
+		s.input = append(s.input, data[:room]...)
+	}
+	if len(data) > 0 {
+		s.lastInput = data[len(data)-1]
+	}
+	s.mu.Unlock()
+	select {
+	case s.inputWake <- struct{}{}:
+	default:
+	}
+}
+
+// CloseInput ends the command's input (in tty mode with EOF characters).
+func (s *Session) CloseInput() {
+	s.mu.Lock()
+	if s.spec.TTY {
+		// ^D ends input only at the start of a line; after a partial line it first
+		// flushes that line, so a second one is needed.
+		if s.lastInput == '\n' || s.lastInput == '\r' {
+			s.input = append(s.input, 4)
+		} else {
+			s.input = append(s.input, 4, 4)
+		}
+	} else {
+		s.closeIn = true
+	}
+	s.mu.Unlock()
+	select {
+	case s.inputWake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Session) writeInput() {
+	for {
+		select {
+		case <-s.inputWake:
+		case <-s.done:
+			if !s.spec.TTY {
+				s.stdin.Close()
+			}
+			return
+		}
+		for {
+			s.mu.Lock()
+			pending, closing := s.input, s.closeIn
+			s.input = nil
+			s.mu.Unlock()
+			if len(pending) > 0 {
+				if _, err := s.stdin.Write(pending); err != nil {
+					// The command closed its stdin: what it did not read is gone.
+					s.mu.Lock()
+					s.input = nil
+					s.mu.Unlock()
+				}
+				continue
+			}
+			if closing && !s.spec.TTY {
+				s.stdin.Close()
+				return
+			}
+			break
+		}
+	}
+}
+
+// Pull acknowledges output and allows more to be sent.
+func (s *Session) Pull(msg proto.PullMsg) {
+	s.buf.Ack(msg.Ack, msg.AckGap)
+	s.buf.SetReader(msg.Reader)
+	s.mu.Lock()
+	if msg.Until > s.until {
+		s.until = msg.Until
+	}
+	if msg.Ack > s.cursor || (msg.Ack == s.cursor && msg.AckGap > s.cursorGap) {
+		s.cursor, s.cursorGap = msg.Ack, msg.AckGap
+	}
+	s.mu.Unlock()
+	s.poke()
+}
+
+// Reconnected restarts sending from what the daemon acknowledged (it lost the rest).
+func (s *Session) Reconnected() {
+	ack, ackGap, _, _ := s.buf.State()
+	s.mu.Lock()
+	s.cursor, s.cursorGap, s.until = ack, ackGap, ack
+	s.mu.Unlock()
+	s.poke()
+}
+
+// pump sends output between the cursor and the daemon's limit.
+func (s *Session) pump() {
+	for {
+		changed := s.buf.Changed()
+		connection := s.host.Connected()
+		s.mu.Lock()
+		cursor, cursorGap, until, discarded := s.cursor, s.cursorGap, s.until, s.discarded
+		s.mu.Unlock()
+		if discarded {
+			return
+		}
+		pieces := s.buf.Since(cursor, cursorGap, until, sendChunk)
+		sent := false
+		for _, p := range pieces {
+			var ok bool
+			if p.Gap > 0 {
+				body, _ := json.Marshal(proto.DroppedMsg{Offset: p.Offset, Bytes: p.Gap})
+				ok = s.host.Send(proto.Dropped, s.Channel, body)
+				cursor, cursorGap = p.Offset, p.Gap
+			} else {
+				frame := make([]byte, 9+len(p.Data))
+				frame[0] = p.Stream
+				putUint64(frame[1:9], p.Offset)
+				copy(frame[9:], p.Data)
+				ok = s.host.Send(proto.Output, s.Channel, frame)
+				cursor, cursorGap = p.Offset+uint64(len(p.Data)), 0
+			}
+			if !ok {
+				break
+			}
+			sent = true
+		}
+		s.mu.Lock()
+		if sent && (cursor > s.cursor || (cursor == s.cursor && cursorGap > s.cursorGap)) {
+			s.cursor, s.cursorGap = cursor, cursorGap
+		}
+		s.mu.Unlock()
+		if sent {
+			continue
+		}
+		select {
+		case <-changed:
+		case <-s.wake:
+		case <-connection:
+		}
+	}
+}
+
+func putUint64(b []byte, v uint64) {
+	for i := 7; i >= 0; i-- {
+		b[i] = byte(v)
+		v >>= 8
+	}
+}
+
+// Discard kills what is left of the command and lets the session go.
+func (s *Session) Discard() {
+	s.mu.Lock()
+	s.discarded = true
+	started := s.started
+	s.mu.Unlock()
+	if started {
+		proctree.HardKill(s.pid, s.marker, s.cred)
+	}
+	s.buf.Close()
+	s.poke()
+}
+
+// State is the session as a (re)connecting daemon is told it.
+func (s *Session) State() proto.SessionState {
+	ack, ackGap, end, _ := s.buf.State()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return proto.SessionState{
+		Channel:   s.Channel,
+		ProcessID: s.ProcessID,
+		PID:       s.pid,
+		Running:   s.started && s.exit == nil,
+		Ack:       ack,
+		AckGap:    ackGap,
+		End:       end,
+		Exit:      s.exit,
+		Failed:    s.startFailed,
+	}
+}
+
+// Done is closed once the command's end (or its failure to start) is reported.
+func (s *Session) Done() <-chan struct{} { return s.done }
+
+// oomKills is the container's cgroup OOM-kill counter (v1 or v2), or 0.
+func oomKills() int {
+	for _, path := range []string{"/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if name, value, ok := strings.Cut(line, " "); ok && name == "oom_kill" {
+				var n int
+				for _, c := range value {
+					if c < '0' || c > '9' {
+						break
+					}
+					n = n*10 + int(c-'0')
+				}
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// spill is a copy of the output in a file of the user's, started once it passes after bytes.
+type spill struct {
+	mu     sync.Mutex
+	path   string
+	after  int64
+	size   int64
+	head   [][]byte
+	file   *os.File
+	broken bool
+	user   creds.User
+}
+
+func newSpill(path string, after int64, u creds.User) *spill {
+	return &spill{path: path, after: after, broken: path == "" || after <= 0, user: u}
+}
+
+func (sp *spill) feed(data []byte) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.broken {
+		return
+	}
+	sp.size += int64(len(data))
+	if sp.file == nil {
+		sp.head = append(sp.head, append([]byte(nil), data...))
+		if sp.size <= sp.after {
+			return
+		}
+		// Created with the user's rights, so that it is the user's file in the user's directory.
+		err := creds.As(sp.user, func() error {
+			if err := os.MkdirAll(filepath.Dir(sp.path), 0o755); err != nil {
+				return err
+			}
+			f, err := os.OpenFile(sp.path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o644)
+			sp.file = f
+			return err
+		})
+		if err != nil {
+			sp.broken, sp.head = true, nil
+			return
+		}
+		for _, chunk := range sp.head {
+			if _, err := sp.file.Write(chunk); err != nil {
+				sp.broken = true
+				break
+			}
+		}
+		sp.head = nil
+		return
+	}
+	if _, err := sp.file.Write(data); err != nil {
+		sp.broken = true
+	}
+}
+
+func (sp *spill) close() string {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.file == nil {
+		return ""
+	}
+	if err := sp.file.Close(); err != nil {
+		sp.broken = true
+	}
+	if sp.broken {
+		return ""
+	}
+	return sp.path
+}
