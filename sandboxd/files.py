@@ -3,9 +3,9 @@
 The semantics (SPEC §2.4 and §6, seed 000) are pure functions here:
 :func:`format_page`, :func:`apply_edit`, :func:`unified_diff`,
 :func:`write_summary`, :func:`sniff_image`. :class:`FileManager` runs the
-primitive operations inside the container as the workspace user through
-``fileops.py`` and applies the semantics on top, so symlinks can never resolve
-on the daemon's host.
+primitive operations inside the container as the workspace user through the
+workspace's agent (``agent/internal/fileops``) and applies the semantics on top, so
+symlinks can never resolve on the daemon's host.
 """
 
 from __future__ import annotations
@@ -13,17 +13,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
-import contextlib
 import dataclasses
 import difflib
 import io
-import json
 import posixpath
 import random
-import secrets
-import struct
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from typing import Any
 
 import structlog
@@ -35,8 +31,16 @@ from sandboxd_client.limits import (
     utf8_size,
 )
 
-from . import frames
-from .backend.base import Backend, ExecStream
+from .agent import (
+    MAX_MESSAGE_CHARS,
+    FileData,
+    FileLine,
+    FileOperationRefused,
+    FileReply,
+    FileResult,
+    from_container_json,
+)
+from .backend.base import Backend
 from .errors import (
     ExecTimeoutError,
     FailedPreconditionError,
@@ -47,9 +51,7 @@ from .errors import (
     QuotaExceededError,
     SandboxdError,
 )
-from .incontainer import MAX_CONTAINER_MESSAGE_CHARS, engine_refusal, looks_like_frames, script_argv
 from .logging import cut_text
-from .processes import ExecContext
 from .workspaces import WorkspaceManager
 
 __all__ = [
@@ -94,7 +96,6 @@ IMAGE_MAX_BYTES = 5 * 1024 * 1024
 _IMAGE_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
 _BOM = b"\xef\xbb\xbf"
 _EDIT_ATTEMPTS = 50
-_OP_MARKER = "SANDBOXD_FILE_OP"
 FILE_OP_TIMEOUT_S = 120.0
 MAX_REPLY_BYTES = MAX_EDIT_BYTES + 4 * 1024 * 1024
 """Most the daemon holds of one (non-streaming) file operation's reply: the largest legitimate
@@ -484,28 +485,6 @@ def sniff_image(data: bytes, source: str) -> ImageData:
 # -- running operations in the container ------------------------------------------------------
 
 
-def _from_container(payload: bytes) -> Any:
-    """A JSON reply of the in-container side, every string made valid Unicode.
-
-    File names are bytes: one that is not UTF-8 arrives as lone surrogates, which no
-    gRPC message can carry; they are shown as U+FFFD, as file contents are.
-    """
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, str):
-            try:
-                return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-            except UnicodeEncodeError:
-                return value.encode("utf-8", "replace").decode("utf-8", "replace")
-        if isinstance(value, list):
-            return [clean(item) for item in value]
-        if isinstance(value, dict):
-            return {clean(key): clean(item) for key, item in value.items()}
-        return value
-
-    return clean(json.loads(payload))
-
-
 _ERRORS: dict[str, type[SandboxdError]] = {
     "not_found": PathNotFoundError,
     "permission": PermissionDeniedError,
@@ -546,7 +525,6 @@ class FileManager:
         self.backend = backend
         self.workspaces = workspaces
         self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = weakref.WeakValueDictionary()
-        self._tasks: set[asyncio.Task[None]] = set()
         self._sniffing = asyncio.Semaphore(2)
 
     def _lock(self, workspace_id: str, path: str) -> asyncio.Lock:
@@ -559,133 +537,30 @@ class FileManager:
 
     async def _stream(
         self, workspace_id: str, request: dict[str, Any], stdin: AsyncIterable[bytes] | None = None
-    ) -> AsyncIterator[tuple[bytes, bytes]]:
-        """Run one fileops request; yield its ``D``/``L`` frames, end with ``R`` or raise its error.
+    ) -> AsyncIterator[FileReply]:
+        """Run one file operation through the workspace's agent; yield its replies, a ``FileResult`` last.
 
         The workspace counts as in use until the call ends: a long upload is never idle-reaped.
         Only once the caller is known to own it: another tenant's calls must not keep it alive.
+
+        Raises:
+            SandboxdError: the operation's own failure, mapped to its status (``_ERRORS``).
         """
         context = await self.workspaces.exec_context(workspace_id)
-        op_frames = self._op_frames(context, request, stdin)
+        replies = context.link.file_operation(context.user, request, stdin)
         try:
             async with self.workspaces.in_use(workspace_id):
-                async for item in op_frames:
-                    yield item
+                async for reply in replies:
+                    yield reply
+        except FileOperationRefused as exc:
+            cls = _Conflict if exc.code == "conflict" else _ERRORS.get(exc.code, SandboxdError)
+            # Bounded here, shortened for the caller by the RPC layer (paths may be 4 KiB each).
+            raise cls(cut_text(exc.message, MAX_MESSAGE_CHARS)) from None
         finally:
-            await op_frames.aclose()
-
-    async def _op_frames(
-        self, context: ExecContext, request: dict[str, Any], stdin: AsyncIterable[bytes] | None
-    ) -> AsyncGenerator[tuple[bytes, bytes], None]:
-        """The body of :meth:`_stream`.
-
-        The in-container process carries a marker: if the call ends any other way
-        (cancelled, timed out, the stream broken), it is killed rather than left behind.
-        """
-        workspace_id = context.workspace_id
-        marker = f"{_OP_MARKER}={secrets.token_hex(8)}"
-        opening = asyncio.ensure_future(
-            self.backend.exec_stream(
-                workspace_id,
-                # The marker in argv too: the operation is not dumpable, so its environment
-                # cannot be read by the reaper that may have to end it.
-                script_argv("fileops.py", {**request, "marker": marker}, python=context.python),
-                env={_OP_MARKER: marker.split("=", 1)[1]},
-                user=context.user,
-                container_id=context.container_id,
-            )
-        )
-        try:
-            stream = await asyncio.shield(opening)
-        except asyncio.CancelledError:
-            # Cancelled while the engine was starting it: let it start, then hang up and reap.
-            self._spawn(self._abandon_opening(opening, context, marker))
-            raise
-        feeder: asyncio.Task[None] | None = None
-        finished = False
-
-        async def feed() -> None:
-            assert stdin is not None
-            with contextlib.suppress(ConnectionError, OSError):
-                async for chunk in stdin:
-                    for start in range(0, len(chunk), 65536):
-                        await stream.write(frames.encode(frames.STDIN, chunk[start : start + 65536]))
-                await stream.write(frames.encode(frames.CLOSE_STDIN))
-
-        try:
-            if stdin is not None:
-                feeder = asyncio.create_task(feed())
-            decoder = frames.FrameDecoder()
-            first = True
-            stderr = b""
-            while (chunk := await stream.read()) is not None:
-                fd, data = chunk
-                if fd != 1:
-                    stderr = (stderr + data)[-4096:]
-                    continue
-                if first and not looks_like_frames(data, b"DLRE"):
-                    rest = data
-                    while len(rest) < 4096 and (more := await stream.read()) is not None:
-                        rest += more[1]
-                    raise engine_refusal(rest)
-                first = False
-                for kind, payload in decoder.feed(data):
-                    if kind == b"E":
-                        finished = True
-                        error = _from_container(payload)
-                        if not isinstance(error, dict):
-                            error = {}
-                        code, message = error.get("code"), error.get("message")
-                        if not isinstance(code, str) or not isinstance(message, str):
-                            # Only a forged reply looks so: the workspace raced the operation's start.
-                            msg = "the file operation's reply from the workspace is malformed"
-                            raise FailedPreconditionError(msg)
-                        cls = _Conflict if code == "conflict" else _ERRORS.get(code, SandboxdError)
-                        # Bounded here, shortened for the caller by the RPC layer (paths may be 4 KiB each).
-                        raise cls(cut_text(message, MAX_CONTAINER_MESSAGE_CHARS))
-                    if kind == b"R":
-                        finished = True
-                    yield kind, payload
-                    if kind == b"R":
-                        return
-            tail = stderr.decode("utf-8", "replace").strip().splitlines()
-            msg = "the file operation ended without a result" + (f": {tail[-1][:300]}" if tail else "")
-            raise FailedPreconditionError(msg)
-        finally:
-            if feeder is not None:
-                feeder.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await feeder
-            # Once the result is in, stdin the operation never read (it failed early) is moot.
-            await stream.close(discard_input=finished)
-            if not finished:
-                self._spawn(self._reap(context, marker))
-
-    async def _abandon_opening(self, opening: asyncio.Future[ExecStream], context: ExecContext, marker: str) -> None:
-        with contextlib.suppress(Exception):
-            await (await opening).close(discard_input=True)
-        await self._reap(context, marker)
-
-    async def _reap(self, context: ExecContext, marker: str) -> None:
-        config = {"mode": "reap", "marker": marker, "grace_s": 0.5, "marker_in_argv": True}
-        with contextlib.suppress(SandboxdError):
-            await self.backend.exec_run(
-                context.workspace_id,
-                script_argv("supervisor.py", config, tokens=True, python=context.python),
-                user=context.user,
-                container_id=context.container_id,
-            )
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            await replies.aclose()
 
     async def close(self) -> None:
-        """Finish clean-up work still running (reaps of abandoned operations)."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Nothing to finish: an abandoned operation's helper is ended by its agent."""
 
     async def _call(
         self, workspace_id: str, request: dict[str, Any], stdin: AsyncIterable[bytes] | None = None
@@ -696,20 +571,20 @@ class FileManager:
         held = 0
         try:
             async with asyncio.timeout(FILE_OP_TIMEOUT_S):
-                async for kind, payload in self._stream(workspace_id, request, stdin):
+                async for reply in self._stream(workspace_id, request, stdin):
                     # The operation's limits are enforced in the container, where a hostile
                     # workspace could defeat them: the daemon bounds what it holds itself.
-                    held += len(payload)
+                    if isinstance(reply, FileResult):
+                        result = reply.value
+                        continue
+                    held += len(reply.data)
                     if held > MAX_REPLY_BYTES:
                         msg = f"the file operation's reply passed {MAX_REPLY_BYTES} bytes and was stopped"
                         raise FailedPreconditionError(msg)
-                    if kind == b"D":
-                        data += payload
-                    elif kind == b"L":
-                        (chars,) = struct.unpack_from(">Q", payload)
-                        lines.append((chars, payload[8:]))
-                    elif kind == b"R":
-                        result = _from_container(payload)
+                    if isinstance(reply, FileLine):
+                        lines.append((reply.chars, reply.data))
+                    else:
+                        data += reply.data
         except TimeoutError:
             msg = f"the file operation did not finish within {FILE_OP_TIMEOUT_S:g} s and was stopped"
             raise ExecTimeoutError(msg) from None
@@ -839,7 +714,7 @@ class FileManager:
         resolved = resolve_path(path or WORKSPACE_ROOT)
         reply = await self._call(workspace_id, {"op": "list", "path": resolved})
         # One JSON entry per line in data frames: a big directory is no single oversized frame.
-        return resolved, [_from_container(line) for line in reply.data.split(b"\n") if line]
+        return resolved, [from_container_json(line) for line in reply.data.split(b"\n") if line]
 
     async def stat(self, workspace_id: str, path: str, *, follow: bool = False) -> dict[str, Any]:
         """Describe one path."""
@@ -867,9 +742,9 @@ class FileManager:
     async def download(self, workspace_id: str, path: str, *, follow: bool = False) -> AsyncIterator[bytes]:
         """Stream a file or tree as a tar archive (of a final symlink's target with ``follow``)."""
         request = {"op": "download", "path": resolve_path(path), "follow": follow}
-        async for kind, payload in self._stream(workspace_id, request):
-            if kind == b"D":
-                yield payload
+        async for reply in self._stream(workspace_id, request):
+            if isinstance(reply, FileData):
+                yield reply.data
 
     async def read_image(self, workspace_id: str, source: str) -> ImageData:
         """Read a png/jpeg/gif/webp image (at most 5 MB) from a path or an http(s) URL.

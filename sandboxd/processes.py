@@ -1,12 +1,13 @@
-"""Process sessions: commands running in workspaces, driven over the supervisor protocol.
+"""Process sessions: commands running in workspaces, run by each workspace's agent.
 
-A :class:`ProcessSession` owns one ``docker exec`` of the in-container
-supervisor (``sandboxd/supervisor.py``). A pump task reads the supervisor's
-frames into a bounded :class:`~sandboxd.output.OutputBuffer`; Exec and Input
-calls attach to the session and stream what the buffer holds until the command
-exits or the caller's yield window closes. The :class:`ProcessTable` holds at
-most ``max_sessions`` sessions and evicts exited ones first, then the least
-recently used idle one (seed 000).
+A :class:`ProcessSession` is one command on one channel of the workspace's
+:class:`~sandboxd.agent.AgentLink`. The agent runs it, keeps its output until
+callers have taken it (bounded, head kept, drops counted), and enforces its
+timeout; Exec and Input calls attach to the session and stream that output until
+the command exits or the caller's yield window closes. The :class:`ProcessTable`
+holds at most ``max_sessions`` sessions, a fair share per tenant, and evicts
+exited ones first, then the least recently used idle one (seed 000). Sessions
+outlive the daemon: a restarted daemon adopts them from the agents.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import dataclasses
 import datetime
 import enum
 import functools
-import json
 import posixpath
 import re
 import secrets
@@ -39,8 +39,17 @@ from sandboxd_client.limits import (
     utf8_size,
 )
 
-from . import frames
-from .backend.base import Backend, ExecStream
+from .agent import (
+    MAX_MESSAGE_CHARS,
+    AgentLink,
+    ExitReport,
+    ProtocolError,
+    SessionChannel,
+    SessionState,
+    StartRequest,
+    Welcome,
+)
+from .backend.base import Backend
 from .errors import (
     FailedPreconditionError,
     InvalidSpecError,
@@ -49,7 +58,6 @@ from .errors import (
     SandboxdError,
     quoted,
 )
-from .incontainer import MAX_CONTAINER_MESSAGE_CHARS, engine_refusal, looks_like_frames, script_argv
 from .logging import cut_text
 from .models import (
     ExecEvent,
@@ -57,13 +65,11 @@ from .models import (
     ExecStarted,
     ExitStatus,
     Heartbeat,
-    OutputChunk,
-    OutputDropped,
     StopReason,
     Yielded,
     signal_name,
 )
-from .output import OutputBuffer
+from .relay import OutputRelay
 from .secrets import SecretStore
 from .settings import Settings
 from .tenancy import DEFAULT_TENANT, current_tenant
@@ -146,11 +152,6 @@ _STOP_PRIORITY = (StopReason.INTERRUPTED, StopReason.TIMEOUT, StopReason.FAILED,
 _STDERR_TAIL_BYTES = 4096
 
 
-def supervisor_source() -> str:
-    """Return the supervisor's source text, sent with every exec."""
-    return script_argv("supervisor.py", {}, tokens=True)[4]
-
-
 def clamp_yield(requested_s: float | None, timeout_s: float, default_s: float = DEFAULT_YIELD_S) -> float:
     """Clamp a yield window to ``[250 ms, timeout - 1 s]`` (SPEC §6).
 
@@ -198,7 +199,7 @@ def exit_status(
     spill_path: str = "",
     ctrl_c_delivered: bool = False,
 ) -> ExitStatus:
-    """Build the terminal status from the supervisor's report (SPEC §6 rules).
+    """Build the terminal status from the agent's report (SPEC §6 rules).
 
     A death by signal N is exit code 128+N with the signal's name. A shell's own
     exit code 129..192 is read the same way: that is how a shell reports a child
@@ -264,53 +265,22 @@ def check_env(env: Mapping[str, str], field: str, *, max_bytes: int = MAX_ENV_BY
 
 
 class InterruptPlan(enum.Enum):
-    """How Ctrl-C reaches a POSIX command."""
+    """How Ctrl-C reaches a command."""
 
     PROCESS_GROUP = "SIGINT to the command's process group"
     TERMINAL = "ETX written to the terminal; the line discipline signals the foreground group"
+    TREE_KILL = "the whole tree killed: console signals cannot reach a Windows command's pipes"
 
 
-def interrupt_plan(os_name: str, *, pid: int, tty: bool) -> InterruptPlan | list[str]:
+def interrupt_plan(os_name: str, *, tty: bool) -> InterruptPlan:
     """Choose how Ctrl-C is delivered, from the container's OS (seed 000).
 
-    Returns:
-        An :class:`InterruptPlan` for Linux containers; for Windows containers,
-        where console signals cannot reach piped processes, the argv of a tree
-        kill of the command: ``taskkill /T /F /PID <pid>``.
+    On Windows the agent's tree kill (a Job Object, else ``taskkill /T /F``) stands in for
+    Ctrl-C, which cannot reach processes whose console is a pipe.
     """
     if os_name.lower() == "windows":
-        return ["taskkill", "/T", "/F", "/PID", str(pid)]
+        return InterruptPlan.TREE_KILL
     return InterruptPlan.TERMINAL if tty else InterruptPlan.PROCESS_GROUP
-
-
-MAX_CHUNK_BYTES = 1024 * 1024
-"""Largest output chunk sent as one event; adjacent chunks of a stream are merged up to it."""
-
-
-def coalesce(items: list[OutputChunk | OutputDropped]) -> list[OutputChunk | OutputDropped]:
-    """Merge adjacent chunks of the same stream (order kept) into chunks of at most 1 MiB.
-
-    Fewer, larger messages are what lets a fast producer stream at full speed.
-    """
-    merged: list[OutputChunk | OutputDropped] = []
-    pending: list[bytes] = []
-    size = 0
-    stream = ""
-    for item in items:
-        if isinstance(item, OutputChunk) and item.stream == stream and size + len(item.data) <= MAX_CHUNK_BYTES:
-            pending.append(item.data)
-            size += len(item.data)
-            continue
-        if pending:
-            merged.append(OutputChunk(stream=stream, data=b"".join(pending)))
-        pending, size, stream = [], 0, ""
-        if isinstance(item, OutputChunk):
-            pending, size, stream = [item.data], len(item.data), item.stream
-        else:
-            merged.append(item)
-    if pending:
-        merged.append(OutputChunk(stream=stream, data=b"".join(pending)))
-    return merged
 
 
 class ExecContext:
@@ -318,7 +288,7 @@ class ExecContext:
 
     Args:
         workspace_id: the workspace.
-        user: user commands run as.
+        user: user commands run as (``name``, ``uid`` or ``uid:gid``; the agent resolves it).
         working_dir: default working directory (relative workdirs resolve against it).
         memory_limit_bytes: the workspace's memory limit, reported with OOM kills.
         os: the container's OS (``linux`` or ``windows``), which decides how Ctrl-C is delivered.
@@ -326,8 +296,8 @@ class ExecContext:
         tenant: the tenant owning the workspace; only its calls may see the workspace's processes.
         secrets: resolves ``secret:NAME`` env values and masks their values in output.
         container_id: the workspace's container; commands run in exactly it (empty: by name).
-        python: the interpreter of the in-container helpers (an execute-only copy when the
-            workspace has one; see ``incontainer.PROTECTED_PYTHON_SCRIPT``).
+        link: the connection to the workspace's agent.
+        capabilities: capabilities the workspace added back (commands keep exactly these).
     """
 
     def __init__(
@@ -337,40 +307,37 @@ class ExecContext:
         user: str,
         working_dir: str,
         memory_limit_bytes: int,
+        link: AgentLink,
         os: str = "linux",
         env: Mapping[str, str] | None = None,
         tenant: str = DEFAULT_TENANT,
         secrets: SecretStore | None = None,
         container_id: str = "",
-        python: str = "python3",
+        capabilities: tuple[str, ...] = (),
     ) -> None:
         """Bundle the workspace facts."""
         self.workspace_id = workspace_id
         self.user = user
         self.working_dir = working_dir
         self.memory_limit_bytes = memory_limit_bytes
+        self.link = link
         self.os = os
         self.env = dict(env or {})
         self.tenant = tenant
         self.secrets = secrets or SecretStore("", {})
         self.container_id = container_id
-        self.python = python
+        self.capabilities = capabilities
 
 
-def _report_int(report: object, key: str, low: int, high: int, *, default: int | None = None) -> int:
-    """An integer field of a supervisor report, within ``[low, high]``.
+WINDOW_BYTES = 1024 * 1024
+"""Output the daemon lets the agent send beyond what callers have taken: all it ever holds of a
+session (the rest waits in the agent, bounded by the session's ``max_output_bytes``)."""
 
-    Raises:
-        frames.FrameError: missing (without a default), not an integer, or out of range.
-    """
-    if not isinstance(report, dict):
-        msg = "a supervisor report is not an object"
-        raise frames.FrameError(msg)
-    value = report.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        msg = f"a supervisor report's {key} is {value!r}, not an integer in [{low}, {high}]"
-        raise frames.FrameError(msg)
-    return value
+_ACK_STEP_BYTES = 256 * 1024
+"""Delivered bytes that make a new acknowledgement worth a frame (the end of a batch always does)."""
+
+START_TIMEOUT_S = 60.0
+"""Longest wait for the agent to say a command runs (a loaded gVisor sandbox is slow, not this slow)."""
 
 
 class _State(enum.Enum):
@@ -380,62 +347,61 @@ class _State(enum.Enum):
 
 
 class ProcessSession:
-    """One command and its supervisor.
+    """One command, run by the workspace's agent on one channel of its link.
 
-    Output events are delivered in the order the command produced them per
-    stream; the terminal :class:`ExitStatus` comes after all of its output.
+    The session is the command's state machine (starting, running, exited) and the
+    policy of its calls (yield windows, Ctrl-C, the kill ladder, eviction); its output
+    goes through an :class:`~sandboxd.relay.OutputRelay`, and every frame through a
+    :class:`~sandboxd.agent.SessionChannel`. Output reaches callers in the order the
+    command produced it, each byte once: the session lets the agent send at most
+    :data:`WINDOW_BYTES` beyond what callers have taken and acknowledges what they took.
+    The terminal :class:`ExitStatus` comes after all of the command's output.
     """
 
     def __init__(
         self,
         *,
-        backend: Backend,
+        link: AgentLink,
         context: ExecContext,
         spec: ExecSpec,
         settings: Settings,
         process_id: str,
         background: set[asyncio.Task[None]] | None = None,
     ) -> None:
-        """Prepare a session; :meth:`start` runs it.
-
-        ``background`` collects the session's clean-up tasks (reaps after a lost
-        supervisor or an abandoned start), so their owner can finish them on shutdown.
-        """
-        self.backend = backend
+        """Prepare a session; :meth:`start` runs it (or :meth:`adopt` takes over a running one)."""
+        self.link = link
         self.context = context
         self.spec = spec
         self.process_id = process_id
         self.settings = settings
         self.timeout_s = spec.timeout_s if spec.timeout_s is not None else settings.exec_timeout_s
-        # The Exec call that starts the command reads it next: it counts as attached from the
-        # start, or output printed before its stream attaches could be dropped past the cap.
-        self.buffer = OutputBuffer(spec.max_output_bytes or settings.output_buffer_bytes, readers=1)
-        self._reserved_reader = True
+        self.channel: SessionChannel | None = None
         self.pid = 0
         self.start_time = datetime.datetime.now(datetime.UTC)
         self._started_at = time.monotonic()
         self.last_used = time.monotonic()
         self.exit: ExitStatus | None = None
+        """The exit status, once the agent reported it (callers get it after the output)."""
         self._state = _State.STARTING
-        self._stream: ExecStream | None = None
-        self._pump_task: asyncio.Task[None] | None = None
-        self._timer_task: asyncio.Task[None] | None = None
         self._started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._exited = asyncio.Event()
         self._requested: set[StopReason] = set()
         self._ctrl_c_delivered = False
         """A Ctrl-C reached the command (see ``exit_status``)."""
-        self._stderr_tail = b""
-        # Secret values are masked per stream before output is buffered (seed 002).
-        self._redactors = {
-            stream: context.secrets.redactor(context.tenant, tty=spec.tty) for stream in ("stdout", "stderr")
-        }
+        self.output = OutputRelay(
+            {stream: context.secrets.redactor(context.tenant, tty=spec.tty) for stream in ("stdout", "stderr")}
+        )
+        self._pull_sent: tuple[int, int, int, bool] | None = None
+        self._buffer_bytes = spec.max_output_bytes or settings.output_buffer_bytes
+        self._ack_step = max(1, min(_ACK_STEP_BYTES, self._buffer_bytes // 4))
+        """An acknowledgement frees the agent's buffer: a small buffer needs them often."""
+        self._pulling: asyncio.Task[None] | None = None
         self.spill_path = f"{SPILL_DIR}/{process_id}.out"
         """Where the whole output goes once it passes ``spec.spill_after_bytes``."""
         self.leftovers = 0
-        """Processes of the command still alive when it exited (its supervisor bounds them)."""
-        self._write_lock = asyncio.Lock()
-        self._attached = 0
+        """Processes of the command still alive when it exited (its timeout still bounds them)."""
+        self._attached = 1
+        """Calls streaming this output; the Exec call that starts it counts from the start."""
         self._fresh = True
         """Not yet streamed to its caller: never evicted in that state (it would kill a command
         whose Exec call has not even attached)."""
@@ -454,230 +420,231 @@ class ProcessSession:
         """Whether no call is attached and the first call has had its stream (eviction may pick it)."""
         return self._attached == 0 and not self._fresh
 
+    @property
+    def dropped_bytes(self) -> int:
+        """Output bytes callers were told were dropped so far."""
+        return self.output.dropped_bytes
+
     def release(self) -> None:
         """The first call is done with the session: from now on it may be evicted when idle."""
-        self._fresh = False
-        if self._reserved_reader:  # it left without ever reading
-            self._reserved_reader = False
-            self._spawn(self.buffer.detach())
+        if self._fresh:
+            self._fresh = False
+            self._attached -= 1  # the starting call's reservation
+            self._schedule_pull()
 
     @property
     def elapsed_s(self) -> float:
         """Seconds since the command started."""
         return time.monotonic() - self._started_at
 
-    def _argv(self) -> list[str]:
-        config = {
-            "command": self.spec.command,
-            "cwd": self._workdir(),
-            "tty": self.spec.tty,
-            "columns": self.spec.columns,
-            "rows": self.spec.rows,
-            "marker": f"{MARKER_ENV}={self.process_id}",
-            "timeout_s": self.timeout_s,
-            "grace_s": self.settings.kill_grace_s,
-            "spill_path": self.spill_path if self.spec.spill_after_bytes > 0 else "",
-            "spill_after_bytes": self.spec.spill_after_bytes,
-            # The environment goes over stdin: an argv is world-readable (`ps`), secrets included.
-            "env_on_stdin": True,
-            "merge_stderr": self.spec.merge_stderr,
-        }
-        return script_argv("supervisor.py", config, tokens=True, python=self.context.python)
-
     def _workdir(self) -> str:
         workdir = self.spec.workdir or self.context.working_dir
         return posixpath.normpath(posixpath.join(self.context.working_dir, workdir))
 
     def _env(self) -> dict[str, str]:
-        """The command's environment on top of the image's: defaults, workspace env, exec env, marker."""
+        """The command's environment over the image's: defaults, workspace env, exec env (the agent adds the marker)."""
         defaults = TTY_ENV if self.spec.tty else NON_INTERACTIVE_ENV
         env = self.context.secrets.resolve({**self.context.env, **self.spec.env}, self.context.tenant)
         if EDITOR_ENV & env.keys():
             defaults = {key: value for key, value in defaults.items() if key not in EDITOR_ENV}
-        return {**defaults, **env, MARKER_ENV: self.process_id}
+        return {**defaults, **env}
+
+    def _daemon_state(self) -> dict[str, Any]:
+        """What a restarted daemon needs to take the session over; kept by the agent (no secrets)."""
+        return {
+            "workspace_id": self.context.workspace_id,
+            "container_id": self.context.container_id,
+            "tenant": self.context.tenant,
+            "command": self.spec.command,
+            "tty": self.spec.tty,
+            "columns": self.spec.columns,
+            "rows": self.spec.rows,
+            "timeout_s": self.timeout_s,
+            "max_output_bytes": self.spec.max_output_bytes,
+            "spill_after_bytes": self.spec.spill_after_bytes,
+            "merge_stderr": self.spec.merge_stderr,
+            "start_time": self.start_time.isoformat(),
+        }
+
+    def _request(self) -> StartRequest:
+        return StartRequest(
+            process_id=self.process_id,
+            command=self.spec.command,
+            cwd=self._workdir(),
+            env=self._env(),
+            user=self.context.user,
+            tty=self.spec.tty,
+            columns=self.spec.columns,
+            rows=self.spec.rows,
+            timeout_s=self.timeout_s,
+            grace_s=self.settings.kill_grace_s,
+            buffer_bytes=self._buffer_bytes,
+            spill_path=self.spill_path if self.spec.spill_after_bytes > 0 else "",
+            spill_after_bytes=self.spec.spill_after_bytes,
+            merge_stderr=self.spec.merge_stderr,
+            capabilities=self.context.capabilities,
+            daemon_state=self._daemon_state(),
+        )
 
     async def start(self) -> ExecStarted:
-        """Start the command; return once it runs.
+        """Start the command; return once the agent says it runs.
 
         Raises:
-            InvalidSpecError: the working directory or the shell cannot be used.
-            FailedPreconditionError: the image cannot run the supervisor (no python3).
+            InvalidSpecError: the working directory, the user or the shell cannot be used.
+            QuotaExceededError: the workspace's process limit is reached.
+            FailedPreconditionError: the agent cannot be reached.
         """
-        # The exec itself gets no caller environment: only the supervisor's child does.
-        opening = asyncio.ensure_future(
-            self.backend.exec_stream(
-                self.context.workspace_id,
-                self._argv(),
-                env={},
-                user=self.context.user,
-                container_id=self.context.container_id,
-            )
-        )
+        channel = self.channel = await SessionChannel.open(self.link, self)
         try:
-            self._stream = await asyncio.shield(opening)
-        except asyncio.CancelledError:
-            # Cancelled while the engine was starting the exec: the command may be starting
-            # anyway, with nobody to see it. Let the opening finish, then end what it started.
-            await asyncio.shield(self._abandon_opening(opening))
-            raise
-        with contextlib.suppress(ConnectionError, OSError):  # a stream already gone ends in the pump
-            await self._stream.write(frames.encode_env(self._env()))
-        self._pump_task = asyncio.create_task(self._pump(), name=f"pump-{self.process_id}")
-        try:
-            await self._started
+            await channel.start(self._request())
+            await self._pull(force=True)
+            try:
+                async with asyncio.timeout(START_TIMEOUT_S):
+                    await asyncio.shield(self._started)
+            except TimeoutError:
+                self._fail(f"the workspace's agent did not start the command within {START_TIMEOUT_S:g} s")
+                await self._started  # raises the failure
         except asyncio.CancelledError:
             # The caller left while the command was starting: it must not live on unseen.
-            await asyncio.shield(self._abandon())
+            self._spawn(self._abandon())
             raise
         except BaseException:
-            await self.close()
+            channel.close()
             raise
         log.info("process.started", process_id=self.process_id, workspace_id=self.context.workspace_id, pid=self.pid)
-        # A fast command may have exited (and the pump recorded it) before this resumed.
-        if self._state is _State.STARTING:
-            self._state = _State.RUNNING
-            self._timer_task = asyncio.create_task(self._timeout(), name=f"timeout-{self.process_id}")
         return ExecStarted(process_id=self.process_id, pid=self.pid, start_time=self.start_time)
 
-    async def _abandon_opening(self, opening: asyncio.Future[ExecStream]) -> None:
-        try:
-            self._stream = await opening
-        except Exception:  # it failed to start: then there is nothing to end
-            return
-        await self._abandon()
+    def adopt(self, state: SessionState) -> None:
+        """Take over a session the agent kept across a daemon restart (``state`` from its welcome).
+
+        Output continues from the agent's acknowledged offset: nothing a caller took is
+        sent again, nothing held is lost.
+        """
+        self.channel = SessionChannel(self.link, self, state.channel)
+        self.pid = state.pid
+        self.output.resume(state.ack, state.ack_gap)
+        self._ctrl_c_delivered = state.interrupted
+        self._attached, self._fresh = 0, False
+        self._state = _State.RUNNING
+        if not self._started.done():
+            self._started.set_result(None)
+        if state.exit is not None:
+            self.on_exited(state.exit)
+        elif state.failed is not None:
+            self._fail(f"the command could not start: {state.failed}")
 
     async def _abandon(self) -> None:
-        """Kill a command nobody will ever see: tell its supervisor, then reap by marker as a backstop."""
-        with contextlib.suppress(ConnectionError, OSError):
-            if self._stream is not None:
-                async with self._write_lock:
-                    await self._stream.write(frames.encode_kill(0.0))
+        """End a command nobody will ever see."""
+        if self.channel is not None:
+            with contextlib.suppress(SandboxdError):
+                await self.channel.discard()
         await self.close()
-        self._spawn(self._reap_later(1.0))
-
-    async def _reap_later(self, delay_s: float) -> None:
-        await asyncio.sleep(delay_s)
-        await self.reap(grace_s=self.settings.kill_grace_s)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _pump(self) -> None:
-        assert self._stream is not None
-        decoder = frames.FrameDecoder()
-        first = True
+    # -- what the agent says (SessionEvents) ------------------------------------------------------
+    def on_started(self, pid: int) -> None:
+        """The command runs."""
+        self.pid = pid
+        if self._state is _State.STARTING:
+            self._state = _State.RUNNING
+        if not self._started.done():
+            self._started.set_result(None)
+
+    def on_start_failed(self, stage: str, message: str) -> None:
+        """The command could not start: the error the Exec call gets depends on why."""
+        detail = cut_text(message, MAX_MESSAGE_CHARS)
+        if stage == "fork":
+            error: SandboxdError = QuotaExceededError(f"cannot start the command: {detail}")
+        elif stage in {"chdir", "exec", "user"}:
+            error = InvalidSpecError(f"cannot start the command: {detail}")
+        else:
+            error = FailedPreconditionError(f"cannot start the command: {detail}")
+        self._fail_start(error)
+
+    def on_output(self, stream: str, offset: int, data: bytes) -> None:
+        """Output for callers."""
         try:
-            while (chunk := await self._stream.read()) is not None:
-                fd, data = chunk
-                if fd != 1:
-                    self._stderr_tail = (self._stderr_tail + data)[-_STDERR_TAIL_BYTES:]
-                    continue
-                if first and not looks_like_frames(data, frames.STARTED + frames.FAILED):
-                    # Not the supervisor speaking: the engine's own error text (e.g. no python3).
-                    await self._engine_refused(data)
-                    return
-                first = False
-                for kind, payload in decoder.feed(data):
-                    if await self._on_frame(kind, payload):
-                        return
-            self._fail(self._lost_message(), exit_code=await self._stream.exit_code())
-            if not self.shutting_down:
-                # Its supervisor is gone (`kill -9 $PPID`, `kill -9 -1`): nothing else bounds what
-                # the command started any more, so end it all now.
-                self._spawn(self.reap(grace_s=self.settings.kill_grace_s))
-        except (frames.FrameError, ValueError) as exc:  # ValueError: a report that is not JSON
-            self._fail(f"the supervisor's output is corrupt: {exc}")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the pump must always end the session, whatever broke
-            log.exception("process.pump_failed", process_id=self.process_id)
-            self._fail(f"the daemon lost the command's stream: {exc}")
-        finally:
-            for stream, redactor in self._redactors.items():
-                if rest := redactor.flush():  # what a lost supervisor left held back
-                    await self.buffer.put(stream, rest)
-            await self.buffer.close()
+            self.output.add_output(stream, offset, data)
+        except ProtocolError as exc:
+            self.on_broken(f"the workspace's agent sent a bad frame: {exc.message}")
 
-    async def _on_frame(self, kind: bytes, payload: bytes) -> bool:
-        """Handle one supervisor frame; return True when it was the last."""
-        if kind in (frames.STDOUT, frames.STDERR):
-            stream = "stdout" if kind == frames.STDOUT else "stderr"
-            if masked := self._redactors[stream].feed(payload):
-                await self.buffer.put(stream, masked)
-        elif kind == frames.STARTED:
-            self.pid = _report_int(json.loads(payload), "pid", 1, 2**31 - 1)
-            if not self._started.done():
-                self._started.set_result(None)
-        elif kind == frames.FAILED:
-            report = json.loads(payload)
-            if not isinstance(report, dict):
-                msg = "a start failure report is not an object"
-                raise frames.FrameError(msg)
-            stage = report.get("stage")
-            detail = report.get("message")
-            detail = (
-                cut_text(detail, MAX_CONTAINER_MESSAGE_CHARS) if isinstance(detail, str) and detail else "unknown error"
+    def on_dropped(self, offset: int, total: int) -> None:
+        """Output the agent could not keep."""
+        self.output.add_gap(offset, total)
+
+    def on_exited(self, report: ExitReport) -> None:
+        """The command ended (callers get it once its output is delivered)."""
+        self.leftovers = report.leftovers
+        if report.timed_out:
+            self._requested.add(StopReason.TIMEOUT)
+        self._finish(
+            exit_status(
+                spill_path=report.spill_path,
+                exit_code=report.exit_code,
+                signal_number=report.signal,
+                oom_kills=report.oom_kills,
+                memory_limit_bytes=self.context.memory_limit_bytes,
+                requested=self._requested,
+                dropped_bytes=report.dropped,
+                elapsed_s=self.elapsed_s,
+                ctrl_c_delivered=self._ctrl_c_delivered,
             )
-            if stage == "fork":
-                error: SandboxdError = QuotaExceededError(
-                    f"cannot start the command: {detail} (the workspace's process limit is reached)"
-                )
-            elif stage in {"chdir", "exec"}:
-                error = InvalidSpecError(f"cannot start the command: {detail}")
-            else:
-                error = FailedPreconditionError(f"cannot start the command: {detail}")
-            self._fail_start(error)
-            return True
-        elif kind == frames.EXITED:
-            for stream, redactor in self._redactors.items():
-                if rest := redactor.flush():
-                    await self.buffer.put(stream, rest)
-            report = json.loads(payload)
-            # Checked like any input: a process of the workspace may have forged it.
-            exit_code = _report_int(report, "exit_code", 0, 255)
-            signal_number = _report_int(report, "signal", 0, 64)
-            oom_kills = _report_int(report, "oom_kills", 0, 2**31, default=0)
-            leftovers = _report_int(report, "leftovers", 0, 2**31, default=0)
-            spill_path = report.get("spill_path") or ""
-            if not isinstance(spill_path, str):
-                msg = "the exit report's spill_path is not a string"
-                raise frames.FrameError(msg)
-            if report.get("timed_out"):
-                self._requested.add(StopReason.TIMEOUT)
-            self.leftovers = leftovers
-            self._finish(
-                exit_status(
-                    spill_path=spill_path[:4096],
-                    exit_code=exit_code,
-                    signal_number=signal_number,
-                    oom_kills=oom_kills,
-                    memory_limit_bytes=self.context.memory_limit_bytes,
-                    requested=self._requested,
-                    dropped_bytes=self.buffer.dropped_bytes,
-                    elapsed_s=self.elapsed_s,
-                    ctrl_c_delivered=self._ctrl_c_delivered,
-                )
-            )
-            return True
-        return False
+        )
+        self.output.set_end(report.end)
 
-    async def _engine_refused(self, head: bytes) -> None:
-        assert self._stream is not None
-        text = head
-        while len(text) < _STDERR_TAIL_BYTES and (chunk := await self._stream.read()) is not None:
-            text += chunk[1]
-        self._fail_start(engine_refusal(text))
+    def on_broken(self, message: str) -> None:
+        """The agent refused this session's frames or sent bad ones: the session fails."""
+        self._fail(message)
 
-    def _lost_message(self) -> str:
-        tail = self._stderr_tail.decode("utf-8", "replace").strip()
-        if tail:
-            return f"the command's supervisor ended without an exit status: {tail.splitlines()[-1][:500]}"
-        return "the command's supervisor ended without an exit status (was it killed?)"
+    def on_disconnect(self) -> None:
+        """The link broke: what was in flight is sent again once it is back."""
+        self._pull_sent = None
 
+    def on_reconnect(self, state: SessionState | None) -> None:
+        """The link is back: go on from the acknowledgement, or fail if the agent lost the command."""
+        if state is None:
+            if self._started.done() and not self.output.complete:
+                self._fail("the workspace's agent restarted while the command ran; the command and its output are lost")
+            return
+        self.output.rewind(state.ack)
+        if state.exit is not None and self.exit is None:
+            self.on_exited(state.exit)
+        self._schedule_pull()
+
+    # -- flow control ------------------------------------------------------------------------------
+    def _schedule_pull(self) -> None:
+        if self._pulling is None or self._pulling.done():
+            self._pulling = asyncio.create_task(self._pull())
+            self._background.add(self._pulling)
+            self._pulling.add_done_callback(self._background.discard)
+
+    async def _pull(self, *, force: bool = False) -> None:
+        """Tell the agent what callers took and how much more may come."""
+        if self.channel is None:
+            return
+        ack, ack_gap = self.output.ack_position()
+        reader = self._attached > 0
+        until = self.output.delivered + WINDOW_BYTES if reader else self.output.received
+        last = self._pull_sent
+        if (
+            not force
+            and last is not None
+            and reader == last[3]
+            and ack - last[0] < self._ack_step
+            and until - last[2] < self._ack_step
+        ):
+            return  # nothing worth a frame: the agent has room enough, and little to forget
+        self._pull_sent = (ack, ack_gap, until, reader)
+        with contextlib.suppress(SandboxdError):
+            await self.channel.pull(ack=ack, ack_gap=ack_gap, until=until, reader=reader)
+
+    # -- ending --------------------------------------------------------------------------------
     def _fail_start(self, error: SandboxdError) -> None:
-        # Its text comes from the container (a command can write to its supervisor's stderr).
+        # Its text comes from the container (a command can make its start fail with any message).
         error.message = self.context.secrets.mask_text(error.message, self.context.tenant)
         error.args = (error.message,)
         if not self._started.done():
@@ -685,30 +652,27 @@ class ProcessSession:
         self._finish(
             ExitStatus(exit_code=127, stop_reason=StopReason.FAILED, elapsed_s=self.elapsed_s, message=error.message)
         )
+        self.output.close()
 
-    def _fail(self, message: str, *, exit_code: int | None = None) -> None:
-        """End the session without a report from the supervisor.
-
-        ``exit_code`` is the supervisor's own, when the engine knows it: a supervisor
-        killed by SIGKILL (say, by ``kill -9 -1`` in the command) gives 137.
-        """
+    def _fail(self, message: str) -> None:
+        """End the session without an exit report from the agent."""
         if not self._started.done():
             self._fail_start(FailedPreconditionError(message))
             return
         self._requested.add(StopReason.FAILED)
-        code = exit_code if exit_code is not None and exit_code > 0 else 255
         self._finish(
             exit_status(
-                exit_code=code,
+                exit_code=255,
                 signal_number=0,
                 oom_kills=0,
                 memory_limit_bytes=0,
                 requested=self._requested,
-                dropped_bytes=self.buffer.dropped_bytes,
+                dropped_bytes=self.dropped_bytes,
                 elapsed_s=self.elapsed_s,
                 message=message,
             )
         )
+        self.output.close()
 
     def _finish(self, status: ExitStatus) -> None:
         if self.exit is not None:
@@ -719,8 +683,6 @@ class ProcessSession:
         status = self.exit
         self._state = _State.EXITED
         self._exited.set()
-        if self._timer_task is not None and self._timer_task is not asyncio.current_task():
-            self._timer_task.cancel()
         log.info(
             "process.exited",
             process_id=self.process_id,
@@ -734,45 +696,31 @@ class ProcessSession:
             duration_s=round(status.elapsed_s, 3),
         )
 
-    async def _timeout(self) -> None:
-        """Backstop for the supervisor, which enforces the timeout itself in the container.
-
-        Fires only if the supervisor has not reported an exit well after the
-        deadline (say it was killed): then the daemon kills the tree itself.
-        """
-        backstop_s = self.timeout_s + self.settings.kill_grace_s + 5.0
-        await asyncio.sleep(max(0.0, backstop_s - self.elapsed_s))
-        if self.running:
-            log.warning("process.timeout_backstop", process_id=self.process_id, timeout_s=self.timeout_s)
-            await self.kill(reason=StopReason.TIMEOUT)
-
     # -- driving ----------------------------------------------------------------------------------------
-    async def _send(self, frame: bytes) -> bool:
-        """Send a frame to the supervisor; False when it can no longer be reached."""
-        if self._stream is None or not self.running:
+    async def _deliver(self, send: Callable[[SessionChannel], Coroutine[Any, Any, None]]) -> bool:
+        """Send something to the running command; False when it has exited or the agent cannot be reached."""
+        if not self.running or self.channel is None:
             return False
-        async with self._write_lock:
-            try:
-                await self._stream.write(frame)
-            except (ConnectionError, OSError):
-                return False
+        try:
+            await send(self.channel)
+        except SandboxdError:
+            return False
         return True
 
     async def write_stdin(self, data: bytes, *, close: bool = False) -> None:
         """Write ``data`` to the command's stdin (and close it when ``close``).
 
         Raises:
-            FailedPreconditionError: the command has exited.
+            InvalidSpecError: more than ``MAX_INPUT_BYTES``.
+            FailedPreconditionError: the command can no longer take input.
         """
         if len(data) > MAX_INPUT_BYTES:
             msg = f"one Input call carries at most {MAX_INPUT_BYTES} bytes, got {len(data)}; write large data to a file"
             raise InvalidSpecError(msg)
         self.last_used = time.monotonic()
-        ok = True
-        if data:
-            ok = await self._send(frames.encode(frames.STDIN, data))
+        ok = not data or await self._deliver(lambda channel: channel.write(data))
         if close and ok:
-            ok = await self._send(frames.encode(frames.CLOSE_STDIN))
+            ok = await self._deliver(lambda channel: channel.close_input())
         if not ok and self.running:
             msg = f"process {self.process_id} cannot take input any more"
             raise FailedPreconditionError(msg)
@@ -788,22 +736,21 @@ class ProcessSession:
         self.last_used = time.monotonic()
         if not self.running:
             return
-        plan = interrupt_plan(self.context.os, pid=self.pid, tty=self.spec.tty)
+        plan = interrupt_plan(self.context.os, tty=self.spec.tty)
         match plan:
             case InterruptPlan.TERMINAL:
-                delivered = await self._send(frames.encode(frames.STDIN, b"\x03"))
+                delivered = await self._deliver(lambda channel: channel.write(b"\x03"))
                 # Signal 0 delivers nothing: it only marks the command as interrupted, so what
                 # it leaves behind when it exits is killed as for a piped command.
-                await self._send(frames.encode_signal(0, interrupt=True))
+                await self._deliver(lambda channel: channel.signal(0, interrupt=True))
                 self._ctrl_c_delivered |= delivered
             case InterruptPlan.PROCESS_GROUP:
-                self._ctrl_c_delivered |= await self._send(frames.encode_signal(int(signal.SIGINT), interrupt=True))
-            case list():
+                sent = await self._deliver(lambda channel: channel.signal(int(signal.SIGINT), interrupt=True))
+                self._ctrl_c_delivered |= sent
+            case InterruptPlan.TREE_KILL:
                 # A tree kill always ends the command: its death is the interrupt, whatever its code.
                 self._requested.add(StopReason.INTERRUPTED)
-                await self.backend.exec_run(
-                    self.context.workspace_id, plan, user=self.context.user, container_id=self.context.container_id
-                )
+                await self._deliver(lambda channel: channel.kill(0.0))
 
     async def input(
         self, *, chars: str = "", data: bytes = b"", close_stdin: bool = False, yield_after_s: float | None = None
@@ -844,17 +791,23 @@ class ProcessSession:
             raise InvalidSpecError(msg)
         self.last_used = time.monotonic()
         if self.spec.tty:
-            await self._send(frames.encode_resize(columns, rows))
+            await self._deliver(lambda channel: channel.resize(columns, rows))
 
     async def send_signal(self, number: int) -> None:
-        """Send signal ``number`` to the command's process group."""
+        """Send signal ``number`` to the command's process group.
+
+        Raises:
+            FailedPreconditionError: the command has exited.
+        """
         self.last_used = time.monotonic()
-        if not await self._send(frames.encode_signal(number, interrupt=False)):
+        if not await self._deliver(lambda channel: channel.signal(number, interrupt=False)):
             msg = f"process {self.process_id} has exited"
             raise FailedPreconditionError(msg)
 
     async def kill(self, *, reason: StopReason = StopReason.KILLED, grace_s: float | None = None) -> ExitStatus:
         """SIGTERM everything the command started, wait ``grace_s``, then SIGKILL (SPEC §6).
+
+        An exited command's leftovers (``server &``) are killed at once.
 
         Returns:
             The final status; its ``signal`` says which signal ended the command.
@@ -863,33 +816,28 @@ class ProcessSession:
         grace = self.settings.kill_grace_s if grace_s is None else grace_s
         if self.running:
             self._requested.add(reason)
-            if await self._send(frames.encode_kill(grace)):
+            if await self._deliver(lambda channel: channel.kill(grace)):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(grace + 10.0):
                         await self._exited.wait()
-        # Strays of an exited command (or a supervisor that is gone) are found by their marker.
-        await self.reap(grace_s=0.0 if not self.running else grace)
-        if self.running:
-            self._fail("the command could not be stopped")
+            if self.running:
+                self._fail("the command could not be stopped")
+        elif self.channel is not None:
+            with contextlib.suppress(SandboxdError):
+                await self.channel.kill(0.0)
         assert self.exit is not None
         return self.exit
 
-    async def reap(self, *, grace_s: float) -> None:
-        """Kill every process still carrying this session's marker (best effort)."""
-        config = {"mode": "reap", "marker": f"{MARKER_ENV}={self.process_id}", "grace_s": grace_s}
-        try:
-            await self.backend.exec_run(
-                self.context.workspace_id,
-                script_argv("supervisor.py", config, tokens=True, python=self.context.python),
-                user=self.context.user,
-                container_id=self.context.container_id,
-            )
-        except SandboxdError as exc:
-            log.warning("process.reap_failed", process_id=self.process_id, error=exc.message)
+    async def discard(self) -> None:
+        """Let the agent forget the session (a running command is killed with its tree) and close it."""
+        if self.channel is not None:
+            with contextlib.suppress(SandboxdError):
+                await self.channel.discard()
+        await self.close("it was evicted")
 
     # -- streaming -------------------------------------------------------------------------------------
     async def events(self, *, yield_after_s: float) -> AsyncIterator[ExecEvent]:
-        """Stream buffered output, then exactly one ``ExitStatus`` or ``Yielded``, always last.
+        """Stream output, then exactly one ``ExitStatus`` or ``Yielded``, always last.
 
         Returns as soon as the command exits; never sits out the window. Emits a
         ``Heartbeat`` after ``heartbeat_interval_s`` without any event. If the
@@ -898,26 +846,31 @@ class ProcessSession:
         output, another gets only a terminal event at once: output is never
         split between two readers.
         """
-        if self._attached:
+        output = self.output
+        if self._attached and not self._fresh:
             # Another call is streaming this output; this one only delivered its input.
-            yield self.exit or Yielded(process_id=self.process_id, elapsed_s=self.elapsed_s)
+            if output.complete and self.exit is not None:
+                yield self.exit
+            else:
+                yield Yielded(process_id=self.process_id, elapsed_s=self.elapsed_s)
             return
-        self._attached += 1
-        if self._reserved_reader:
-            self._reserved_reader = False  # the starting call's reservation becomes this attachment
-        else:
-            await self.buffer.attach()
+        if not self._fresh:
+            self._attached += 1
+        self._fresh = False
+        await self._pull(force=True)
         finished = False
         try:
             deadline = time.monotonic() + yield_after_s
             last_event = time.monotonic()
             while True:
-                items = await self.buffer.take()
-                for item in coalesce(items):
-                    yield item
-                if items:
+                batch = output.take()
+                for event, through in batch:
+                    yield event
+                    output.delivered_through(through)
                     last_event = time.monotonic()
-                if self.exit is not None and self.buffer.empty:
+                if batch:
+                    await self._pull()
+                if output.complete and not output.pending and self.exit is not None:
                     finished = True
                     yield self.exit
                     return
@@ -931,49 +884,36 @@ class ProcessSession:
                     yield Heartbeat(elapsed_s=self.elapsed_s)
                     last_event = now
                     continue
-                await self.buffer.wait(min(deadline, beat_at) - now)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(min(deadline, beat_at) - now):
+                        await output.changed.wait()
         finally:
             self._attached -= 1
             self.last_used = time.monotonic()
-            self.release()
-            await asyncio.shield(self.buffer.detach())
+            await asyncio.shield(self._pull(force=True))
             if not finished and self.running and not self.shutting_down:
                 await asyncio.shield(self.interrupt())
 
     async def close(self, reason: str = "") -> None:
-        """Stop following the command (it may keep running) and release the stream.
+        """Stop following the command (it may keep running in the agent) and let its channel go.
 
-        A session still running is finished as ``failed`` with ``reason``, so that
-        any call streaming it ends at once instead of waiting on output that will
-        never come.
+        A session still running is finished as ``failed`` with ``reason``, so that any
+        call streaming it ends at once instead of waiting on output that will never come.
         """
         if self.exit is None and self._started.done():
-            self._requested.add(StopReason.FAILED)
-            self._finish(
-                ExitStatus(
-                    exit_code=255,
-                    stop_reason=StopReason.FAILED,
-                    dropped_bytes=self.buffer.dropped_bytes,
-                    elapsed_s=self.elapsed_s,
-                    message=reason or "the daemon stopped following this command",
-                )
-            )
-        for task in (self._timer_task, self._pump_task):
-            if task is not None and task is not asyncio.current_task():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        if self._stream is not None:
-            await self._stream.close()
-        await self.buffer.close()
+            self._fail(reason or "the daemon stopped following this command")
+        elif not self._started.done():
+            self._fail_start(FailedPreconditionError(reason or "the daemon stopped following this command"))
+        self.output.close()
+        if self.channel is not None:
+            self.channel.close()
 
 
 class ProcessTable:
     """All live process sessions of the daemon, capped at ``settings.max_sessions``.
 
     A session belongs to its workspace's tenant: other tenants get NOT_FOUND.
-    After a restart, :meth:`end_lost` ends the commands the previous run left
-    in a workspace and remembers their ids, so calls on them say they were lost.
+    After a restart, :meth:`adopt` takes over the sessions each workspace's agent kept.
 
     Eviction (seed 000): an exited session first (oldest first), else the least
     recently used idle one, whose whole tree is killed. An evicted id stays known
@@ -1089,7 +1029,7 @@ class ProcessTable:
                     break
             process_id = f"p-{secrets.token_hex(6)}"
             session = ProcessSession(
-                backend=self.backend,
+                link=context.link,
                 context=context,
                 spec=spec,
                 settings=self.settings,
@@ -1163,7 +1103,7 @@ class ProcessTable:
     async def _retire(self, victim: ProcessSession) -> None:
         if victim.running:
             await victim.kill(reason=StopReason.KILLED)
-        await victim.close()
+        await victim.discard()
 
     def _remember_evicted(self, process_id: str, why: str, tenant: str) -> None:
         self._evicted[process_id] = (why, tenant)
@@ -1177,33 +1117,53 @@ class ProcessTable:
             self._remember_evicted(session.process_id, f"was evicted: {why}", session.context.tenant)
             await session.close(why)
 
-    async def end_lost(self, workspace_id: str, *, user: str, tenant: str) -> builtins.list[str]:
-        """End the commands an earlier daemon run left in a workspace; return their process ids.
+    def adopt(self, context: ExecContext, welcome: Welcome) -> builtins.list[str]:
+        """Take over the sessions a workspace's agent kept while no daemon was connected.
 
-        Their supervisors lost the daemon that read them, so nobody could ever see
-        their output or exit status again: they are killed (SIGTERM, grace, SIGKILL)
-        rather than left to run unseen until their timeouts, and their ids stay
-        known so that later calls say what happened.
+        Each comes back with its process id, its exit status if it has one, and its output
+        from the exact byte callers had taken. Sessions this table follows already, and
+        those of another workspace or container, are left alone.
+
+        Returns:
+            The process ids adopted.
         """
-        config = {"mode": "reap", "marker": f"{MARKER_ENV}=", "grace_s": self.settings.kill_grace_s}
-        code, output = await self.backend.exec_run(
-            workspace_id, script_argv("supervisor.py", config, tokens=True), user=user
-        )
-        try:
-            report = json.loads(output.decode("utf-8", "replace").strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            log.warning("process.lost_scan_failed", workspace_id=workspace_id, exit_code=code)
-            return []
-        lost = [pid for pid in str(report.get("markers", "")).split(",") if _PROCESS_ID_RE.match(pid)]
-        for process_id in lost:
-            why = (
-                "was lost: the daemon restarted while it ran, so its output and exit status are gone; "
-                "the daemon ended it and everything it started"
+        adopted = []
+        for state in welcome.sessions:
+            saved = state.daemon_state
+            if not _PROCESS_ID_RE.match(state.process_id) or state.process_id in self._sessions:
+                continue
+            if saved.get("workspace_id") != context.workspace_id or saved.get("container_id") != context.container_id:
+                continue
+            try:
+                spec = ExecSpec(
+                    command=str(saved.get("command", "")),
+                    tty=bool(saved.get("tty")),
+                    columns=int(saved.get("columns") or 80),
+                    rows=int(saved.get("rows") or 24),
+                    timeout_s=float(saved.get("timeout_s") or self.settings.exec_timeout_s),
+                    max_output_bytes=int(saved.get("max_output_bytes") or 0),
+                    spill_after_bytes=int(saved.get("spill_after_bytes") or 0),
+                    merge_stderr=bool(saved.get("merge_stderr")),
+                )
+                start_time = datetime.datetime.fromisoformat(str(saved.get("start_time")))
+            except (ValueError, TypeError) as exc:
+                log.warning("process.adopt_failed", process_id=state.process_id, error=str(exc))
+                continue
+            session = ProcessSession(
+                link=context.link,
+                context=context,
+                spec=spec,
+                settings=self.settings,
+                process_id=state.process_id,
+                background=self._retiring,
             )
-            self._remember_evicted(process_id, why, tenant)
-        if lost:
-            log.warning("process.lost", workspace_id=workspace_id, process_ids=lost)
-        return lost
+            session.start_time = start_time
+            session.adopt(state)
+            self._sessions[state.process_id] = session
+            adopted.append(state.process_id)
+        if adopted:
+            log.info("process.adopted", workspace_id=context.workspace_id, process_ids=adopted)
+        return adopted
 
     async def close(self) -> None:
         """Release every session's stream; the commands themselves keep running (each under its timeout)."""

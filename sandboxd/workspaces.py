@@ -13,6 +13,7 @@ import builtins
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import posixpath
 import re
@@ -35,9 +36,12 @@ from sandboxd_client.limits import (
     utf8_size,
 )
 
+from .agent import AgentLink, Welcome
+from .agentbuild import AGENT_MOUNT, AGENT_PATH, AgentBuild, ensure_agent
 from .audit import AuditLog
 from .backend.base import Backend, ContainerInfo, ContainerSpec
 from .errors import (
+    FailedPreconditionError,
     ImageNotFoundError,
     InvalidSpecError,
     QuotaExceededError,
@@ -47,7 +51,6 @@ from .errors import (
     WorkspaceNotRunningError,
     quoted,
 )
-from .incontainer import PROTECTED_PYTHON, PROTECTED_PYTHON_PROBE, PROTECTED_PYTHON_SETUP
 from .models import (
     NetworkPolicy,
     ResourceLimits,
@@ -63,7 +66,9 @@ from .settings import Settings
 from .tenancy import DEFAULT_TENANT, current_tenant
 
 __all__ = [
+    "AGENT_CAPABILITIES",
     "CAPABILITIES",
+    "LABEL_AGENT",
     "LABEL_SPEC",
     "LABEL_TENANT",
     "RESERVED_LABEL_PREFIX",
@@ -79,6 +84,14 @@ log = structlog.get_logger(__name__)
 RESERVED_LABEL_PREFIX = "sandboxd."
 LABEL_SPEC = "sandboxd.spec"
 LABEL_TENANT = "sandboxd.tenant"
+LABEL_AGENT = "sandboxd.agent"
+"""The agent version a workspace was created with; a workspace without it predates the agent."""
+AGENT_CAPABILITIES = ("CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID")
+"""What the agent (root, the container's main process) keeps: to start commands as the workspace
+user (SETUID, SETGID), clear their bounding set (SETPCAP), signal them (KILL) and give them their
+terminal (CHOWN). It drops all of them from every command and file operation."""
+AGENT_SOCKET_DIR = "/run/sandboxd"
+"""The agent's socket directory: a root-only tmpfs (agent/PROTOCOL.md)."""
 WORKSPACE_ROOT = "/workspace"
 FALLBACK_USER = "1000:1000"
 """User for images whose own user is root or unset: commands never run as root by default."""
@@ -88,7 +101,6 @@ MIN_CPU_MILLIS = 10
 MIN_PIDS = 16
 MIN_DISK_BYTES = 4 * 1024**2
 """Smallest /workspace cap: room for the daemon's spill directory and a few files."""
-"""Below this the supervisor, the shell and a command cannot all run."""
 
 CAPABILITIES = frozenset(
     [
@@ -279,6 +291,9 @@ class WorkspaceManager:
         backend: the container engine.
         settings: daemon defaults and caps.
         processes: the process table, told when a workspace goes away.
+        secrets: resolves ``secret:NAME`` values of workspace environments.
+        agent: the agent new workspaces run; None finds it (building it if missing) at the
+            first create, and again at each create while that fails.
     """
 
     def __init__(
@@ -288,12 +303,17 @@ class WorkspaceManager:
         processes: ProcessTable,
         *,
         secrets: SecretStore | None = None,
+        agent: AgentBuild | None = None,
     ) -> None:
         """Wire the manager."""
         self.backend = backend
         self.settings = settings
         self.processes = processes
         self.secrets = secrets or SecretStore("", {})
+        self.agent = agent
+        self._agent_lock = asyncio.Lock()
+        self.audit: AuditLog | None = None
+        """Where adopted sessions are recorded."""
         self._contexts: dict[str, ExecContext] = {}
         self._activity: dict[str, float] = {}
         self._busy: dict[str, int] = {}
@@ -466,7 +486,16 @@ class WorkspaceManager:
         return lock
 
     async def _create(self, resolved: WorkspaceSpec, workspace_id: str, tenant: str) -> Workspace:
-        self._contexts.pop(workspace_id, None)  # an earlier workspace of that id, removed behind our back
+        await self._forget_context(workspace_id)  # an earlier workspace of that id, removed behind our back
+        if self.agent is None:
+            async with self._agent_lock:
+                if self.agent is None:
+                    self.agent = await ensure_agent(
+                        self.backend,
+                        route=self.settings.image_route,
+                        progress=lambda line: log.info("agent.progress", line=line),
+                    )
+        agent = self.agent
         image = await self.backend.image_info(resolved.image)
         if image is None:
             if resolved.image == self.settings.default_image:
@@ -487,11 +516,16 @@ class WorkspaceManager:
             ContainerSpec(
                 workspace_id=workspace_id,
                 image=resolved.image,
-                # The workspace env reaches every command through its supervisor, never the
-                # container's own processes: a PATH of the caller's must not break `tail` or python3.
+                # The workspace env reaches every command through the agent, never the agent
+                # itself: a caller's PATH or LD_PRELOAD must not change how the agent runs.
                 env={},
                 working_dir=resolved.working_dir,
-                labels={**resolved.labels, LABEL_SPEC: spec_to_json(resolved), LABEL_TENANT: tenant},
+                labels={
+                    **resolved.labels,
+                    LABEL_SPEC: spec_to_json(resolved),
+                    LABEL_TENANT: tenant,
+                    LABEL_AGENT: agent.tag,
+                },
                 memory_bytes=resolved.limits.memory_bytes,
                 cpu_millis=resolved.limits.cpu_millis,
                 pids=resolved.limits.pids,
@@ -501,10 +535,22 @@ class WorkspaceManager:
                 runtime=str(resolved.runtime),
                 added_capabilities=resolved.security.added_capabilities,
                 no_new_privileges=not resolved.security.allow_new_privileges,
-                setup_script="" if resolved.runtime is Runtime.RUNSC else PROTECTED_PYTHON_SETUP,
+                entrypoint=(AGENT_PATH, "serve"),
+                agent_volume=agent.volume,
+                agent_mount=AGENT_MOUNT,
+                agent_capabilities=AGENT_CAPABILITIES,
+                private_dirs=(AGENT_SOCKET_DIR,),
             )
         )
         workspace = self._workspace(info)
+        try:
+            # The agent answers before the workspace is handed out: a create that returns works.
+            await self._context_for(info).link.connect()
+        except SandboxdError as exc:
+            await self._forget_context(workspace_id)
+            await self.backend.remove_container(workspace_id)
+            msg = f"the workspace's agent did not start in image {quoted(resolved.image)}: {exc.message}"
+            raise FailedPreconditionError(msg) from None
         self.touch(workspace_id)
         log.info("workspace.created", workspace_id=workspace_id, image=resolved.image, user=user, tenant=tenant)
         return workspace
@@ -596,10 +642,20 @@ class WorkspaceManager:
             await self._remove(workspace_id, "its workspace was deleted")
         log.info("workspace.deleted", workspace_id=workspace_id)
 
+    async def _forget_context(self, workspace_id: str) -> None:
+        context = self._contexts.pop(workspace_id, None)
+        if context is not None:
+            await context.link.close()
+
+    async def close(self) -> None:
+        """Close every agent link (the daemon stops; the agents keep their sessions)."""
+        for workspace_id in list(self._contexts):
+            await self._forget_context(workspace_id)
+
     async def _remove(self, workspace_id: str, why: str) -> None:
-        self._contexts.pop(workspace_id, None)
         self._activity.pop(workspace_id, None)
         await self.processes.forget_workspace(workspace_id, why)
+        await self._forget_context(workspace_id)
         if not await self.backend.remove_container(workspace_id):
             msg = f"workspace {workspace_id!r} not found"
             raise WorkspaceNotFoundError(msg)
@@ -648,38 +704,41 @@ class WorkspaceManager:
             self.touch(workspace_id)
 
     async def adopt(self, audit: AuditLog | None = None) -> builtins.list[str]:
-        """Take over the workspaces of an earlier run; return their ids.
+        """Take over the workspaces of an earlier run, and the commands their agents kept; return their ids.
 
-        Nothing is kept outside Docker, so adoption is reading the labels, plus
-        ending the commands that earlier run left behind (see ``ProcessTable.end_lost``),
-        each of which gets a ``process.lost`` line in ``audit``.
+        Nothing is kept outside Docker and the agents: adoption is reading the labels and
+        connecting to each running workspace's agent, whose welcome lists the sessions it
+        holds (:meth:`ProcessTable.adopt`); each gets a ``process.adopted`` line in ``audit``.
+        A workspace created before the agent existed is listed but refused for commands
+        (``exec_context`` says to recreate it).
         """
+        self.audit = audit
         infos = [info for info in await self.backend.list_containers({}) if LABEL_SPEC in info.labels]
         gate = asyncio.Semaphore(8)
 
-        async def end_lost(info: ContainerInfo) -> None:
-            if not info.running:
+        async def attach(info: ContainerInfo) -> None:
+            if not info.running or LABEL_AGENT not in info.labels:
                 return
-            user = spec_from_json(info.labels[LABEL_SPEC]).security.user or FALLBACK_USER
             async with gate:
-                tenant = info.labels.get(LABEL_TENANT, DEFAULT_TENANT)
                 try:
-                    lost = await self.processes.end_lost(info.workspace_id, user=user, tenant=tenant)
+                    await self._context_for(info).link.connect()
                 except SandboxdError as exc:
                     log.warning("workspace.adopt_failed", workspace_id=info.workspace_id, error=exc.message)
-                    return
-            for process_id in lost:
-                if audit is not None:
-                    audit.event(
-                        "process.lost",
-                        workspace_id=info.workspace_id,
-                        process_id=process_id,
-                        tenant=tenant,
-                        reason="the daemon restarted while it ran; it was ended",
-                    )
 
-        await asyncio.gather(*(end_lost(info) for info in infos))
+        await asyncio.gather(*(attach(info) for info in infos))
         return [info.workspace_id for info in infos]
+
+    def _adopt_sessions(self, context: ExecContext, welcome: Welcome) -> None:
+        """Every new connection: take over the sessions the agent holds that this daemon does not follow."""
+        for process_id in self.processes.adopt(context, welcome):
+            if self.audit is not None:
+                self.audit.event(
+                    "process.adopted",
+                    workspace_id=context.workspace_id,
+                    process_id=process_id,
+                    tenant=context.tenant,
+                    reason="the workspace's agent kept it while no daemon was connected",
+                )
 
     async def exec_context(self, workspace_id: str) -> ExecContext:
         """Return what a process needs to run in the workspace.
@@ -687,56 +746,55 @@ class WorkspaceManager:
         Raises:
             WorkspaceNotFoundError: no such workspace.
             WorkspaceNotRunningError: its container is not running.
+            FailedPreconditionError: the workspace predates the agent (recreate it).
         """
         context = self._contexts.get(workspace_id)
-        if context is not None:
-            if context.tenant != current_tenant():
-                msg = f"workspace {workspace_id!r} not found"
-                raise WorkspaceNotFoundError(msg)
-            self.touch(workspace_id)
-            return context
-        check_workspace_id(workspace_id)
-        info = self._owned(await self.backend.inspect_container(workspace_id))
-        workspace = self._workspace(info)
-        if workspace.state is not WorkspaceState.RUNNING:
-            msg = f"workspace {workspace_id!r} is not running"
-            raise WorkspaceNotRunningError(msg)
-        context = ExecContext(
-            workspace_id=workspace_id,
-            user=workspace.spec.security.user,
-            working_dir=workspace.spec.working_dir,
-            memory_limit_bytes=workspace.spec.limits.memory_bytes,
-            os=info.os,
-            env=workspace.spec.env,
-            tenant=info.labels.get(LABEL_TENANT, DEFAULT_TENANT),
-            secrets=self.secrets,
-            container_id=info.container_id,
-            python=await self._protected_python(info, workspace),
-        )
-        self._contexts[workspace_id] = context
+        if context is None:
+            check_workspace_id(workspace_id)
+            info = self._owned(await self.backend.inspect_container(workspace_id))
+            if not info.running:
+                msg = f"workspace {workspace_id!r} is not running"
+                raise WorkspaceNotRunningError(msg)
+            context = self._context_for(info)
+        if context.tenant != current_tenant():
+            msg = f"workspace {workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg)
         self.touch(workspace_id)
         return context
 
-    async def _protected_python(self, info: ContainerInfo, workspace: Workspace) -> str:
-        """The workspace's execute-only interpreter for the helpers, or plain ``python3``.
+    def _context_for(self, info: ContainerInfo) -> ExecContext:
+        """The workspace's context and agent link, made once per container.
 
-        The container's root makes it at every start (``PROTECTED_PYTHON_SETUP``); one probe as
-        the workspace user checks it. gVisor will not run a binary it cannot read, and an image
-        may lack what the setup needs (or a container may predate it): those get ``python3``.
+        Raises:
+            FailedPreconditionError: the workspace predates the agent.
         """
-        if workspace.spec.runtime is Runtime.RUNSC:
-            return "python3"
-        try:
-            code, output = await self.backend.exec_run(
-                info.workspace_id,
-                ["sh", "-c", PROTECTED_PYTHON_PROBE],
-                user=workspace.spec.security.user,
-                container_id=info.container_id,
+        context = self._contexts.get(info.workspace_id)
+        if context is not None and context.container_id == info.container_id:
+            return context
+        if LABEL_AGENT not in info.labels:
+            msg = (
+                f"workspace {info.workspace_id!r} was created by an older sandboxd, without the in-container "
+                "agent; its files are in its volume: copy out what you need, delete it and create it again"
             )
-        except SandboxdError as exc:
-            log.warning("workspace.protected_python_failed", workspace_id=info.workspace_id, error=exc.message)
-            return "python3"
-        return PROTECTED_PYTHON if code == 0 and output.split()[-1:] == [PROTECTED_PYTHON.encode()] else "python3"
+            raise FailedPreconditionError(msg)
+        spec = spec_from_json(info.labels[LABEL_SPEC])
+        link = AgentLink(self.backend, info.workspace_id, info.container_id)
+        context = ExecContext(
+            workspace_id=info.workspace_id,
+            user=spec.security.user or FALLBACK_USER,
+            working_dir=spec.working_dir,
+            memory_limit_bytes=spec.limits.memory_bytes,
+            link=link,
+            os=info.os,
+            env=spec.env,
+            tenant=info.labels.get(LABEL_TENANT, DEFAULT_TENANT),
+            secrets=self.secrets,
+            container_id=info.container_id,
+            capabilities=spec.security.added_capabilities,
+        )
+        link.on_welcome = functools.partial(self._adopt_sessions, context)
+        self._contexts[info.workspace_id] = context
+        return context
 
     def _workspace(self, info: ContainerInfo) -> Workspace:
         spec = spec_from_json(info.labels[LABEL_SPEC])

@@ -229,7 +229,7 @@ def default_image(docker_client) -> str:  # type: ignore[no-untyped-def]
 _DERIVED_IMAGES = {
     # The default image without bash: commands must fall back to `sh -c`.
     "sandboxd-test/nobash:1": "USER root\nRUN rm -f /usr/bin/bash /bin/bash\nUSER sandbox\n",
-    # The default image without Python: Exec must refuse clearly (the supervisor needs it).
+    # The default image without Python: everything works (nothing of sandboxd needs it).
     "sandboxd-test/nopython:1": "USER root\nRUN rm -f /usr/bin/python3* /usr/bin/python\nUSER sandbox\n",
 }
 
@@ -264,7 +264,7 @@ async def client(daemon: DaemonThread):  # type: ignore[no-untyped-def]
         yield connected
 
 
-RUNTIME_SUITES = frozenset({"test_exec_basic", "test_exec_sessions", "test_files"})
+RUNTIME_SUITES = frozenset({"test_agent", "test_any_image", "test_exec_basic", "test_exec_sessions", "test_files"})
 """Modules whose ``workspace`` tests run under every OCI runtime: runc and gVisor's runsc."""
 
 

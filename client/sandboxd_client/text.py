@@ -255,6 +255,11 @@ class StreamRedactor(Generic[AnyStr]):
         out.append(text[position:cut])
         return self._empty.join(out), text[cut:]
 
+    @property
+    def held(self) -> int:
+        """Characters (or bytes) of input kept back now, not yet in any output."""
+        return len(self._pending)
+
     def feed(self, text: AnyStr) -> AnyStr:
         """Masked text safe to show now (a possible start of a secret is kept for later)."""
         if self._pattern is None:

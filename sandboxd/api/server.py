@@ -26,6 +26,7 @@ from sandboxd_client._pb.sandboxd.v1 import (
 )
 from sandboxd_client.limits import MAX_MESSAGE_BYTES
 
+from ..agentbuild import AgentBuild, ensure_agent
 from ..audit import AuditLog
 from ..backend.base import Backend
 from ..errors import InvalidSpecError, SandboxdError
@@ -80,6 +81,7 @@ class Daemon:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
         await self.processes.close()
+        await self.workspaces.close()
         await self.files.close()
         await self.backend.close()
         self.audit.close()
@@ -134,7 +136,7 @@ def _tcp_credentials(settings: Settings, authenticator: Authenticator) -> grpc.S
 
 
 def _prepare_socket(path: Path) -> None:
-    """Create the socket's directory (0700) and clear a stale socket; refuse a live one."""
+    """Create the socket's directory (0700, unless a shared sticky one) and clear a stale socket; refuse a live one."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -146,7 +148,10 @@ def _prepare_socket(path: Path) -> None:
             "(give the directory to that uid, or choose another with --socket)"
         )
         raise SandboxdError(msg)
-    if path.parent.stat().st_uid == os.geteuid():
+    parent = path.parent.stat()
+    if parent.st_uid == os.geteuid() and not parent.st_mode & stat.S_ISVTX:
+        # A shared sticky directory (/tmp, when root puts the socket there) is never narrowed:
+        # the socket's own 0600 keeps others out, and the directory is everyone's.
         path.parent.chmod(0o700)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
@@ -164,13 +169,39 @@ def _prepare_socket(path: Path) -> None:
             probe.close()
 
 
-async def start(settings: Settings, backend: Backend, *, environ: Mapping[str, str] | None = None) -> Daemon:
-    """Build the servicers over ``backend``, clear orphans, and start listening.
+async def _find_agent(
+    settings: Settings, backend: Backend, progress: Callable[[str], None] | None
+) -> AgentBuild | None:
+    """The current agent, built when missing; None (logged) when it cannot be had."""
+    try:
+        return await ensure_agent(
+            backend,
+            route=settings.image_route,
+            progress=progress or (lambda line: log.info("agent.progress", line=line)),
+        )
+    except SandboxdError as exc:
+        log.error("agent.unavailable", error=exc.message)  # noqa: TRY400 - the message is the story
+        return None
+
+
+async def start(
+    settings: Settings,
+    backend: Backend,
+    *,
+    environ: Mapping[str, str] | None = None,
+    agent: AgentBuild | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Daemon:
+    """Build the servicers over ``backend``, clear orphans, adopt workspaces, and start listening.
 
     Args:
         settings: daemon settings.
         backend: the container engine.
         environ: the daemon's environment, read for ``SANDBOXD_SECRET_<NAME>`` secrets.
+        agent: the in-container agent; None finds it (building it when missing, with
+            ``progress`` lines). If it cannot be had the daemon serves anyway and creates fail,
+            saying why.
+        progress: receives agent-build progress lines.
 
     Raises:
         SandboxdError: the socket is taken, a port cannot be bound, TCP lacks TLS or
@@ -184,8 +215,10 @@ async def start(settings: Settings, backend: Backend, *, environ: Mapping[str, s
     # Before touching any container: a socket that cannot be made stops the start at once.
     socket_path = Path(settings.socket_path)
     await asyncio.to_thread(_prepare_socket, socket_path)
+    if agent is None:
+        agent = await _find_agent(settings, backend, progress)
     processes = ProcessTable(backend, settings, tenants=authenticator.tenant_count)
-    workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store)
+    workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store, agent=agent)
     try:
         orphans = await backend.remove_orphans()
         if orphans:
@@ -290,7 +323,7 @@ async def serve(
         except SandboxdError as exc:
             # Serve anyway: workspaces on other images work, and the error says what to do.
             log.error("image.unavailable", image=settings.default_image, error=exc.message)  # noqa: TRY400
-    daemon = await start(settings, backend, environ=environ)
+    daemon = await start(settings, backend, environ=environ, progress=progress)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

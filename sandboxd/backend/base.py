@@ -39,9 +39,16 @@ class ContainerSpec:
     disk_bytes: int = 0
     """Size cap of the workspace volume; 0 means a plain volume."""
     read_only_root_filesystem: bool = False
-    setup_script: str = ""
-    """POSIX shell the container's root runs at every start before idling (output discarded,
-    failure ignored)."""
+    entrypoint: Sequence[str] = ()
+    """The container's main process (run as root under the engine's init): the agent."""
+    agent_volume: str = ""
+    """A named volume mounted read-only at ``agent_mount`` (the agent binary)."""
+    agent_mount: str = ""
+    agent_capabilities: Sequence[str] = ()
+    """Capabilities the main process needs on top of ``added_capabilities`` (it drops them
+    from everything it starts)."""
+    private_dirs: Sequence[str] = ()
+    """Directories made a small tmpfs only root may enter (the agent's socket)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,7 +89,10 @@ class ExecStream(Protocol):
         ...
 
     async def exit_code(self) -> int | None:
-        """Return the exec's exit code once it has ended, else None."""
+        """Return the exec's exit code once it has ended (-1 if the engine forgot it), else None.
+
+        None also when the engine cannot be asked.
+        """
         ...
 
     async def close(self, *, discard_input: bool = False) -> None:

@@ -49,11 +49,10 @@ LABEL_MANAGED = "sandboxd.managed"
 LABEL_INSTANCE = "sandboxd.instance"
 LABEL_WORKSPACE = "sandboxd.workspace_id"
 WORKSPACE_MOUNT = "/workspace"
-# PID 1 is Docker's init; this is its only child. It runs as root (without any
-# capability) so that the workspace user -- who can signal every process of its
-# own uid -- cannot stop the container with `kill -9 -1`.
-KEEPALIVE = ["tail", "-f", "/dev/null"]
-KEEPALIVE_USER = "0:0"
+MAIN_USER = "0:0"
+"""The main process (PID 1 is Docker's init; this is its only child) runs as root, with only the
+capabilities the spec names: the workspace user, who can signal every process of its own uid,
+cannot stop the container with `kill -9 -1`."""
 _MUX_HEADER = struct.Struct(">BxxxI")
 _STREAM_LIMIT = 4 * 1024 * 1024
 
@@ -333,11 +332,18 @@ class DockerBackend:
             log.warning("workspace.leftover_volume_removed", workspace_id=spec.workspace_id)
             with contextlib.suppress(docker.errors.NotFound):
                 await self._call(api.remove_volume, name, force=True, idempotent=True)
+        mounts = [Mount(target=WORKSPACE_MOUNT, source=name, type="volume")]
+        if spec.agent_volume:
+            mounts.append(Mount(target=spec.agent_mount, source=spec.agent_volume, type="volume", read_only=True))
+        tmpfs = {path: "rw,nosuid,nodev,noexec,mode=0700,size=1m" for path in spec.private_dirs}
+        if spec.read_only_root_filesystem:
+            tmpfs["/tmp"] = f"rw,nosuid,nodev,mode=1777,size={spec.memory_bytes}"
+        capabilities = sorted({*spec.added_capabilities, *spec.agent_capabilities})
         host_config = api.create_host_config(
             init=True,
-            mounts=[Mount(target=WORKSPACE_MOUNT, source=name, type="volume")],
+            mounts=mounts,
             cap_drop=["ALL"],
-            cap_add=list(spec.added_capabilities) or None,
+            cap_add=capabilities or None,
             security_opt=["no-new-privileges:true"] if spec.no_new_privileges else None,
             pids_limit=spec.pids,
             mem_limit=spec.memory_bytes,
@@ -348,14 +354,7 @@ class DockerBackend:
             # An engine restart brings workspaces back; the daemon re-adopts them by label.
             restart_policy={"Name": "unless-stopped"},
             read_only=spec.read_only_root_filesystem,
-            tmpfs={
-                "/tmp": f"rw,nosuid,nodev,mode=1777,size={spec.memory_bytes}",
-                # Where the helpers' execute-only interpreter goes (incontainer.PROTECTED_PYTHON_SETUP):
-                # root's, and executable, unlike Docker's default tmpfs.
-                "/usr/local/libexec/sandboxd": "rw,exec,nosuid,nodev,mode=0711,size=64m",
-            }
-            if spec.read_only_root_filesystem
-            else None,
+            tmpfs=tmpfs or None,
         )
         driver_opts = None
         if spec.disk_bytes:
@@ -369,12 +368,9 @@ class DockerBackend:
                 api.create_container,
                 spec.image,
                 name=name,
-                # The setup runs in a subshell: whatever it does, the keep-alive follows.
-                entrypoint=["sh", "-c", f"( {spec.setup_script}\n) >/dev/null 2>&1\nexec {' '.join(KEEPALIVE)}"]
-                if spec.setup_script
-                else KEEPALIVE,
+                entrypoint=list(spec.entrypoint) or ["sleep", "infinity"],
                 command=[],
-                user=KEEPALIVE_USER,
+                user=MAIN_USER,
                 environment=dict(spec.env),
                 working_dir=spec.working_dir,
                 labels=labels,
@@ -533,7 +529,9 @@ class DockerBackend:
     async def _exec_exit_code(self, exec_id: str) -> int | None:
         try:
             inspected = await self._call(self._api().exec_inspect, exec_id, idempotent=True)
-        except (docker.errors.NotFound, SandboxdError):
+        except docker.errors.NotFound:
+            return -1  # the engine has forgotten it: it ended (and its record was cleaned up)
+        except SandboxdError:
             return None
         if inspected.get("Running"):
             return None

@@ -106,6 +106,18 @@ class TestServer:
         assert os.stat(daemon.socket_path).st_mode & 0o777 == 0o600
         assert os.stat(os.path.dirname(daemon.socket_path)).st_mode & 0o777 == 0o700
 
+    def test_a_shared_sticky_directory_is_left_as_it_is(self, tmp_path) -> None:
+        """A socket put straight into a /tmp-like directory (1777) is 0600; the directory stays 1777."""
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o1777)
+        thread = DaemonThread(make_settings(tmp_path, socket_path=str(shared / "sandboxd.sock"))).start()
+        try:
+            assert os.stat(thread.socket_path).st_mode & 0o777 == 0o600
+            assert shared.stat().st_mode & 0o7777 == 0o1777
+        finally:
+            thread.stop()
+
     async def test_docker_unreachable_is_unavailable(self, tmp_path) -> None:
         """With no engine at the configured address, calls fail UNAVAILABLE saying so, quickly."""
         settings = make_settings(tmp_path, docker_host="unix:///nonexistent/docker.sock")

@@ -337,23 +337,36 @@ class TestPty:
 
 
 class TestHostile:
-    async def test_helpers_run_from_an_execute_only_interpreter(self, workspace, runtime: str) -> None:
-        """Under runc the supervisor is started from a copy of python3 its user cannot read, so it is
-        non-dumpable from execve on: no start-up window in which its pipes could be opened.
-        gVisor runs no binary it cannot read: there the helpers use python3 itself."""
+    async def test_the_commands_parent_is_the_agent_and_out_of_reach(self, workspace, runtime: str) -> None:
+        """A command's parent is the agent, root's: no fd of it opens for the command (while a
+        neighbour's pipes and a file operation's are there too) and neither does its memory, under
+        runc and gVisor alike; its environment is closed under runc. gVisor makes every process's
+        environ and fd directory world-readable: the agent's environ then holds no variable the
+        command lacks itself, and the one fd that opens is its stdin, Docker's /dev/null."""
+        neighbour = await start_ready(workspace, "echo ready; while :; do echo tick; sleep 0.05; done")
         probe = (
-            "tr '\\0' '\\n' < /proc/$PPID/cmdline | head -1; "
-            "(head -c1 /usr/local/libexec/sandboxd/python3 >/dev/null) 2>/dev/null && echo readable "
-            "|| echo unreadable; "
-            "(cat /proc/$PPID/environ >/dev/null) 2>/dev/null && echo environ-open || echo environ-denied"
+            "tr '\\0' ' ' < /proc/$PPID/cmdline; echo; "
+            "stat -c '%u' /proc/$PPID; "
+            "(cat /proc/$PPID/environ >/dev/null) 2>/dev/null && echo environ-open || echo environ-denied; "
+            "(exec 3</proc/$PPID/mem) 2>/dev/null && echo mem-open || echo mem-denied; "
+            "for n in $(seq 0 63); do "
+            '  (exec 3</proc/$PPID/fd/$n) 2>/dev/null && echo "fd$n-read $(head -c 1 /proc/$PPID/fd/$n | wc -c)"; '
+            "  (exec 3>/proc/$PPID/fd/$n) 2>/dev/null && echo fd$n-write; "
+            "done; echo probed"
         )
+        upload = asyncio.create_task(workspace.write_file("big.bin", "x" * (8 << 20)))
         result = await workspace.exec(probe).wait()
+        await upload
+        environ = "environ-open" if runtime == "runsc" else "environ-denied"
+        opened = "fd0-read 0\nfd0-write\n" if runtime == "runsc" else ""
+        assert result.stdout == f"/.sandboxd/sandboxd-agent serve \n0\n{environ}\nmem-denied\n{opened}probed\n"
         if runtime == "runsc":
-            assert result.stdout.splitlines()[0] == "python3"
-        else:
-            assert result.stdout == "/usr/local/libexec/sandboxd/python3\nunreadable\nenviron-denied\n"
-            owner = await workspace.exec("stat -c '%U %a' /usr/local/libexec/sandboxd/python3").wait()
-            assert owner.stdout == "root 711\n"
+            names = await workspace.exec(
+                "tr '\\0' '\\n' < /proc/$PPID/environ | cut -d= -f1 | sort -u; echo ---; env | cut -d= -f1 | sort -u"
+            ).wait(check=True)
+            agent, _, command = names.stdout.partition("---\n")
+            assert set(agent.split()) <= set(command.split()), names.stdout
+        await workspace.client.kill(neighbour)
 
     async def test_zombies_are_reaped(self, workspace, runtime: str) -> None:
         """300 orphaned `(sleep 0.01 &)` leave no zombie behind (100 under gVisor, where forks are slow)."""
@@ -369,18 +382,15 @@ class TestHostile:
         Under gVisor the sandbox's own memory accounting refuses the allocation first
         (the program fails, exit 1) and the cgroup OOM killer never strikes the program; on
         a loaded host the program may instead stall in gVisor's reclaim until its timeout
-        ends it, or the host's OOM killer may take the runsc process that carries the
-        command's exec (the command then ends failed, its supervisor gone).
+        ends it. (No exec of the command's own can be taken by the host's OOM killer any
+        more: the command is the agent's child.)
         """
         await workspace.exec("echo precious > keep.txt").wait(check=True)
         bomb = """python3 -c "a=[b'x'*10**7 for _ in range(10**6)]" """
-        result = await workspace.exec(bomb, timeout_s=30, yield_after_s=60).wait()
+        result = await workspace.exec(bomb, timeout_s=30, follow=True).wait()
         if runtime == "runsc":
             outcome = (result.exit_code, result.signal, result.oom_killed, result.stop_reason)
-            carrier_killed = result.stop_reason == "failed" and result.message.startswith(
-                "the command's supervisor ended without an exit status"
-            )
-            assert outcome == (1, "", False, "exited") or result.stop_reason == "timeout" or carrier_killed, outcome
+            assert outcome == (1, "", False, "exited") or result.stop_reason == "timeout", outcome
         else:
             assert (result.exit_code, result.signal, result.oom_killed) == (137, "SIGKILL", True)
             assert str(256 * 1024**2) in result.message

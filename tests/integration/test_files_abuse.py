@@ -36,8 +36,8 @@ async def raw(workspace, path: str) -> bytes:  # type: ignore[no-untyped-def]
 
 
 async def fileops_left(workspace) -> list[str]:  # type: ignore[no-untyped-def]
-    # Each file operation carries its marker in its argv ("[=]": this shell's own argv must not match).
-    out = await sh(workspace, "pgrep -fa 'SANDBOXD_FILE_OP[=]' || true")
+    # Each file operation runs in an agent helper named so ("[p]": this shell's own argv must not match).
+    out = await sh(workspace, "pgrep -fa 'sandboxd-agent spawn fileo[p]' || true")
     return out.splitlines()
 
 

@@ -16,10 +16,10 @@ import warnings
 from pathlib import Path
 
 import pytest
-from sandboxd_client import NotFoundError, SandboxClient, UnavailableError
+from sandboxd_client import NotFoundError, SandboxClient, UnavailableError, Yielded
 
 from tests.conftest import DaemonThread, make_settings, new_instance, spawned_daemon
-from tests.integration.helpers import one_file_tar, ps, start_yielded, trickle
+from tests.integration.helpers import collect, one_file_tar, ps, start_yielded, trickle
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -111,7 +111,10 @@ def _docker():  # type: ignore[no-untyped-def]
 
 
 class TestRestart:
-    def test_kill_9_then_restart_readopts_and_reports_lost_processes(self, tmp_path: Path, default_image: str) -> None:
+    def test_kill_9_then_restart_readopts_workspaces_and_their_commands(
+        self, tmp_path: Path, default_image: str
+    ) -> None:
+        """A daemon killed with SIGKILL: the next one takes over its workspaces and the commands they run."""
         client_docker = _docker()
         instance = new_instance()  # both runs of the daemon share it: that is what a restart is
 
@@ -140,12 +143,15 @@ class TestRestart:
                 ws = await client.get_workspace(workspace_id)
                 assert "survives a daemon crash" in (await ws.read_file("/workspace/notes.txt")).content
                 assert (await ws.exec("echo $KEEP").wait()).stdout == "1\n"
-                for attempt in (lambda: client.input(process_id, "").wait(), lambda: client.kill(process_id)):
-                    with pytest.raises(NotFoundError, match="was lost: the daemon restarted while it ran"):
-                        await attempt()
+                # The command outlived the daemon: it is the same process, still running, under its id.
+                polled = await client.input(process_id, "", yield_after_s=0.25).wait()
+                assert (polled.exit_code, polled.process_id) == (None, process_id)
+                assert len(await ps(ws, r"sleep 600")) == 1
+                ended = await client.kill(process_id)
+                assert (ended.exit_code, ended.signal, ended.stop_reason) == (143, "SIGTERM", "killed")
+                assert await ps(ws, r"sleep 600") == []
                 with pytest.raises(NotFoundError, match=r"^process 'p-000000000000' not found$"):
-                    await client.kill("p-000000000000")  # never existed: no claim that it was lost
-                assert await ps(ws, r"sleep 600") == []  # ended at restart, not left running unseen
+                    await client.kill("p-000000000000")
                 owned = {w.workspace_id for w in await client.list_workspaces()}
                 containers = client_docker.containers.list(all=True, filters={"label": f"sandboxd.instance={instance}"})
                 names = {c.name for c in containers}
@@ -162,12 +168,49 @@ class TestRestart:
         assert "daemon.orphans_removed" in log.read_text()
         client_docker.close()
         audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
-        lost = [e for e in audit if e.get("event") == "process.lost"]
-        assert [(e["process_id"], e["workspace_id"], e["tenant"]) for e in lost] == [
+        adopted = [e for e in audit if e.get("event") == "process.adopted"]
+        assert [(e["process_id"], e["workspace_id"], e["tenant"]) for e in adopted] == [
             (process_id, workspace_id, "default")
         ]
         # The first run died before its Exec call's final line: the line written ahead is there.
         assert any(e.get("phase") == "begin" and e.get("process_id") == process_id for e in audit)
+
+    def test_output_continues_from_the_exact_byte_across_a_restart(self, tmp_path: Path) -> None:
+        """`seq 1 20` at 2 lines a second; the daemon is killed at ~3 s; a new one delivers the rest, exactly once."""
+        instance = new_instance()
+        command = "for i in $(seq 1 20); do echo $i; sleep 0.5; done"
+
+        async def before(socket_path: str) -> tuple[str, str, str]:
+            async with SandboxClient(socket_path=socket_path, retries=False) as client:
+                ws = await client.create_workspace(labels={"test": "restart-stream"})
+                events, seen, _ = await collect(ws.exec(command, yield_after_s=1.0))
+                process_id = events[-1].process_id
+                while seen.count("\n") < 6:  # about 3 s in
+                    _, out, _ = await collect(client.input(process_id, "", yield_after_s=0.25))
+                    seen += out
+                return ws.workspace_id, process_id, seen
+
+        with spawned_daemon(tmp_path, instance) as (daemon, socket_path, _log):
+            workspace_id, process_id, seen = asyncio.run(before(socket_path))
+            daemon.send_signal(signal.SIGKILL)
+            daemon.wait(30)
+
+        async def after(socket_path: str) -> tuple[str, object]:
+            rest = ""
+            async with SandboxClient(socket_path=socket_path, retries=False) as client:
+                deadline = time.monotonic() + 60
+                while True:
+                    events, out, _ = await collect(client.input(process_id, "", yield_after_s=2.0))
+                    rest += out
+                    if not isinstance(events[-1], Yielded) or time.monotonic() > deadline:
+                        break
+                await client.delete_workspace(workspace_id)
+            return rest, events[-1]
+
+        with spawned_daemon(tmp_path, instance) as (_daemon, socket_path, _log):
+            rest, final = asyncio.run(after(socket_path))
+        assert seen + rest == "".join(f"{i}\n" for i in range(1, 21))
+        assert (final.exit_code, final.stop_reason) == (0, "exited")  # type: ignore[attr-defined]
 
 
 class _EngineProxy:

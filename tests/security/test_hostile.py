@@ -205,7 +205,7 @@ async def test_file_operations_cannot_be_hijacked(client, attacker, neighbour) -
         client.upload(attacker.workspace_id, "/workspace", trickle(archive, pieces=6, pause_s=0.5))
     )
     probe = (
-        'sleep 1; pid=$(pgrep -f SANDBOXD_FILE_OP | head -1); [ -n "$pid" ] || { echo no-op; exit; }; '
+        'sleep 1; pid=$(pgrep -f "sandboxd-agent spawn fileo[p]" | head -1); [ -n "$pid" ] || { echo no-op; exit; }; '
         'for f in fd/1 fd/2; do (exec 3>/proc/$pid/$f) 2>/dev/null && echo "$f open" || echo "$f denied"; done; '
         'for f in fd/0 environ; do (exec 3</proc/$pid/$f) 2>/dev/null && echo "$f open" || echo "$f denied"; done'
     )
@@ -296,14 +296,14 @@ async def test_read_only_root_filesystem(client, attacker, neighbour) -> None:  
         await attacker.write_file("/etc/motd", "defaced\n")
     await attacker.write_file("/tmp/scratch.txt", "fine\n")
     assert attacker.info.read_only_root_filesystem
-    # The daemon's own machinery (supervisor, spill files) still works.
+    # The daemon's own machinery (the agent, spill files) still works.
     result = await attacker.exec("seq 1 50000", spill_after_bytes=1024).wait()
     assert result.spill_path.startswith("/workspace/.sandboxd/spill/")
-    # Its helpers still start from the execute-only interpreter, on a tmpfs of its own.
+    # The agent's volume is read-only too.
     helper = await attacker.exec(
-        "tr '\\0' '\\n' < /proc/$PPID/cmdline | head -1; touch /usr/local/libexec/sandboxd/x 2>/dev/null || echo no"
+        "tr '\\0' '\\n' < /proc/$PPID/cmdline | head -1; touch /.sandboxd/x 2>/dev/null || echo no"
     ).wait()
-    assert helper.stdout == "/usr/local/libexec/sandboxd/python3\nno\n"
+    assert helper.stdout == "/.sandboxd/sandboxd-agent\nno\n"
 
 
 async def test_yielded_attack_does_not_hold_the_daemon(client, attacker, neighbour) -> None:  # type: ignore[no-untyped-def]

@@ -127,21 +127,21 @@ class TestInterruptPlan:
         """Without a terminal, Ctrl-C is SIGINT to the command's process group."""
         from sandboxd.processes import InterruptPlan, interrupt_plan
 
-        assert interrupt_plan("linux", pid=42, tty=False) is InterruptPlan.PROCESS_GROUP
+        assert interrupt_plan("linux", tty=False) is InterruptPlan.PROCESS_GROUP
 
     def test_linux_tty_goes_through_the_line_discipline(self) -> None:
         """Under a terminal, Ctrl-C is the ETX byte, so the terminal signals its foreground group."""
         from sandboxd.processes import InterruptPlan, interrupt_plan
 
-        assert interrupt_plan("linux", pid=42, tty=True) is InterruptPlan.TERMINAL
+        assert interrupt_plan("linux", tty=True) is InterruptPlan.TERMINAL
 
     @pytest.mark.parametrize("os_name", ["windows", "Windows"])
     @pytest.mark.parametrize("tty", [False, True])
     def test_windows_falls_back_to_a_tree_kill(self, os_name: str, tty: bool) -> None:
-        """Windows containers cannot signal piped processes: Ctrl-C is taskkill /T /F of the command's tree."""
-        from sandboxd.processes import interrupt_plan
+        """Windows containers cannot signal piped processes: Ctrl-C is the agent's kill of the command's tree."""
+        from sandboxd.processes import InterruptPlan, interrupt_plan
 
-        assert interrupt_plan(os_name, pid=4711, tty=tty) == ["taskkill", "/T", "/F", "/PID", "4711"]
+        assert interrupt_plan(os_name, tty=tty) is InterruptPlan.TREE_KILL
 
 
 class TestParseSignal:

@@ -6,12 +6,13 @@
 //	sandboxd-agent bridge    stdin/stdout to the agent's socket (what the daemon execs)
 //	sandboxd-agent version   prints the version
 //
-// "spawn" and "fileop" are the agent's own helpers, started by it.
+// "spawn" is the agent's own helper, started by it for every command and file operation.
 package main
 
 import (
 	"fmt"
 	"os"
+	"runtime"
 
 	"sandboxd/agent/internal/agent"
 	"sandboxd/agent/internal/fileops"
@@ -19,6 +20,12 @@ import (
 )
 
 var version = "dev"
+
+func init() {
+	// main runs on the main thread alone, the thread-group leader, whose credentials decide
+	// who may open /proc/<agent>: no goroutine that switches credentials ever runs there.
+	runtime.LockOSThread()
+}
 
 func main() {
 	mode := "serve"
@@ -37,9 +44,7 @@ func main() {
 			os.Exit(1)
 		}
 	case "spawn":
-		spawn.Child()
-	case "fileop":
-		os.Exit(fileops.Main())
+		spawn.Child(map[string]func() int{"fileop": fileops.Main})
 	case "bridge":
 		if err := agent.Bridge(); err != nil {
 			fmt.Fprintln(os.Stderr, "sandboxd-agent:", err)

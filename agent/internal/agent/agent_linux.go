@@ -13,6 +13,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -24,11 +26,21 @@ import (
 // Version is the agent's release, reported in Welcome.
 var Version = "dev"
 
-// SocketDir holds the agent's socket: a root-only tmpfs the daemon mounts.
-const SocketDir = "/run/sandboxd"
+// SocketPath is where the agent listens: in /run/sandboxd, a root-only tmpfs the daemon
+// mounts. An agent that is not root (its tests on a host) takes SANDBOXD_AGENT_SOCKET
+// instead; root never does (an image's environment must not move it).
+var SocketPath = socketPath()
 
-// SocketPath is where the agent listens.
-const SocketPath = SocketDir + "/agent.sock"
+func socketPath() string {
+	if path := os.Getenv("SANDBOXD_AGENT_SOCKET"); path != "" && os.Getuid() != 0 {
+		return path
+	}
+	return "/run/sandboxd/agent.sock"
+}
+
+// trusted says whether a peer of this uid may speak for the daemon (or be the agent): root,
+// or the agent's own user when it is not root.
+func trusted(uid uint32) bool { return uid == 0 || uid == uint32(os.Getuid()) }
 
 // maxQueuedBytes bounds frames waiting for a slow daemon; past it the connection is dropped
 // (output is kept by the sessions and sent again on the next connection).
@@ -86,7 +98,7 @@ func (a *Agent) Send(kind byte, channel uint32, payload []byte) bool {
 	if c == nil {
 		return false
 	}
-	return c.enqueue(proto.Encode(kind, channel, payload))
+	return c.enqueueAfterWelcome(proto.Encode(kind, channel, payload))
 }
 
 // Expect registers a child; its wait status is delivered on the returned channel.
@@ -130,8 +142,34 @@ func (a *Agent) reap(signals <-chan os.Signal) {
 	}
 }
 
+// Threads made at start and kept idle. The workspace's process limit counts threads, and
+// Go ends a program that cannot make one it needs: under a fork bomb that holds every pid,
+// the agent and its bridge run on threads they already have.
+const (
+	agentThreads  = 24
+	bridgeThreads = 8
+)
+
+// reserveThreads makes the Go runtime start n threads now; they stay, idle, for later use.
+func reserveThreads(n int) {
+	var ready, release sync.WaitGroup
+	release.Add(1)
+	for i := 0; i < n; i++ {
+		ready.Add(1)
+		go func() {
+			runtime.LockOSThread() // one goroutine per thread: n threads at once
+			ready.Done()
+			release.Wait()
+			runtime.UnlockOSThread() // the thread goes back to the runtime's idle list
+		}()
+	}
+	ready.Wait()
+	release.Done()
+}
+
 // Serve listens on SocketPath and serves connections until the listener fails.
 func (a *Agent) Serve() error {
+	reserveThreads(agentThreads)
 	if err := setSubreaper(); err != nil {
 		a.logf("cannot become the subreaper of commands: %v", err)
 	}
@@ -140,10 +178,11 @@ func (a *Agent) Serve() error {
 	go a.reap(children)
 	children <- syscall.SIGCHLD // children that ended before the handler was in place
 	signal.Ignore(syscall.SIGPIPE)
-	if err := os.MkdirAll(SocketDir, 0o700); err != nil {
+	dir := filepath.Dir(SocketPath)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("socket directory: %w", err)
 	}
-	if err := os.Chmod(SocketDir, 0o700); err != nil {
+	if err := os.Chmod(dir, 0o700); err != nil {
 		return fmt.Errorf("socket directory: %w", err)
 	}
 	_ = os.Remove(SocketPath)
@@ -159,7 +198,7 @@ func (a *Agent) Serve() error {
 		if err != nil {
 			return fmt.Errorf("accept: %w", err)
 		}
-		if uid, err := peerUID(raw); err != nil || uid != 0 {
+		if uid, err := peerUID(raw); err != nil || !trusted(uid) {
 			raw.Close() // only root (the daemon's exec) may speak for the daemon
 			continue
 		}
@@ -174,31 +213,31 @@ func (a *Agent) adopt(c *conn) {
 	a.conn = c
 	close(a.changed)
 	a.changed = make(chan struct{})
-	sessions := make([]*session.Session, 0, len(a.sessions))
-	for _, s := range a.sessions {
-		sessions = append(sessions, s)
-	}
 	a.mu.Unlock()
 	if old != nil {
 		old.close()
 	}
 	a.abandonFiles()
-	for _, s := range sessions {
-		s.Reconnected()
-	}
 	go c.writeLoop()
 	go a.readLoop(c)
 }
 
 func (a *Agent) drop(c *conn) {
 	a.mu.Lock()
+	var orphaned []*session.Session
 	if a.conn == c {
 		a.conn = nil
 		close(a.changed)
 		a.changed = make(chan struct{})
+		for _, s := range a.sessions {
+			orphaned = append(orphaned, s)
+		}
 	}
 	a.mu.Unlock()
 	c.close()
+	for _, s := range orphaned {
+		s.ReaderGone() // nobody reads until a daemon is back: keep the head, count the rest
+	}
 }
 
 func (a *Agent) readLoop(c *conn) {
@@ -235,7 +274,7 @@ func (a *Agent) dispatch(c *conn, f proto.Frame) {
 			a.protocolError(c, 0, "this agent speaks protocol %d", proto.Version)
 			return
 		}
-		c.enqueue(proto.Encode(proto.Welcome, 0, a.welcome()))
+		a.greet(c)
 		return
 	}
 	if f.Channel == 0 {
@@ -267,6 +306,14 @@ func (a *Agent) dispatch(c *conn, f proto.Frame) {
 	case proto.FileOp, proto.FileData, proto.FileEnd, proto.FileAck:
 		a.dispatchFile(c, f)
 		return
+	case proto.Discard:
+		a.mu.Lock()
+		op := a.files[f.Channel]
+		a.mu.Unlock()
+		if op != nil {
+			a.forgetFile(op) // the daemon gave up on it (its call was cancelled or timed out)
+			return
+		}
 	}
 	a.mu.Lock()
 	s := a.sessions[f.Channel]
@@ -314,6 +361,31 @@ func (a *Agent) dispatch(c *conn, f proto.Frame) {
 	}
 }
 
+// greet answers a Hello. Until then the connection carries no session frame; each session
+// first goes back to the daemon's last acknowledgement (what the welcome reports), so the
+// daemon never sees output from beyond it, nor frames before the welcome.
+func (a *Agent) greet(c *conn) {
+	a.mu.Lock()
+	sessions := make([]*session.Session, 0, len(a.sessions))
+	for _, s := range a.sessions {
+		sessions = append(sessions, s)
+	}
+	a.mu.Unlock()
+	c.mu.Lock()
+	c.greeted = false
+	c.mu.Unlock()
+	for _, s := range sessions {
+		s.Reconnected()
+	}
+	c.enqueue(proto.Encode(proto.Welcome, 0, a.welcome()))
+	c.mu.Lock()
+	c.greeted = true
+	c.mu.Unlock()
+	for _, s := range sessions {
+		s.Wake() // a gap at the acknowledgement is news to the daemon
+	}
+}
+
 func (a *Agent) welcome() []byte {
 	a.mu.Lock()
 	states := make([]proto.SessionState, 0, len(a.sessions))
@@ -334,6 +406,8 @@ type conn struct {
 	queued int
 	ready  *sync.Cond
 	closed bool
+	// greeted is set once the Welcome is queued: session frames wait for it.
+	greeted bool
 }
 
 func newConn(raw *net.UnixConn, a *Agent) *conn {
@@ -342,9 +416,23 @@ func newConn(raw *net.UnixConn, a *Agent) *conn {
 	return c
 }
 
+// enqueueAfterWelcome queues a session's frame; false before the Welcome.
+func (c *conn) enqueueAfterWelcome(frame []byte) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.greeted {
+		return false
+	}
+	return c.enqueueLocked(frame)
+}
+
 func (c *conn) enqueue(frame []byte) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.enqueueLocked(frame)
+}
+
+func (c *conn) enqueueLocked(frame []byte) bool {
 	if c.closed {
 		return false
 	}
@@ -425,15 +513,28 @@ func peerUID(c *net.UnixConn) (uint32, error) {
 	return cred.Uid, nil
 }
 
+// bridgeWait is how long the bridge waits for the agent to listen.
+const bridgeWait = 10 * time.Second
+
 // Bridge connects stdin and stdout to the agent's socket (the daemon's docker exec runs
 // this), and returns when either side ends.
 func Bridge() error {
-	raw, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: SocketPath, Net: "unix"})
+	reserveThreads(bridgeThreads)
+	var raw *net.UnixConn
+	var err error
+	// A workspace just created: its agent may still be starting.
+	for deadline := time.Now().Add(bridgeWait); ; {
+		raw, err = net.DialUnix("unix", nil, &net.UnixAddr{Name: SocketPath, Net: "unix"})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err != nil {
 		return fmt.Errorf("the agent does not answer on %s: %w", SocketPath, err)
 	}
 	defer raw.Close()
-	if uid, err := peerUID(raw); err != nil || uid != 0 {
+	if uid, err := peerUID(raw); err != nil || !trusted(uid) {
 		return fmt.Errorf("the process on %s is not the agent (uid %d)", SocketPath, uid)
 	}
 	done := make(chan struct{}, 2)

@@ -3,18 +3,32 @@
 package agent
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"sandboxd/agent/internal/proto"
+	"sandboxd/agent/internal/session"
+	"sandboxd/agent/internal/spawn"
 	"sandboxd/agent/internal/users"
 )
 
 // fileWindow is the most file-operation output sent beyond the daemon's last ack.
 const fileWindow = 256 << 10
+
+// fileInputWindow is the most file-operation input the agent holds for its helper; the
+// daemon sends no more than this beyond the agent's last FileTook report.
+const fileInputWindow = 1 << 20
+
+// fileKillGrace is how long an abandoned helper has to clean up after SIGTERM.
+const fileKillGrace = 500 * time.Millisecond
+
+// tookStep is how much taken input makes a FileTook report worth a frame.
+const tookStep = 256 << 10
 
 // FileRequest opens a file operation: who runs it, and the operation itself, which the
 // helper reads (see internal/fileops).
@@ -23,20 +37,27 @@ type FileRequest struct {
 	Operation json.RawMessage `json:"operation"`
 }
 
-// fileOp relays one file operation: the daemon's data to the helper's stdin, the
-// helper's stdout to the daemon within a window, and the helper's exit.
+// fileOp relays one file operation: the daemon's data to the helper's stdin (as the
+// helper's 'I' and 'C' frames), the helper's stdout to the daemon within a window, and
+// the helper's exit.
 type fileOp struct {
 	channel uint32
 	agent   *Agent
+
+	mu      sync.Mutex
 	stdin   *os.File
 	pid     int
-
-	mu     sync.Mutex
-	sent   uint64
-	acked  uint64
-	room   *sync.Cond
-	done   bool
-	exited bool
+	sent    uint64
+	acked   uint64
+	room    *sync.Cond
+	input   [][]byte
+	held    int
+	ended   bool // the daemon sent FileEnd
+	took    uint64
+	told    uint64
+	done    bool
+	exited  bool
+	started bool
 }
 
 func (a *Agent) dispatchFile(c *conn, f proto.Frame) {
@@ -44,8 +65,7 @@ func (a *Agent) dispatchFile(c *conn, f proto.Frame) {
 	op := a.files[f.Channel]
 	_, taken := a.sessions[f.Channel]
 	a.mu.Unlock()
-	switch f.Kind {
-	case proto.FileOp:
+	if f.Kind == proto.FileOp {
 		if op != nil || taken {
 			a.protocolError(c, f.Channel, "channel %d is in use", f.Channel)
 			return
@@ -60,9 +80,7 @@ func (a *Agent) dispatchFile(c *conn, f proto.Frame) {
 		a.mu.Lock()
 		a.files[f.Channel] = op
 		a.mu.Unlock()
-		if err := op.start(req); err != nil {
-			a.finishFile(op, fmt.Sprintf("the file operation could not start: %v", err))
-		}
+		go op.run(req)
 		return
 	}
 	if op == nil {
@@ -71,11 +89,23 @@ func (a *Agent) dispatchFile(c *conn, f proto.Frame) {
 	}
 	switch f.Kind {
 	case proto.FileData:
-		if _, err := op.stdin.Write(f.Payload); err != nil {
-			op.stdin.Close() // the helper stopped reading (it failed early): its error follows
+		op.mu.Lock()
+		if op.held+len(f.Payload) > fileInputWindow {
+			op.mu.Unlock()
+			a.finishFile(op, "the daemon sent more file data than the agent's window")
+			return
 		}
+		if !op.ended && !op.done {
+			op.input = append(op.input, append([]byte(nil), f.Payload...))
+			op.held += len(f.Payload)
+			op.room.Broadcast()
+		}
+		op.mu.Unlock()
 	case proto.FileEnd:
-		op.stdin.Close()
+		op.mu.Lock()
+		op.ended = true
+		op.room.Broadcast()
+		op.mu.Unlock()
 	case proto.FileAck:
 		var msg proto.FileAckMsg
 		if err := decode(f.Payload, &msg); err != nil {
@@ -91,63 +121,126 @@ func (a *Agent) dispatchFile(c *conn, f proto.Frame) {
 	}
 }
 
-// start runs the helper as the operation's user and relays its output.
-func (op *fileOp) start(req FileRequest) error {
+// run starts the helper as the operation's user, with no privileges left: the spawn
+// helper drops them as for a command, then runs the operation itself (fileops.Main)
+// rather than executing anything, so it is never dumpable. It relays input and output.
+func (op *fileOp) run(req FileRequest) {
 	u, err := users.Resolve(req.User, "")
 	if err != nil {
-		return err
+		op.agent.finishFile(op, fmt.Sprintf("the file operation could not start: %v", err))
+		return
 	}
-	inR, inW, err := os.Pipe()
+	files, err := pipes(3)
 	if err != nil {
-		return err
+		op.agent.finishFile(op, fmt.Sprintf("the file operation could not start: %v", err))
+		return
 	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		return err
+	inR, inW, outR, outW, reqR, reqW := files[0], files[1], files[2], files[3], files[4], files[5]
+	request := spawn.Request{
+		Run:         "fileop",
+		Dir:         "/",
+		UID:         u.UID,
+		GID:         u.GID,
+		Groups:      u.Groups,
+		OOMScoreAdj: session.OOMScoreAdj,
 	}
-	reqR, reqW, err := os.Pipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		outR.Close()
-		outW.Close()
-		return err
-	}
-	groups := make([]uint32, len(u.Groups))
-	copy(groups, u.Groups)
-	attr := &os.ProcAttr{
-		Dir:   "/",
-		Env:   []string{"HOME=" + u.Home, "PATH=/usr/local/bin:/usr/bin:/bin"},
-		Files: []*os.File{inR, outW, nil, reqR},
-		Sys: &syscall.SysProcAttr{
-			Setsid:     true,
-			Credential: &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: groups},
-		},
-	}
-	proc, err := os.StartProcess(op.agent.self, []string{"sandboxd-agent", "fileop"}, attr)
+	proc, failure, err := spawn.Start(op.agent.self, request, [3]*os.File{inR, outW, nil}, []*os.File{reqR}, false)
 	inR.Close()
 	outW.Close()
 	reqR.Close()
+	if err == nil && failure != nil {
+		err = fmt.Errorf("%s", failure.Message)
+	}
+	if err == nil {
+		if failure := proc.Go(); failure != nil {
+			err = fmt.Errorf("%s", failure.Message)
+		}
+	}
 	if err != nil {
 		inW.Close()
 		outR.Close()
 		reqW.Close()
-		return err
+		op.agent.finishFile(op, fmt.Sprintf("the file operation could not start: %v", err))
+		return
 	}
-	status := op.agent.Expect(proc.Pid)
-	op.stdin, op.pid = inW, proc.Pid
+	status := op.agent.Expect(proc.PID)
+	op.mu.Lock()
+	op.stdin, op.pid, op.started = inW, proc.PID, true
+	abandoned := op.done
+	op.mu.Unlock()
+	if abandoned {
+		_ = syscall.Kill(proc.PID, syscall.SIGKILL)
+	}
 	_, _ = reqW.Write(req.Operation)
 	reqW.Close()
-	go op.relay(outR, status)
-	return nil
+	go op.feed()
+	op.relay(outR, status)
+}
+
+func pipes(n int) ([]*os.File, error) {
+	var files []*os.File
+	for i := 0; i < n; i++ {
+		r, w, err := os.Pipe()
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, err
+		}
+		files = append(files, r, w)
+	}
+	return files, nil
+}
+
+// feed writes the daemon's data to the helper as 'I' frames, then 'C'; it reports what the
+// helper took so that the daemon may send more.
+func (op *fileOp) feed() {
+	defer op.stdin.Close()
+	header := make([]byte, 5)
+	for {
+		op.mu.Lock()
+		for len(op.input) == 0 && !op.ended && !op.done {
+			op.room.Wait()
+		}
+		if op.done {
+			op.mu.Unlock()
+			return
+		}
+		if len(op.input) == 0 { // ended
+			op.mu.Unlock()
+			header[0] = 'C'
+			binary.BigEndian.PutUint32(header[1:], 0)
+			_, _ = op.stdin.Write(header)
+			return
+		}
+		chunk := op.input[0]
+		op.input = op.input[1:]
+		op.mu.Unlock()
+		header[0] = 'I'
+		binary.BigEndian.PutUint32(header[1:], uint32(len(chunk)))
+		if _, err := op.stdin.Write(append(header, chunk...)); err != nil {
+			return // the helper stopped reading (it failed early): its error follows
+		}
+		op.mu.Lock()
+		op.held -= len(chunk)
+		op.took += uint64(len(chunk))
+		took, report := op.took, op.took-op.told >= tookStep || len(op.input) == 0
+		if report {
+			op.told = took
+		}
+		op.mu.Unlock()
+		if report {
+			body, _ := json.Marshal(proto.FileTookMsg{Bytes: took})
+			op.agent.Send(proto.FileTook, op.channel, body)
+		}
+	}
 }
 
 func (op *fileOp) relay(out *os.File, status <-chan syscall.WaitStatus) {
 	defer out.Close()
 	chunk := make([]byte, 64<<10)
-	for {
+	abandoned := false
+	for !abandoned {
 		n, err := out.Read(chunk)
 		if n > 0 {
 			op.mu.Lock()
@@ -157,13 +250,14 @@ func (op *fileOp) relay(out *os.File, status <-chan syscall.WaitStatus) {
 			stop := op.done
 			op.sent += uint64(n)
 			op.mu.Unlock()
-			if stop || !op.agent.Send(proto.FileOut, op.channel, chunk[:n]) {
-				break // no daemon to tell: the operation is abandoned
-			}
+			abandoned = stop || !op.agent.Send(proto.FileOut, op.channel, chunk[:n])
 		}
 		if err != nil {
 			break
 		}
+	}
+	if abandoned {
+		op.agent.forgetFile(op) // nobody to tell: the helper is killed, not left waiting
 	}
 	ws := <-status
 	op.mu.Lock()
@@ -184,6 +278,8 @@ func (a *Agent) finishFile(op *fileOp, message string) {
 	a.forgetFile(op)
 }
 
+// forgetFile ends an operation: its channel goes, its helper is killed if still running
+// (an abandoned helper must not wait for data for ever).
 func (a *Agent) forgetFile(op *fileOp) {
 	a.mu.Lock()
 	if a.files[op.channel] == op {
@@ -191,15 +287,23 @@ func (a *Agent) forgetFile(op *fileOp) {
 	}
 	a.mu.Unlock()
 	op.mu.Lock()
+	already := op.done
 	op.done = true
-	exited := op.exited
+	op.input, op.held = nil, 0
+	pid, exited := op.pid, op.exited
 	op.room.Broadcast()
 	op.mu.Unlock()
-	if op.stdin != nil {
-		op.stdin.Close()
-	}
-	if !exited && op.pid > 0 {
-		_ = syscall.Kill(op.pid, syscall.SIGKILL) // abandoned: it must not wait for data for ever
+	if !already && pid > 0 && !exited {
+		// SIGTERM lets the helper remove a half-written temporary file; SIGKILL follows.
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		time.AfterFunc(fileKillGrace, func() {
+			op.mu.Lock()
+			gone := op.exited
+			op.mu.Unlock()
+			if !gone {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		})
 	}
 }
 

@@ -231,6 +231,9 @@ func opUpload(req map[string]any, _ *out) (any, error) {
 				if errors.As(err, &op) {
 					return nil, op
 				}
+				if errors.Is(err, io.ErrUnexpectedEOF) {
+					return nil, opErr("invalid", "not a valid tar stream: %s is cut short", header.Name)
+				}
 				return nil, fromOS(err, target)
 			}
 			if err := os.Chmod(target, mode); err != nil {

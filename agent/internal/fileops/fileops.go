@@ -3,7 +3,7 @@
 // permissions are the user's shell's. It does only primitive operations; the file
 // semantics (cat -n pages, exact replacement, diffs) live in the daemon.
 //
-// The operation (JSON) comes on fd 3. Frames (one kind byte, a 4-byte big-endian length,
+// The operation (JSON) comes on fd 4. Frames (one kind byte, a 4-byte big-endian length,
 // the payload), as sandboxd's file operations have always spoken:
 //
 //	stdout: 'D' data bytes; 'L' one selected line (an 8-byte big-endian character count
@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"sync"
 	"syscall"
 )
 
@@ -166,9 +168,37 @@ func (i *in) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// staging is the temporary file an operation is filling, removed if the operation is
+// cancelled (the agent sends SIGTERM, then SIGKILL after a grace).
+var staging struct {
+	sync.Mutex
+	path string
+}
+
+func stage(path string) {
+	staging.Lock()
+	staging.path = path
+	staging.Unlock()
+}
+
+func cleanUpOnTerm() {
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	go func() {
+		<-term
+		// A rename racing this removal leaves the target whole either way (old or new).
+		staging.Lock()
+		if staging.path != "" {
+			_ = os.Remove(staging.path)
+		}
+		os.Exit(128 + int(syscall.SIGTERM))
+	}()
+}
+
 // Main runs one operation; its exit status is the process's.
 func Main() int {
-	request, err := io.ReadAll(io.LimitReader(os.NewFile(3, "request"), 1<<20))
+	cleanUpOnTerm()
+	request, err := io.ReadAll(io.LimitReader(os.NewFile(4, "request"), 1<<20))
 	if err != nil {
 		return 127
 	}

@@ -325,6 +325,7 @@ func opWrite(req map[string]any, o *out) (any, error) {
 			return nil, fromOS(err, parent)
 		}
 		staged = spool.Name()
+		stage(staged)
 	} else {
 		// The directory is not ours to create files in, but the file is writable: it is
 		// written in place, as the shell's `>` would; the data waits in a spool until then.
@@ -341,6 +342,7 @@ func opWrite(req map[string]any, o *out) (any, error) {
 		spool.Close()
 		if staged != "" {
 			_ = os.Remove(staged)
+			stage("")
 		}
 	}()
 	size, err := io.Copy(spool, source)

@@ -77,6 +77,14 @@ func (b *Buffer) Append(stream byte, data []byte) bool {
 		take := len(data)
 		if take > space {
 			take = space
+			if !b.reader {
+				// What is kept ends on a character: the gap, not the head, takes a split one.
+				take = utf8Cut(data, take)
+				if take == 0 {
+					b.drop(uint64(len(data)))
+					break
+				}
+			}
 		}
 		b.keep(stream, data[:take])
 		data = data[take:]
@@ -223,4 +231,20 @@ func (b *Buffer) Close() {
 	defer b.mu.Unlock()
 	b.closed = true
 	b.room.Broadcast()
+}
+
+// utf8Cut is the largest cut point at most limit that splits no UTF-8 sequence; bytes that
+// are not UTF-8 are cut at limit exactly (it backs up at most three bytes).
+func utf8Cut(data []byte, limit int) int {
+	if limit >= len(data) {
+		return len(data)
+	}
+	cut := limit
+	for back := 0; cut > 0 && back < 3 && data[cut]&0xC0 == 0x80; back++ {
+		cut--
+	}
+	if data[cut]&0xC0 == 0x80 {
+		return limit
+	}
+	return cut
 }

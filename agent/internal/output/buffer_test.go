@@ -137,3 +137,14 @@ func TestCloseWakesAWaitingAppender(t *testing.T) {
 		t.Fatal("appender still waiting")
 	}
 }
+
+func TestDropsNeverSplitACharacter(t *testing.T) {
+	b := New(4)
+	b.Append('1', []byte("abcé")) // "é" is 2 bytes: 5 in all, 4 of room
+	if got := string(data(b.Since(0, 0, 1<<62, 1<<20))); got != "abc" {
+		t.Fatalf("kept %q", got)
+	}
+	if _, _, end, dropped := b.State(); end != 3 || dropped != 2 {
+		t.Fatalf("end %d dropped %d", end, dropped)
+	}
+}

@@ -45,6 +45,7 @@ const (
 	Dropped  byte = 'd'
 	Exited   byte = 'x'
 	FileOut  byte = 'b'
+	FileTook byte = 'k'
 	Result   byte = 'r'
 	ErrorMsg byte = 'e'
 )

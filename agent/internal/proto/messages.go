@@ -1,5 +1,7 @@
 package proto
 
+import "encoding/json"
+
 // HelloMsg opens a connection (daemon -> agent).
 type HelloMsg struct {
 	Protocol int `json:"protocol"`
@@ -15,15 +17,17 @@ type WelcomeMsg struct {
 
 // SessionState describes a session the agent holds, for a daemon that (re)connects.
 type SessionState struct {
-	Channel   uint32     `json:"channel"`
-	ProcessID string     `json:"process_id"`
-	PID       int        `json:"pid"`
-	Running   bool       `json:"running"`
-	Ack       uint64     `json:"ack"`
-	AckGap    uint64     `json:"ack_gap"`
-	End       uint64     `json:"end"`
-	Exit      *ExitedMsg `json:"exit,omitempty"`
-	Failed    *FailedMsg `json:"failed,omitempty"`
+	Channel     uint32          `json:"channel"`
+	ProcessID   string          `json:"process_id"`
+	PID         int             `json:"pid"`
+	Running     bool            `json:"running"`
+	Ack         uint64          `json:"ack"`
+	AckGap      uint64          `json:"ack_gap"`
+	End         uint64          `json:"end"`
+	Exit        *ExitedMsg      `json:"exit,omitempty"`
+	Failed      *FailedMsg      `json:"failed,omitempty"`
+	Interrupted bool            `json:"interrupted"`
+	DaemonState json.RawMessage `json:"daemon_state,omitempty"`
 }
 
 // StartMsg starts a command (daemon -> agent).
@@ -43,6 +47,9 @@ type StartMsg struct {
 	SpillAfterBytes int64       `json:"spill_after_bytes"`
 	MergeStderr     bool        `json:"merge_stderr"`
 	Capabilities    []string    `json:"capabilities"`
+	// DaemonState is kept for the daemon and given back in Welcome: what a restarted daemon
+	// needs to take the session over (its tenant, the command line...). Never secrets.
+	DaemonState json.RawMessage `json:"daemon_state,omitempty"`
 }
 
 // StartedMsg says a command runs (agent -> daemon), sent before it can run a single instruction.
@@ -96,6 +103,7 @@ type ExitedMsg struct {
 	Leftovers int    `json:"leftovers"`
 	SpillPath string `json:"spill_path"`
 	End       uint64 `json:"end"`
+	Dropped   uint64 `json:"dropped"`
 }
 
 // ErrorReply reports a failed operation or a protocol error.
@@ -107,4 +115,9 @@ type ErrorReply struct {
 // FileAckMsg acknowledges a file operation's output.
 type FileAckMsg struct {
 	Ack uint64 `json:"ack"`
+}
+
+// FileTookMsg says how many bytes of a file operation's input the helper has taken.
+type FileTookMsg struct {
+	Bytes uint64 `json:"bytes"`
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"sandboxd/agent/internal/creds"
 	"sandboxd/agent/internal/output"
@@ -35,9 +36,13 @@ const OOMScoreAdj = 1000
 // sendChunk is the most output one frame carries.
 const sendChunk = 256 << 10
 
-// drainWindow is how long output is still collected after the command's exit once its
-// pipes go quiet (a background writer may hold them open for ever).
+// drainWindow is how long a pipe may be quiet after the command's exit before it counts
+// as drained (a background writer may hold it open for ever).
 const drainWindow = 20 * time.Millisecond
+
+// drainBudget is the most reading done after the command's exit on a pipe that never goes
+// quiet (a background writer flooding it).
+const drainBudget = 500 * time.Millisecond
 
 // Host is what a session needs from the agent.
 type Host interface {
@@ -88,6 +93,7 @@ type Session struct {
 	lastInput byte
 
 	oomBefore int
+	exitedAt  time.Time
 	spill     *spill
 	done      chan struct{}
 }
@@ -145,7 +151,20 @@ func (s *Session) Run() {
 	}
 	s.oomBefore = oomKills()
 	s.spill = newSpill(s.spec.SpillPath, s.spec.SpillAfterBytes, s.cred)
-	proc, failure, err := spawn.Start(s.host.Self(), s.request(), stdio, s.spec.TTY)
+	texts, err := s.textPipes(s.spec.Command, exportsText(s.spec.Env))
+	if err != nil {
+		for _, f := range append(stdio[:], parentEnds...) {
+			if f != nil {
+				f.Close()
+			}
+		}
+		s.fail("stdio", err.Error())
+		return
+	}
+	proc, failure, err := spawn.Start(s.host.Self(), s.request(), stdio, texts, s.spec.TTY)
+	for _, f := range texts {
+		f.Close()
+	}
 	for _, f := range stdio {
 		if f != nil {
 			f.Close()
@@ -169,7 +188,18 @@ func (s *Session) Run() {
 	s.mu.Lock()
 	s.pid = proc.PID
 	s.started = true
+	discarded := s.discarded
 	s.mu.Unlock()
+	if discarded {
+		// The daemon let the session go while it was starting: the command never runs.
+		proc.Abort()
+		for _, f := range parentEnds {
+			f.Close()
+		}
+		<-status
+		close(s.done)
+		return
+	}
 	// Reported before the command can run: a command that kills everything at once
 	// still is a command that started.
 	s.send(proto.Started, proto.StartedMsg{PID: proc.PID})
@@ -191,14 +221,49 @@ func (s *Session) Run() {
 	s.finish(ws, readers)
 }
 
+// The shells read the command from fd 4 (a pipe the agent fills) and close it before they
+// run it: the command's text is in no argv and no environment, so `pgrep -f` and
+// `pkill -f` find the command's own processes only, never the shell that started them.
+// Before it, fd 5 sets the daemon's environment entries again, which a login shell's
+// profile may have reset (Debian's sets PATH). The space keeps a command that starts
+// with "-" from being read as an option of eval; sh reads with builtins only, so a
+// caller's PATH cannot take the reading away.
+const (
+	bashScript = `eval "$(</dev/fd/5)"; eval " $(</dev/fd/4)" 4<&- 5<&-`
+	shRead     = `while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done`
+	shScript   = `eval "$(` + shRead + ` <&5)"; eval " $(` + shRead + ` <&4)" 4<&- 5<&-`
+)
+
+// textPipes returns the read ends of two pipes, the user's (the shell opens them again
+// through /dev/fd), that will hold command and exports.
+func (s *Session) textPipes(texts ...string) ([]*os.File, error) {
+	var readers []*os.File
+	for _, text := range texts {
+		r, w, err := os.Pipe()
+		if err != nil {
+			for _, f := range readers {
+				f.Close()
+			}
+			return nil, err
+		}
+		_ = r.Chown(int(s.user.UID), int(s.user.GID))
+		go func(text string) {
+			// Read by the shell once it runs (a start that fails closes the pipe: EPIPE, ignored).
+			_, _ = w.Write([]byte(text))
+			w.Close()
+		}(text)
+		readers = append(readers, r)
+	}
+	return readers, nil
+}
+
 func (s *Session) request() spawn.Request {
 	env := commandEnv(s.spec.Env, s.user, s.marker)
-	command := s.spec.Command
 	return spawn.Request{
 		Shell:        "bash",
-		Args:         []string{"-lc", "--", command},
+		Args:         []string{"-lc", bashScript},
 		Fallback:     "/bin/sh",
-		FallbackArgs: []string{"-c", "--", command},
+		FallbackArgs: []string{"-c", shScript},
 		Env:          env,
 		Dir:          s.spec.Cwd,
 		UID:          s.user.UID,
@@ -210,7 +275,8 @@ func (s *Session) request() spawn.Request {
 }
 
 // commandEnv is the image's environment (the agent's own, less what is the agent's),
-// HOME of the user, then the daemon's list (defaults, workspace, call), then the marker.
+// HOME of the user, then the daemon's list (defaults, workspace, call; PATH aside), then
+// the marker.
 func commandEnv(daemonEnv [][2]string, u users.User, marker []byte) []string {
 	values := map[string]string{}
 	var order []string
@@ -232,6 +298,11 @@ func commandEnv(daemonEnv [][2]string, u users.User, marker []byte) []string {
 	}
 	set("HOME", u.Home)
 	for _, pair := range daemonEnv {
+		if pair[0] == "PATH" {
+			// The login profile runs with the image's PATH (a caller's may lack `id`, which
+			// Debian's profile calls); the shell then exports the caller's (exportsText).
+			continue
+		}
 		set(pair[0], pair[1])
 	}
 	name, value, _ := strings.Cut(string(marker), "=")
@@ -241,6 +312,28 @@ func commandEnv(daemonEnv [][2]string, u users.User, marker []byte) []string {
 		env = append(env, name+"="+values[name])
 	}
 	return env
+}
+
+// exportsText sets the daemon's environment entries again, in the shell's own syntax.
+func exportsText(daemonEnv [][2]string) string {
+	var text strings.Builder
+	for _, pair := range daemonEnv {
+		if !isIdentifier(pair[0]) {
+			continue // not a shell variable: the environment alone carries it
+		}
+		// 2>/dev/null: a name the shell keeps read-only (UID) stays as the shell has it.
+		text.WriteString("export " + pair[0] + "='" + strings.ReplaceAll(pair[1], "'", `'\''`) + "' 2>/dev/null\n")
+	}
+	return text.String()
+}
+
+func isIdentifier(name string) bool {
+	for i, c := range name {
+		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return name != ""
 }
 
 func capabilityNumbers(names []string) []int {
@@ -262,7 +355,7 @@ func (s *Session) openStdio() ([3]*os.File, []*os.File, error) {
 			return [3]*os.File{}, nil, err
 		}
 		s.master, s.stdin = master, master
-		return [3]*os.File{slave, slave, nil}, []*os.File{master}, nil
+		return [3]*os.File{slave, slave, slave}, []*os.File{master}, nil
 	}
 	inR, inW, err := os.Pipe()
 	if err != nil {
@@ -310,11 +403,17 @@ func (s *Session) startReaders(files []*os.File) []*reader {
 	return out
 }
 
+// read copies one pipe into the buffer until its end. Once the command has exited (finish
+// sets a read deadline), the pipe is drained while bytes are waiting in it, for at most
+// drainBudget of reading: the rest is a leftover's (a background writer), read so that it
+// never blocks, and not kept. Time spent waiting for the daemon to take output
+// (back-pressure) does not count: nothing the command wrote before it exited is lost.
 func (s *Session) read(r *reader) {
 	defer r.file.Close()
 	chunk := make([]byte, 64<<10)
 	forward := true
 	drained := false
+	var blocked time.Duration
 	markDrained := func() {
 		if !drained {
 			drained = true
@@ -326,16 +425,21 @@ func (s *Session) read(r *reader) {
 		n, err := r.file.Read(chunk)
 		if n > 0 && forward {
 			s.spill.feed(chunk[:n])
+			began := time.Now()
 			if !s.buf.Append(r.stream, chunk[:n]) {
 				forward = false
 			}
+			blocked += time.Since(began)
 		}
 		if err == nil {
 			continue
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			// The command exited and this pipe went quiet: what follows is no longer its
-			// output (a background writer's), drained so that it never blocks, not kept.
+			exitedAt := s.exitTime()
+			if forward && waiting(r.file) > 0 && time.Since(exitedAt)-blocked < drainBudget {
+				_ = r.file.SetReadDeadline(time.Now().Add(drainWindow))
+				continue
+			}
 			forward = false
 			markDrained()
 			_ = r.file.SetReadDeadline(time.Time{})
@@ -345,19 +449,37 @@ func (s *Session) read(r *reader) {
 	}
 }
 
+// waiting is how many bytes can be read from f at once (FIONREAD).
+func waiting(f *os.File) int {
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var n int32
+	_ = raw.Control(func(fd uintptr) {
+		_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCINQ, uintptr(unsafe.Pointer(&n)))
+	})
+	return int(n)
+}
+
+func (s *Session) exitTime() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exitedAt
+}
+
 // finish waits for the output the command wrote before it exited, ends what an
 // interrupted or killed command left, and reports the exit.
 func (s *Session) finish(ws syscall.WaitStatus, readers []*reader) {
-	deadline := time.Now().Add(drainWindow)
+	now := time.Now()
+	s.mu.Lock()
+	s.exitedAt = now
+	s.mu.Unlock()
 	for _, r := range readers {
-		_ = r.file.SetReadDeadline(deadline)
+		_ = r.file.SetReadDeadline(now.Add(drainWindow))
 	}
-	limit := time.After(500 * time.Millisecond) // a writer that never goes quiet
 	for _, r := range readers {
-		select {
-		case <-r.drained:
-		case <-limit:
-		}
+		<-r.drained
 	}
 	s.mu.Lock()
 	killing, interrupted := s.killing, s.interrupted
@@ -380,8 +502,9 @@ func (s *Session) finish(ws syscall.WaitStatus, readers []*reader) {
 		code = ws.ExitStatus()
 	}
 	s.buf.Close() // later output is a leftover's, not the command's
-	_, _, end, _ := s.buf.State()
+	_, _, end, dropped := s.buf.State()
 	exit := &proto.ExitedMsg{
+		Dropped:   dropped,
 		ExitCode:  code,
 		Signal:    sig,
 		OOMKills:  max(0, oomKills()-s.oomBefore),
@@ -590,6 +713,10 @@ func (s *Session) Pull(msg proto.PullMsg) {
 	s.poke()
 }
 
+// ReaderGone says no daemon is connected: the output is kept up to the buffer's size, and
+// what does not fit is dropped (counted) rather than blocking the command.
+func (s *Session) ReaderGone() { s.buf.SetReader(false) }
+
 // Reconnected restarts sending from what the daemon acknowledged (it lost the rest).
 func (s *Session) Reconnected() {
 	ack, ackGap, _, _ := s.buf.State()
@@ -598,6 +725,9 @@ func (s *Session) Reconnected() {
 	s.mu.Unlock()
 	s.poke()
 }
+
+// Wake makes the session look again for frames it may send.
+func (s *Session) Wake() { s.poke() }
 
 // pump sends output between the cursor and the daemon's limit.
 func (s *Session) pump() {
@@ -654,13 +784,15 @@ func putUint64(b []byte, v uint64) {
 	}
 }
 
-// Discard kills what is left of the command and lets the session go.
+// Discard lets the session go. A command still running is killed with its whole tree; an
+// exited one's leftovers (a server started with &) stay under its timeout, as they would
+// had the session been kept.
 func (s *Session) Discard() {
 	s.mu.Lock()
 	s.discarded = true
-	started := s.started
+	running := s.started && s.exit == nil
 	s.mu.Unlock()
-	if started {
+	if running {
 		proctree.HardKill(s.pid, s.marker, s.cred)
 	}
 	s.buf.Close()
@@ -673,15 +805,17 @@ func (s *Session) State() proto.SessionState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return proto.SessionState{
-		Channel:   s.Channel,
-		ProcessID: s.ProcessID,
-		PID:       s.pid,
-		Running:   s.started && s.exit == nil,
-		Ack:       ack,
-		AckGap:    ackGap,
-		End:       end,
-		Exit:      s.exit,
-		Failed:    s.startFailed,
+		Channel:     s.Channel,
+		ProcessID:   s.ProcessID,
+		PID:         s.pid,
+		Running:     s.started && s.exit == nil,
+		Ack:         ack,
+		AckGap:      ackGap,
+		End:         end,
+		Exit:        s.exit,
+		Failed:      s.startFailed,
+		Interrupted: s.interrupted,
+		DaemonState: s.spec.DaemonState,
 	}
 }
 

@@ -26,6 +26,9 @@ type Request struct {
 	// only those a workspace added on purpose. Everything else is dropped.
 	Capabilities []int `json:"capabilities"`
 	OOMScoreAdj  int   `json:"oom_score_adj"`
+	// Run names an in-process handler (Child's handlers) to run instead of executing a
+	// program: the file-operation helper.
+	Run string `json:"run"`
 }
 
 // Failure is what the helper reports when it cannot start the command.

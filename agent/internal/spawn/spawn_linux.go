@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"strings"
 	"syscall"
 	"unsafe"
 )
@@ -27,8 +26,12 @@ const (
 )
 
 // Child is the spawn helper: it reads a Request on fd 3, becomes the workspace user with
-// no privileges, reports Ready, waits for Go, and executes the command. It never returns.
-func Child() {
+// no privileges, reports Ready, waits for Go, and executes the command -- or, for a
+// Request naming one of handlers, runs it in this very process and exits with its status:
+// no execve follows the change of user, so the process is never dumpable (a same-user
+// process cannot open its pipes through /proc, not even in a start-up window). It never
+// returns.
+func Child(handlers map[string]func() int) {
 	// Capabilities, the bounding set and no_new_privs belong to a thread: all of it must
 	// happen on the thread that finally calls execve.
 	runtime.LockOSThread()
@@ -42,8 +45,14 @@ func Child() {
 	if err := json.Unmarshal(line, &req); err != nil {
 		fail(ctl, "request", err)
 	}
-	if err := defaultSignals(); err != nil {
-		fail(ctl, "signals", err)
+	handler := handlers[req.Run]
+	if req.Run != "" && handler == nil {
+		failf(ctl, "request", "no in-process handler %q", req.Run)
+	}
+	if handler == nil {
+		if err := defaultSignals(); err != nil {
+			fail(ctl, "signals", err)
+		}
 	}
 	if req.OOMScoreAdj != 0 {
 		// Under memory pressure the kernel should pick the command, never the agent.
@@ -63,39 +72,32 @@ func Child() {
 	if _, err := io.ReadFull(in, answer[:]); err != nil || answer[0] != Go {
 		os.Exit(127) // the agent went away before it could report the command: do not run it
 	}
+	if handler != nil {
+		ctl.Close() // as close-on-exec would: the agent sees that it runs
+		os.Exit(handler())
+	}
 	// fd 3 is close-on-exec: the agent sees it close when the command runs.
 	syscall.CloseOnExec(3)
 	err = syscall.Exec(path, argv, req.Env)
 	failf(ctl, "exec", "%s: %s", path, errText(err))
 }
 
-// command is the shell to run and its argv: Shell when it is found in the command's PATH, else Fallback.
+// command is the shell to run and its argv: Shell when it is found in systemPath, else Fallback.
 func (req *Request) command() (string, []string) {
 	if req.Shell != "" {
-		if found := lookPath(req.Shell, envValue(req.Env, "PATH")); found != "" {
+		if found := lookPath(req.Shell); found != "" {
 			return found, append([]string{req.Shell}, req.Args...)
 		}
 	}
 	return req.Fallback, append([]string{filepath.Base(req.Fallback)}, req.FallbackArgs...)
 }
 
-func envValue(env []string, name string) string {
-	for i := len(env) - 1; i >= 0; i-- {
-		if strings.HasPrefix(env[i], name+"=") {
-			return env[i][len(name)+1:]
-		}
-	}
-	return ""
-}
+// systemPath is where the shell is looked for: the caller's PATH is the command's
+// business and must not decide which shell runs it (or whether one is found).
+const systemPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-func lookPath(name, path string) string {
-	if path == "" {
-		path = "/usr/local/bin:/usr/bin:/bin"
-	}
-	for _, dir := range filepath.SplitList(path) {
-		if dir == "" {
-			dir = "."
-		}
+func lookPath(name string) string {
+	for _, dir := range filepath.SplitList(systemPath) {
 		candidate := filepath.Join(dir, name)
 		if info, err := os.Stat(candidate); err == nil && info.Mode().IsRegular() && syscall.Access(candidate, 1) == nil {
 			return candidate
@@ -142,13 +144,13 @@ type capData struct {
 	inheritable uint32
 }
 
-func capset(keep uint64) error {
+func capsetAll(keep uint64) error {
 	hdr := capHeader{version: linuxCapabilityVersion3}
 	data := [2]capData{
 		{effective: uint32(keep), permitted: uint32(keep), inheritable: uint32(keep)},
 		{effective: uint32(keep >> 32), permitted: uint32(keep >> 32), inheritable: uint32(keep >> 32)},
 	}
-	if _, _, errno := syscall.RawSyscall(syscall.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); errno != 0 {
+	if errno := allThreads(syscall.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); errno != 0 {
 		return errno
 	}
 	return nil
@@ -159,9 +161,30 @@ func prctl(option, arg2, arg3 uintptr) syscall.Errno {
 	return errno
 }
 
-// dropPrivileges leaves the thread as the request's user with only the kept capabilities
+// allThreads runs a system call on every thread of the process (a helper that runs in
+// process must be unprivileged on all of them), or on this one where Go cannot do that
+// (a race-detector build of the tests: it is this thread that executes the command).
+func allThreads(trap, a1, a2, a3 uintptr) syscall.Errno {
+	_, _, errno := syscall.AllThreadsSyscall(trap, a1, a2, a3)
+	if errno == syscall.ENOTSUP {
+		_, _, errno = syscall.RawSyscall(trap, a1, a2, a3)
+	}
+	return errno
+}
+
+// dropPrivileges leaves the process as the request's user with only the kept capabilities
 // (none by default) in every set, the bounding set included, and no_new_privs on.
 func dropPrivileges(req *Request) error {
+	if os.Geteuid() != 0 {
+		// An agent that is not root (its tests on a host) has nothing to drop but can be nobody else.
+		if req.UID != uint32(os.Getuid()) {
+			return fmt.Errorf("the agent runs as uid %d and cannot start commands as uid %d", os.Getuid(), req.UID)
+		}
+		if errno := allThreads(syscall.SYS_PRCTL, prSetNoNewPrivs, 1, 0); errno != 0 {
+			return fmt.Errorf("no_new_privs: %w", errno)
+		}
+		return nil
+	}
 	var keep uint64
 	for _, c := range req.Capabilities {
 		if c >= 0 && c < 64 {
@@ -172,12 +195,12 @@ func dropPrivileges(req *Request) error {
 		if keep&(1<<uint(c)) != 0 {
 			continue
 		}
-		if errno := prctl(prCapbsetDrop, uintptr(c), 0); errno != 0 && errno != syscall.EINVAL {
+		if errno := allThreads(syscall.SYS_PRCTL, prCapbsetDrop, uintptr(c), 0); errno != 0 && errno != syscall.EINVAL {
 			return fmt.Errorf("dropping capability %d from the bounding set: %w", c, errno)
 		}
 	}
 	if keep != 0 {
-		if errno := prctl(prSetKeepcaps, 1, 0); errno != 0 {
+		if errno := allThreads(syscall.SYS_PRCTL, prSetKeepcaps, 1, 0); errno != 0 {
 			return fmt.Errorf("keepcaps: %w", errno)
 		}
 	}
@@ -194,7 +217,7 @@ func dropPrivileges(req *Request) error {
 	if err := syscall.Setresuid(int(req.UID), int(req.UID), int(req.UID)); err != nil {
 		return fmt.Errorf("setresuid %d: %w", req.UID, err)
 	}
-	if err := capset(keep); err != nil {
+	if err := capsetAll(keep); err != nil {
 		return fmt.Errorf("capset: %w", err)
 	}
 	for c := 0; c < 64; c++ {
@@ -204,7 +227,7 @@ func dropPrivileges(req *Request) error {
 			}
 		}
 	}
-	if errno := prctl(prSetNoNewPrivs, 1, 0); errno != 0 {
+	if errno := allThreads(syscall.SYS_PRCTL, prSetNoNewPrivs, 1, 0); errno != 0 {
 		return fmt.Errorf("no_new_privs: %w", errno)
 	}
 	return nil
@@ -235,9 +258,10 @@ type Process struct {
 }
 
 // Start starts the spawn helper with the given stdio (the first is also its controlling
-// terminal when tty is set) and hands it req. It returns once the helper is ready to exec
-// (call Go to let it) or has failed (the Failure, the helper already gone).
-func Start(self string, req Request, stdio [3]*os.File, tty bool) (*Process, *Failure, error) {
+// terminal when tty is set) and extra files (fd 4 on; fd 3 is the helper's control
+// socket, closed when the command runs) and hands it req. It returns once the helper is
+// ready to exec (call Go to let it) or has failed (the Failure, the helper already gone).
+func Start(self string, req Request, stdio [3]*os.File, extra []*os.File, tty bool) (*Process, *Failure, error) {
 	pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("socketpair: %w", err)
@@ -246,10 +270,14 @@ func Start(self string, req Request, stdio [3]*os.File, tty bool) (*Process, *Fa
 	defer theirs.Close()
 	attr := &os.ProcAttr{
 		Env:   []string{},
-		Files: []*os.File{stdio[0], stdio[1], stdio[2], theirs},
+		Files: append([]*os.File{stdio[0], stdio[1], stdio[2], theirs}, extra...),
 		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: tty, Ctty: 0},
 	}
-	proc, err := os.StartProcess(self, []string{"sandboxd-agent", "spawn"}, attr)
+	argv := []string{"sandboxd-agent", "spawn"}
+	if req.Run != "" {
+		argv = append(argv, req.Run) // for ps: what the helper is for
+	}
+	proc, err := os.StartProcess(self, argv, attr)
 	if err != nil {
 		ours.Close()
 		return nil, &Failure{Stage: "fork", Message: "fork: " + errText(err)}, nil
@@ -270,6 +298,9 @@ func Start(self string, req Request, stdio [3]*os.File, tty bool) (*Process, *Fa
 	ours.Close()
 	return nil, decodeFailure(append(first[:n], rest...)), nil
 }
+
+// Abort tells the helper not to run the command: it exits at once.
+func (p *Process) Abort() { p.ctl.Close() }
 
 // Go lets the command run. It returns a Failure if executing it failed.
 func (p *Process) Go() *Failure {

@@ -1,0 +1,140 @@
+"""The in-container agent against a hostile workspace, under runc and gVisor (issue 11).
+
+Every command and file operation runs as the workspace user with no capability and
+no_new_privs; the agent is root's and out of the workspace's reach: it cannot be
+signalled, traced, read, or written to, and a neighbour command keeps streaming
+through every attempt. If the agent dies all the same (here: killed by root from
+outside), the engine restarts the workspace, its sessions end ``failed`` saying so,
+and the workspace works again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from sandboxd_client import Output
+
+from .helpers import collect, start_ready
+
+pytestmark = pytest.mark.docker
+
+PTRACE_ATTACH = """python3 - <<'EOF'
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+rc = libc.ptrace(16, int(os.environ["TARGET"]), None, None)  # PTRACE_ATTACH
+print("attached" if rc == 0 else "ptrace=" + os.strerror(ctypes.get_errno()))
+EOF"""
+
+
+async def agent_pid(workspace) -> int:  # type: ignore[no-untyped-def]
+    """The agent's pid, as the workspace sees it (the parent of every command)."""
+    result = await workspace.exec("echo $PPID").wait()
+    return int(result.stdout)
+
+
+async def neighbour_streams(workspace, client, process_id: str, seen: str) -> str:  # type: ignore[no-untyped-def]
+    """Poll the neighbour until it has printed one more line than ``seen``; return all it printed."""
+    deadline = time.monotonic() + 20
+    lines = seen.count("\n")
+    while seen.count("\n") <= lines:
+        assert time.monotonic() < deadline, f"the neighbour stopped streaming after {seen[-40:]!r}"
+        events, out, _ = await collect(client.input(process_id, "", yield_after_s=0.5))
+        seen += out
+        assert not any(getattr(e, "stop_reason", "") for e in events), events[-1]
+    return seen
+
+
+async def test_commands_have_no_capability_and_no_new_privileges(workspace) -> None:
+    """`grep Cap /proc/self/status` shows CapEff, CapPrm and CapBnd all zero, and NoNewPrivs 1."""
+    result = await workspace.exec("grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status").wait()
+    fields = dict(line.split(":\t") for line in result.stdout.splitlines())
+    assert (fields["CapEff"], fields["CapPrm"], fields["CapBnd"]) == ("0" * 16,) * 3
+    assert fields.get("CapAmb", "0" * 16) == "0" * 16  # gVisor does not show it
+    # gVisor's /proc/PID/status has no NoNewPrivs line; prctl says it there.
+    nnp = fields.get("NoNewPrivs")
+    if nnp is None:
+        probe = "python3 -c 'import ctypes; print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'"
+        nnp = (await workspace.exec(probe).wait()).stdout.strip()
+    assert nnp == "1"
+
+
+async def test_file_operations_have_no_capability_either(workspace) -> None:
+    """A file operation's helper reads /proc/self/status as the user with no capability and no_new_privs."""
+    page = await workspace.read_file("/proc/self/status")
+    fields = {
+        line.split("\t", 1)[1].split(":")[0]: line.split(":", 1)[1].strip()
+        for line in page.content.splitlines()
+        if ":" in line and "\t" in line
+    }
+    assert (fields["CapEff"], fields["CapPrm"], fields["CapBnd"]) == ("0" * 16,) * 3
+    assert fields["Uid"].split()[:2] == ["1000", "1000"]
+    assert fields.get("NoNewPrivs", "1") == "1"
+
+
+async def test_nothing_of_sandboxd_carries_the_command(workspace) -> None:
+    """After `python3 -m http.server 8124 &`, exactly one process carries that text: the server."""
+    await workspace.exec("cd /tmp && (python3 -m http.server 8124 >/dev/null 2>&1 &)").wait(check=True)
+    deadline = time.monotonic() + 10
+    while (count := (await workspace.exec("pgrep -f 'http.server 8124' | wc -l").wait()).stdout) != "1\n":
+        assert time.monotonic() < deadline, count
+        await asyncio.sleep(0.1)
+    # `pkill -f`, the usual way to stop it, stops only it.
+    await workspace.exec("pkill -f 'http.server 8124'").wait()
+    assert (await workspace.exec("echo alive").wait()).stdout == "alive\n"
+
+
+async def test_the_workspace_cannot_reach_the_agent(client, workspace) -> None:
+    """kill -9 -1, kill -9 of the agent, its /proc fds, ptrace and garbage written to every fd the
+    workspace can open: the agent survives each, and a neighbour command keeps streaming."""
+    neighbour = await start_ready(workspace, "echo ready; while :; do echo tick; sleep 0.2; done")
+    seen = "ready\n"
+    pid = await agent_pid(workspace)
+    attacks = {
+        "kill -9 -1": "kill -9 -1; echo done",
+        "kill the agent": f"kill -9 {pid}; echo rc=$?",
+        "agent fds": f"ls /proc/{pid}/fd; cat /proc/{pid}/fd/* </dev/null; echo rc=$?",
+        "ptrace": f"TARGET={pid} {PTRACE_ATTACH}",
+        "garbage": (
+            "for f in /proc/[0-9]*/fd/*; do (printf 'GARBAGE\\377\\0\\0\\0\\377' > $f) 2>/dev/null & done; "
+            "wait; echo done"
+        ),
+    }
+    outcomes = {}
+    for name, attack in attacks.items():
+        result = await workspace.exec(attack, timeout_s=20).wait()
+        outcomes[name] = result.stdout.strip().splitlines()[-1:] if result.stdout.strip() else []
+        assert await agent_pid(workspace) == pid, name
+        if name != "kill -9 -1":  # which also ends the neighbour: it is the workspace user's
+            seen = await neighbour_streams(workspace, client, neighbour, seen)
+        else:
+            neighbour = await start_ready(workspace, "echo ready; while :; do echo tick; sleep 0.2; done")
+            seen = "ready\n"
+    assert outcomes["kill the agent"] == ["rc=1"]
+    assert outcomes["agent fds"] == ["rc=1"]
+    assert outcomes["ptrace"] == ["ptrace=Operation not permitted"]
+    await client.kill(neighbour)
+
+
+async def test_a_dead_agent_is_restarted_and_its_sessions_fail(client, workspace, docker_client) -> None:
+    """Root kills the agent from outside: the workspace comes back, the running command ends
+    `failed` saying the agent restarted, and the next command runs."""
+    process_id = await start_ready(workspace, "echo ready; sleep 300")
+    container = docker_client.containers.get(workspace.info.container_id)
+    pid = await agent_pid(workspace)
+    container.exec_run(["kill", "-9", str(pid)], user="0:0")
+    events, _, _ = await collect(client.input(process_id, "", yield_after_s=30, follow=True))
+    final = events[-1]
+    assert final.stop_reason == "failed", final
+    assert "agent restarted" in final.message
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            result = await workspace.exec("echo back").wait()
+            break
+        except Exception:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.5)
+    assert result.stdout == "back\n"
+    assert not [e for e in events if isinstance(e, Output) and "tick" in e.text]

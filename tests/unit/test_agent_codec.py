@@ -1,0 +1,187 @@
+"""The daemon's side of the agent protocol, without Docker: every frame it takes is checked.
+
+A workspace is hostile; the agent is ours, but its frames are still read like any input
+(agent/PROTOCOL.md): a report out of range, a payload that is not the JSON its kind
+carries, an unknown kind, output at a gap nobody reported -- each fails the one session
+concerned with a message, and nothing else. The stream double below stands in for the
+bridge's pipe only; the agent itself is tested as the real binary in test_agent_binary.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from typing import Any
+
+import pytest
+
+from sandboxd.agent import (
+    AgentLink,
+    ExitReport,
+    ProtocolError,
+    SessionChannel,
+    SessionState,
+    Welcome,
+    encode,
+)
+from sandboxd.models import ExecSpec, StopReason
+from sandboxd.processes import ExecContext, ProcessSession
+from sandboxd.settings import Settings
+
+
+class PipeStream:
+    """A bridge's two byte streams in memory: what the daemon writes is kept, what the test feeds is read."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def feed(self, data: bytes | None) -> None:
+        self._chunks.put_nowait(data)
+
+    async def read(self) -> tuple[int, bytes] | None:
+        data = await self._chunks.get()
+        return None if data is None else (1, data)
+
+    async def write(self, data: bytes) -> None:
+        self.written += data
+
+    async def exit_code(self) -> int | None:
+        return None
+
+    async def close(self, *, discard_input: bool = False) -> None:
+        self.feed(None)
+
+    def frames(self) -> list[tuple[bytes, int, Any]]:
+        out, data = [], bytes(self.written)
+        while data:
+            length, kind, channel = struct.unpack_from(">IcI", data)
+            payload = data[9 : 4 + length]
+            out.append((kind, channel, json.loads(payload) if payload[:1] == b"{" else payload))
+            data = data[4 + length :]
+        return out
+
+
+class PipeBackend:
+    def __init__(self, welcome: dict[str, Any]) -> None:
+        self.stream = PipeStream()
+        self.stream.feed(encode(b"w", 0, welcome))
+
+    async def exec_stream(self, *args: Any, **kwargs: Any) -> PipeStream:
+        return self.stream
+
+
+WELCOME = {"protocol": 1, "agent": "test", "pid": 7, "sessions": []}
+
+
+LINKS: list[AgentLink] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_links() -> Any:
+    yield
+    while LINKS:
+        await LINKS.pop().close()
+
+
+async def _session(os_name: str = "linux") -> tuple[ProcessSession, PipeStream]:
+    backend = PipeBackend(WELCOME)
+    link = AgentLink(backend, "ws-1", "c1")  # type: ignore[arg-type]
+    LINKS.append(link)
+    await link.connect()
+    context = ExecContext(
+        workspace_id="ws-1", user="sandbox", working_dir="/workspace", memory_limit_bytes=0, link=link, os=os_name
+    )
+    session = ProcessSession(
+        link=link, context=context, spec=ExecSpec(command="true"), settings=Settings.from_env({}), process_id="p-2"
+    )
+    session.channel = await SessionChannel.open(link, session)
+    return session, backend.stream
+
+
+class TestReports:
+    @pytest.mark.parametrize(
+        "report",
+        [
+            {"exit_code": 2**32, "signal": 0, "end": 0},
+            {"exit_code": -9, "signal": 0, "end": 0},
+            {"exit_code": 0, "signal": 999, "end": 0},
+            {"exit_code": "0", "signal": 0, "end": 0},
+            {"exit_code": True, "signal": 0, "end": 0},
+            {"exit_code": 0, "signal": 0, "end": 0, "leftovers": -1},
+            {"exit_code": 0, "signal": 0, "end": 0, "spill_path": {"x": 1}},
+            {"exit_code": 0, "signal": 0},
+        ],
+    )
+    def test_a_bad_exit_report_is_refused(self, report: dict[str, Any]) -> None:
+        """No field of an exit report is taken unchecked."""
+        with pytest.raises(ProtocolError):
+            ExitReport.parse(report)
+
+    def test_a_valid_exit_report_is_read(self) -> None:
+        report = ExitReport.parse({"exit_code": 137, "signal": 9, "leftovers": 2, "end": 10, "dropped": 3})
+        assert (report.exit_code, report.signal, report.leftovers, report.end, report.dropped) == (137, 9, 2, 10, 3)
+
+    def test_a_welcome_of_another_protocol_is_refused(self) -> None:
+        with pytest.raises(ProtocolError, match="protocol 2"):
+            Welcome.parse(json.dumps({**WELCOME, "protocol": 2}).encode(), "ws-1")
+
+    def test_a_bad_session_state_is_left_out(self) -> None:
+        """One malformed session in a welcome does not lose the others."""
+        good = {"channel": 3, "process_id": "p-000000000001", "pid": 9, "ack": 5}
+        welcome = Welcome.parse(json.dumps({**WELCOME, "sessions": [{"channel": "x"}, good]}).encode(), "ws-1")
+        assert [(s.channel, s.process_id, s.ack) for s in welcome.sessions] == [(3, "p-000000000001", 5)]
+        assert isinstance(welcome.sessions[0], SessionState)
+
+
+class TestSessionFrames:
+    @pytest.mark.parametrize(
+        ("kind", "payload", "message"),
+        [
+            (b"x", b'{"exit_code": 0, "signal": 0}', "end = None"),
+            (b"x", b"[1, 2]", "not a JSON object"),
+            (b"s", b'{"pid": 100000000000}', "pid = 100000000000"),
+            (b"o", b"1\x00\x00", "too short"),
+            (b"o", b"3" + bytes(8) + b"hi", "names no stream"),
+            (b"o", b"1" + struct.pack(">Q", 5) + b"hi", "output at offset 5, expected 0"),
+            (b"d", b'{"offset": -1, "bytes": 1}', "offset = -1"),
+            (b"Z", b"", "kind b'Z'"),
+            (b"e", b'{"code": "protocol", "message": "no session on channel 1"}', "refused this command"),
+        ],
+    )
+    async def test_a_bad_frame_fails_only_its_session(self, kind: bytes, payload: bytes, message: str) -> None:
+        """Truncated, malformed, out of range or unknown: the session fails with the reason, and says so."""
+        session, _ = await _session()
+        session.on_started(42)
+        assert session.channel is not None
+        session.channel.on_frame(kind, payload)
+        assert session.exit is not None
+        assert (session.exit.stop_reason, session.exit.exit_code) == (StopReason.FAILED, 255)
+        assert message in session.exit.message
+
+    async def test_output_then_exit_in_order(self) -> None:
+        session, _ = await _session()
+        assert session.channel is not None
+        session.channel.on_frame(b"s", b'{"pid": 42}')
+        session.channel.on_frame(b"o", b"1" + struct.pack(">Q", 0) + b"hi\n")
+        session.channel.on_frame(b"x", b'{"exit_code": 0, "signal": 0, "end": 3}')
+        events = [event async for event in session.events(yield_after_s=1.0)]
+        assert [getattr(e, "data", None) for e in events[:-1]] == [b"hi\n"]
+        assert session.exit is not None and session.exit.exit_code == 0
+
+
+class TestInterrupt:
+    async def test_windows_ctrl_c_kills_the_tree(self) -> None:
+        """On a Windows workspace Ctrl-C is the agent's tree kill, at once, and counts as the interrupt."""
+        session, stream = await _session("windows")
+        session.on_started(4711)
+        await session.interrupt()
+        assert stream.frames()[-1] == (b"K", session.channel.number, {"grace_s": 0.0})  # type: ignore[union-attr]
+        assert StopReason.INTERRUPTED in session._requested
+
+    async def test_linux_ctrl_c_is_sigint_to_the_group(self) -> None:
+        session, stream = await _session("linux")
+        session.on_started(4711)
+        await session.interrupt()
+        assert stream.frames()[-1] == (b"G", session.channel.number, {"signal": 2, "interrupt": True})  # type: ignore[union-attr]
