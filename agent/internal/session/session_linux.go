@@ -95,6 +95,7 @@ type Session struct {
 	oomBefore int
 	exitedAt  time.Time
 	spill     *spill
+	exiting   chan struct{} // closed when the command has exited: its last output goes at once
 	done      chan struct{}
 }
 
@@ -109,6 +110,7 @@ func New(host Host, channel uint32, msg proto.StartMsg) *Session {
 		buf:       output.New(msg.BufferBytes),
 		wake:      make(chan struct{}, 1),
 		inputWake: make(chan struct{}, 1),
+		exiting:   make(chan struct{}),
 		done:      make(chan struct{}),
 	}
 }
@@ -475,6 +477,7 @@ func (s *Session) finish(ws syscall.WaitStatus, readers []*reader) {
 	s.mu.Lock()
 	s.exitedAt = now
 	s.mu.Unlock()
+	close(s.exiting)
 	for _, r := range readers {
 		_ = r.file.SetReadDeadline(now.Add(drainWindow))
 	}
@@ -516,6 +519,7 @@ func (s *Session) finish(ws syscall.WaitStatus, readers []*reader) {
 	exit.TimedOut = s.timedOut
 	s.exit = exit
 	s.mu.Unlock()
+	s.waitSent(end)
 	s.send(proto.Exited, exit)
 	close(s.done)
 	s.poke()
@@ -730,7 +734,12 @@ func (s *Session) Reconnected() {
 func (s *Session) Wake() { s.poke() }
 
 // pump sends output between the cursor and the daemon's limit.
+//
+// Output read in small pieces while the previous frame left less than coalesceWindow ago
+// waits out the rest of that window, so a flood goes in frames of up to sendChunk (each
+// frame costs the daemon the same, whatever its size) and a lone prompt goes at once.
 func (s *Session) pump() {
+	var lastSent time.Time
 	for {
 		changed := s.buf.Changed()
 		connection := s.host.Connected()
@@ -741,20 +750,24 @@ func (s *Session) pump() {
 			return
 		}
 		pieces := s.buf.Since(cursor, cursorGap, until, sendChunk)
+		if wait := coalesceWindow - time.Since(lastSent); wait > 0 && pieceBytes(pieces) < sendChunk {
+			select {
+			case <-time.After(wait):
+			case <-s.exiting:
+				lastSent = time.Time{}
+			}
+			continue
+		}
 		sent := false
-		for _, p := range pieces {
+		for _, f := range frames(pieces) {
 			var ok bool
-			if p.Gap > 0 {
-				body, _ := json.Marshal(proto.DroppedMsg{Offset: p.Offset, Bytes: p.Gap})
+			if f.Gap > 0 {
+				body, _ := json.Marshal(proto.DroppedMsg{Offset: f.Offset, Bytes: f.Gap})
 				ok = s.host.Send(proto.Dropped, s.Channel, body)
-				cursor, cursorGap = p.Offset, p.Gap
+				cursor, cursorGap = f.Offset, f.Gap
 			} else {
-				frame := make([]byte, 9+len(p.Data))
-				frame[0] = p.Stream
-				putUint64(frame[1:9], p.Offset)
-				copy(frame[9:], p.Data)
-				ok = s.host.Send(proto.Output, s.Channel, frame)
-				cursor, cursorGap = p.Offset+uint64(len(p.Data)), 0
+				ok = s.host.Send(proto.Output, s.Channel, f.Data)
+				cursor, cursorGap = f.Offset+uint64(len(f.Data)-9), 0
 			}
 			if !ok {
 				break
@@ -767,6 +780,7 @@ func (s *Session) pump() {
 		}
 		s.mu.Unlock()
 		if sent {
+			lastSent = time.Now()
 			continue
 		}
 		select {
@@ -775,6 +789,60 @@ func (s *Session) pump() {
 		case <-connection:
 		}
 	}
+}
+
+// coalesceWindow is the shortest time between two frames of small output.
+const coalesceWindow = 2 * time.Millisecond
+
+// waitSent waits (briefly: a daemon may be away) until the pump has sent every byte up
+// to end that the daemon allows, so that the exit comes after the output it accounts for.
+func (s *Session) waitSent(end uint64) {
+	s.poke()
+	for deadline := time.Now().Add(200 * time.Millisecond); time.Now().Before(deadline); {
+		s.mu.Lock()
+		limit := end
+		if s.until < limit {
+			limit = s.until
+		}
+		sent := s.cursor >= limit
+		s.mu.Unlock()
+		if sent {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func pieceBytes(pieces []output.Piece) int {
+	n := 0
+	for _, p := range pieces {
+		n += len(p.Data)
+	}
+	return n
+}
+
+// frames turns pieces into frames: a gap as it is, adjacent data of one stream merged
+// into one output frame payload (stream byte, offset, bytes) carried in Data.
+func frames(pieces []output.Piece) []output.Piece {
+	var out []output.Piece
+	for _, p := range pieces {
+		if p.Gap > 0 {
+			out = append(out, p)
+			continue
+		}
+		if n := len(out); n > 0 {
+			last := &out[n-1]
+			if last.Gap == 0 && last.Stream == p.Stream && last.Offset+uint64(len(last.Data)-9) == p.Offset {
+				last.Data = append(last.Data, p.Data...)
+				continue
+			}
+		}
+		payload := make([]byte, 9, 9+len(p.Data))
+		payload[0] = p.Stream
+		putUint64(payload[1:9], p.Offset)
+		out = append(out, output.Piece{Stream: p.Stream, Offset: p.Offset, Data: append(payload, p.Data...)})
+	}
+	return out
 }
 
 func putUint64(b []byte, v uint64) {
