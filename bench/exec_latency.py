@@ -1,16 +1,21 @@
-"""Create->first-exec latency and `true` round trip: sandboxd vs raw docker-py, side by side.
+"""Create->first-exec latency, `true` round trip and a small read_file: sandboxd vs raw docker-py.
 
-Usage: ``.venv/bin/python bench/exec_latency.py [--runs N]``. Starts a private
-daemon (its own socket and instance label), needs the default workspace image
-(``sandboxd images build``), and removes every container it made.
+Usage: ``.venv/bin/python bench/exec_latency.py [--runs N] [--runtime runc|runsc ...]``.
+Starts a private daemon (its own socket and instance label), needs the default
+workspace image and the agent (``./dev test`` or ``./dev demo`` builds both), and
+removes every container it made. Each runtime given (default: runc, and runsc when
+the engine has it) is measured on both sides.
 
 What is compared:
   create->first exec  sandboxd: CreateWorkspace + Exec("true") until exited;
                       docker-py: containers.run(detach) + exec_run("true").
   exec round trip     sandboxd: Exec("true") on a live workspace until exited;
                       docker-py: exec_run(["true"]) on a live container.
-sandboxd does more per exec (a supervisor process, a process group, exact exit
-status, streaming over gRPC), so the ratio is the price of those guarantees.
+  read_file           sandboxd: ReadFile of a 100-line file (cat -n text);
+                      docker-py: exec_run(["cat", path]) of the same file.
+sandboxd does more per exec (a process group, exact exit status, a login shell,
+streaming over gRPC), so the ratio is the price of those guarantees less what
+its agent saves: no `docker exec` per call.
 The two sides' samples are taken in turns within one run, the first of each pair
 alternating, because this machine's speed drifts by a third within an hour.
 """
@@ -57,18 +62,23 @@ async def timed(call: Callable[[], Awaitable[object]]) -> float:
     return time.perf_counter() - start
 
 
-async def interleaved(socket_path: str, runs: int) -> dict[str, tuple[list[float], list[float]]]:
+SMALL_FILE = "/workspace/bench-100.txt"
+SMALL_TEXT = "".join(f"line {n}: the quick brown fox jumps over the lazy dog\n" for n in range(1, 101))
+
+
+async def interleaved(socket_path: str, runs: int, runtime: str) -> dict[str, tuple[list[float], list[float]]]:
     """Samples of both sides taken in turns (which goes first alternates), so drift hits both alike."""
     engine = docker.from_env()
-    results: dict[str, tuple[list[float], list[float]]] = {"create": ([], []), "rtt": ([], [])}
+    results: dict[str, tuple[list[float], list[float]]] = {"create": ([], []), "rtt": ([], []), "read": ([], [])}
+    options = {**DOCKER_OPTIONS, "runtime": runtime}
 
     async def sandboxd_create() -> None:
-        ws = await client.create_workspace()
+        ws = await client.create_workspace(runtime=runtime)
         await ws.exec("true").wait(check=True)
         created.append(ws)
 
     def docker_create() -> None:
-        container = engine.containers.run(IMAGE, **DOCKER_OPTIONS)
+        container = engine.containers.run(IMAGE, **options)
         assert container.exec_run(["true"]).exit_code == 0
         containers.append(container)
 
@@ -78,6 +88,15 @@ async def interleaved(socket_path: str, runs: int) -> dict[str, tuple[list[float
     def docker_true() -> None:
         assert raw.exec_run(["true"]).exit_code == 0
 
+    async def sandboxd_read() -> None:
+        page = await live.read_file(SMALL_FILE)
+        assert page.content.count("\n") >= 99, page
+
+    def docker_read() -> None:
+        result = raw.exec_run(["cat", SMALL_FILE])
+        assert result.exit_code == 0
+        assert result.output.decode() == SMALL_TEXT
+
     created: list[Any] = []
     containers: list[Any] = []
     try:
@@ -85,12 +104,14 @@ async def interleaved(socket_path: str, runs: int) -> dict[str, tuple[list[float
             pairs = [
                 ("create", sandboxd_create, lambda: asyncio.to_thread(docker_create), max(3, runs // 4)),
                 ("rtt", sandboxd_true, lambda: asyncio.to_thread(docker_true), runs),
+                ("read", sandboxd_read, lambda: asyncio.to_thread(docker_read), runs),
             ]
-            live = await client.create_workspace()
+            live = await client.create_workspace(runtime=runtime)
+            await live.write_file(SMALL_FILE, SMALL_TEXT)
             await live.exec("true").wait()
-            raw = engine.containers.run(IMAGE, **DOCKER_OPTIONS)
-            raw.exec_run(["true"])
+            raw = engine.containers.run(IMAGE, **options)
             containers.append(raw)
+            assert raw.exec_run(["sh", "-c", f'printf %s "$0" > {SMALL_FILE}', SMALL_TEXT]).exit_code == 0
             for name, ours, theirs, count in pairs:
                 for index in range(count):
                     order = [(0, ours), (1, theirs)] if index % 2 == 0 else [(1, theirs), (0, ours)]
@@ -105,22 +126,35 @@ async def interleaved(socket_path: str, runs: int) -> dict[str, tuple[list[float
     return results
 
 
+def default_runtimes() -> list[str]:
+    """runc, and runsc when the engine has it registered."""
+    engine = docker.from_env()
+    try:
+        return ["runc", *(["runsc"] if "runsc" in engine.info().get("Runtimes", {}) else [])]
+    finally:
+        engine.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--runtime", action="append", choices=("runc", "runsc"), help="repeatable")
     opts = parser.parse_args()
-    started = datetime.datetime.now(datetime.UTC)
-    with private_daemon() as socket_path:
-        results = asyncio.run(interleaved(socket_path, opts.runs))
-    print(
-        f"{started:%Y-%m-%d %H:%M} UTC; runs: {opts.runs} round trips, {len(results['create'][0])} creations, "
-        f"interleaved; image {IMAGE}"
-    )
-    print(f"{'':22}{'sandboxd':>38}   {'docker-py':>38}   ratio (median)")
-    for name, key in (("create -> first exec", "create"), ("exec `true` round trip", "rtt")):
-        ours, theirs = results[key]
-        ratio = statistics.median(ours) / statistics.median(theirs)
-        print(f"{name:22}{summary(ours):>38}   {summary(theirs):>38}   {ratio:5.2f}x")
+    for runtime in opts.runtime or default_runtimes():
+        started = datetime.datetime.now(datetime.UTC)
+        with private_daemon() as socket_path:
+            results = asyncio.run(interleaved(socket_path, opts.runs, runtime))
+        print(
+            f"{started:%Y-%m-%d %H:%M} UTC; runtime {runtime}; runs: {opts.runs} round trips and reads, "
+            f"{len(results['create'][0])} creations, interleaved; image {IMAGE}"
+        )
+        print(f"{'':24}{'sandboxd':>38}   {'docker-py':>38}   ratio (median)")
+        rows = (("create -> first exec", "create"), ("exec `true` round trip", "rtt"), ("read_file, 100 lines", "read"))
+        for name, key in rows:
+            ours, theirs = results[key]
+            ratio = statistics.median(ours) / statistics.median(theirs)
+            print(f"{name:24}{summary(ours):>38}   {summary(theirs):>38}   {ratio:5.2f}x")
+        print()
     return 0
 
 
