@@ -1,12 +1,12 @@
 """Regenerate the committed gRPC stubs from the .proto files.
 
-Usage: ``python proto/generate.py`` (writes ``client/sandboxd_client/_pb``) or
+Usage: ``python proto/generate.py`` (writes ``protocol/sandboxd_protocol/v1``) or
 ``python proto/generate.py --check`` (exit 1 when the committed stubs drift).
 
 protoc emits ``from sandboxd.v1 import ...``, which would resolve to the daemon
-package ``sandboxd``; the fix-up rewrites those imports to
-``sandboxd_client._pb.sandboxd.v1`` so the stubs live inside the client
-distribution and both packages can be installed side by side.
+package ``sandboxd``; the fix-up rewrites those imports to ``sandboxd_protocol.v1``,
+the package of the small ``sandboxd-protocol`` distribution that the daemon and
+the client both depend on.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
-OUT_ROOT = ROOT / "client" / "sandboxd_client" / "_pb"
-PACKAGE_PREFIX = "sandboxd_client._pb"
+OUT_ROOT = ROOT / "protocol" / "sandboxd_protocol" / "v1"
+PACKAGE = "sandboxd_protocol.v1"
 
 _IMPORT_RE = re.compile(r"^(from|import) sandboxd\.v1(\b)", re.MULTILINE)
 _INIT = '"""Generated protobuf and gRPC stubs; never edit by hand (see proto/generate.py)."""\n'
@@ -33,10 +33,10 @@ def proto_files() -> list[Path]:
 
 
 def generate(out_root: Path) -> list[Path]:
-    """Compile every .proto file into ``out_root`` and fix up the imports.
+    """Compile every .proto file into the package directory ``out_root`` and fix up the imports.
 
     Args:
-        out_root: directory that becomes the ``_pb`` package.
+        out_root: directory that becomes the ``v1`` package.
 
     Returns:
         The files written, relative to ``out_root``.
@@ -50,34 +50,34 @@ def generate(out_root: Path) -> list[Path]:
 
     well_known = str(importlib.resources.files("grpc_tools") / "_proto")
     out_root.mkdir(parents=True, exist_ok=True)
-    args = [
-        "protoc",
-        f"-I{PROTO_ROOT}",
-        f"-I{well_known}",
-        f"--python_out={out_root}",
-        f"--pyi_out={out_root}",
-        f"--grpc_python_out={out_root}",
-        *(str(p.relative_to(PROTO_ROOT)) for p in proto_files()),
-    ]
-    if protoc.main(args) != 0:
-        msg = "protoc failed; see its output above"
-        raise RuntimeError(msg)
-    written: list[Path] = []
-    for path in sorted(out_root.rglob("*")):
-        if path.suffix in {".py", ".pyi"}:
-            text = _IMPORT_RE.sub(rf"\1 {PACKAGE_PREFIX}.sandboxd.v1\2", path.read_text())
-            path.write_text(text)
-            written.append(path.relative_to(out_root))
-    for package in (out_root, out_root / "sandboxd", out_root / "sandboxd" / "v1"):
-        (package / "__init__.py").write_text(_INIT)
-        written.append((package / "__init__.py").relative_to(out_root))
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [
+            "protoc",
+            f"-I{PROTO_ROOT}",
+            f"-I{well_known}",
+            f"--python_out={tmp}",
+            f"--pyi_out={tmp}",
+            f"--grpc_python_out={tmp}",
+            *(str(p.relative_to(PROTO_ROOT)) for p in proto_files()),
+        ]
+        if protoc.main(args) != 0:
+            msg = "protoc failed; see its output above"
+            raise RuntimeError(msg)
+        written: list[Path] = []
+        for path in sorted((Path(tmp) / "sandboxd" / "v1").iterdir()):
+            if path.suffix in {".py", ".pyi"}:
+                text = _IMPORT_RE.sub(rf"\1 {PACKAGE}\2", path.read_text())
+                (out_root / path.name).write_text(text)
+                written.append(Path(path.name))
+    (out_root / "__init__.py").write_text(_INIT)
+    written.append(Path("__init__.py"))
     return sorted(set(written))
 
 
 def drift(committed: Path) -> list[str]:
     """Return a unified diff between fresh stubs and ``committed``; empty when equal."""
     with tempfile.TemporaryDirectory() as tmp:
-        fresh = Path(tmp) / "_pb"
+        fresh = Path(tmp) / "v1"
         names = generate(fresh)
         on_disk = {p.relative_to(committed) for p in committed.rglob("*") if p.suffix in {".py", ".pyi"}}
         lines: list[str] = []

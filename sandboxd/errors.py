@@ -165,7 +165,7 @@ class QuotaExceededError(SandboxdError):
 
 
 class RequestTooLargeError(QuotaExceededError):
-    """A request message is larger than its RPC takes (see ``sandboxd_client.limits``)."""
+    """A request message is larger than its RPC takes (see ``sandboxd_protocol.limits``)."""
 
 
 class DockerUnavailableError(SandboxdError):

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from typing import Any
 
 import structlog
-from sandboxd_client.limits import (
+from sandboxd_protocol.limits import (
     MAX_EDIT_STRING_BYTES,
     MAX_PATH_BYTES,
     MAX_URL_BYTES,

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 import structlog
-from sandboxd_client.limits import (
+from sandboxd_protocol.limits import (
     MAX_COMMAND_BYTES,
     MAX_ENV_BYTES,
     MAX_ENV_ENTRIES,
@@ -243,7 +243,7 @@ def check_env(env: Mapping[str, str], field: str, *, max_bytes: int = MAX_ENV_BY
         env: the variables.
         field: the request field, named in the message.
         max_bytes: most bytes of all ``NAME=value`` entries together
-            (``sandboxd_client.limits``: 128 KiB for a call, 32 KiB for a workspace).
+            (``sandboxd_protocol.limits``: 128 KiB for a call, 32 KiB for a workspace).
 
     Raises:
         InvalidSpecError: naming ``field`` and the offending variable or the size.
@@ -962,7 +962,7 @@ class ProcessTable:
         return [s for s in self._sessions.values() if s.context.workspace_id == workspace_id]
 
     def check_spec(self, spec: ExecSpec) -> None:
-        """Check every field of an Exec against its bound (``sandboxd_client.limits``), before any work.
+        """Check every field of an Exec against its bound (``sandboxd_protocol.limits``), before any work.
 
         Raises:
             InvalidSpecError: naming the field, its size and its bound.

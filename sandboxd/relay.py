@@ -15,7 +15,7 @@ import collections
 import dataclasses
 from collections.abc import Mapping
 
-from sandboxd_client.text import StreamRedactor
+from sandboxd_protocol.redact import StreamRedactor
 
 from .agent import ProtocolError
 from .models import OutputChunk, OutputDropped

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from sandboxd_client.text import StreamRedactor
+from sandboxd_protocol.redact import StreamRedactor
 
 from .errors import InvalidSpecError, quoted
 

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Literal, get_args, get_origin, get_type_hints
 
-from sandboxd_client import default_socket_path
+from sandboxd_protocol.paths import default_socket_path
 
 from .errors import InvalidSpecError
 

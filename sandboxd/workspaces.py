@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import structlog
-from sandboxd_client.limits import (
+from sandboxd_protocol.limits import (
     MAX_CAPABILITIES,
     MAX_IMAGE_REFERENCE_BYTES,
     MAX_LABEL_VALUE_BYTES,

@@ -12,18 +12,18 @@ from typing import Any, Literal, TypeVar
 import grpc
 import tenacity
 from google.protobuf import duration_pb2
+from sandboxd_protocol.limits import MAX_UPLOAD_CHUNK_BYTES, MAX_WRITE_BYTES
+from sandboxd_protocol.v1 import file_service_pb2 as fpb
+from sandboxd_protocol.v1 import file_service_pb2_grpc as fgrpc
+from sandboxd_protocol.v1 import process_service_pb2 as ppb
+from sandboxd_protocol.v1 import process_service_pb2_grpc as pgrpc
+from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
+from sandboxd_protocol.v1 import workspace_service_pb2_grpc as wgrpc
 
 from ._auth import TLSOptions, open_channel
 from ._exec import ExecHandle, Exited, exited_from_proto
 from ._paths import default_socket_path
-from ._pb.sandboxd.v1 import file_service_pb2 as fpb
-from ._pb.sandboxd.v1 import file_service_pb2_grpc as fgrpc
-from ._pb.sandboxd.v1 import process_service_pb2 as ppb
-from ._pb.sandboxd.v1 import process_service_pb2_grpc as pgrpc
-from ._pb.sandboxd.v1 import workspace_service_pb2 as wpb
-from ._pb.sandboxd.v1 import workspace_service_pb2_grpc as wgrpc
 from .errors import InvalidArgumentError, UnavailableError, from_rpc_error
-from .limits import MAX_UPLOAD_CHUNK_BYTES, MAX_WRITE_BYTES
 
 __all__ = [
     "EditResult",

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import grpc
+from sandboxd_protocol.v1 import process_service_pb2 as ppb
 
-from ._pb.sandboxd.v1 import process_service_pb2 as ppb
 from .errors import SandboxError, from_rpc_error
 
 __all__ = [

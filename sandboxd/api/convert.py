@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime
 
 from google.protobuf import duration_pb2, timestamp_pb2
-from sandboxd_client._pb.sandboxd.v1 import process_service_pb2 as ppb
-from sandboxd_client._pb.sandboxd.v1 import workspace_service_pb2 as wpb
+from sandboxd_protocol.v1 import process_service_pb2 as ppb
+from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 
 from ..errors import InvalidSpecError
 from ..models import (

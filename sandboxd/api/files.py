@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from google.protobuf import timestamp_pb2
-from sandboxd_client._pb.sandboxd.v1 import file_service_pb2 as fpb
-from sandboxd_client._pb.sandboxd.v1 import file_service_pb2_grpc as fgrpc
+from sandboxd_protocol.v1 import file_service_pb2 as fpb
+from sandboxd_protocol.v1 import file_service_pb2_grpc as fgrpc
 
 from ..audit import audit_fields
 from ..errors import InvalidSpecError

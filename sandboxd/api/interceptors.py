@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 import structlog
-from sandboxd_client.limits import request_limit
+from sandboxd_protocol.limits import request_limit
 
 from ..audit import STATE_CHANGING, AuditLog, audit_fields, set_audit_tenant, start_audit
 from ..errors import QUOTED_CHARS, InvalidSpecError, RequestTooLargeError, SandboxdError
@@ -145,7 +145,7 @@ def _tolerant(
 ) -> Callable[[bytes], Any] | None:
     """Wrap a request deserializer: oversized or undecodable bytes become :class:`_Malformed`.
 
-    A message larger than ``rpc`` takes (``sandboxd_client.limits``) is never parsed: it
+    A message larger than ``rpc`` takes (``sandboxd_protocol.limits``) is never parsed: it
     costs its bytes and nothing more; one larger than ``_EAGER_BYTES`` waits as
     :class:`_Unparsed` until the caller has authenticated. gRPC would answer a
     deserializer's exception with UNKNOWN and the exception's text; bad wire format and

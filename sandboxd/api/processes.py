@@ -7,8 +7,8 @@ import re
 import signal
 from collections.abc import AsyncIterator
 
-from sandboxd_client._pb.sandboxd.v1 import process_service_pb2 as ppb
-from sandboxd_client._pb.sandboxd.v1 import process_service_pb2_grpc as pgrpc
+from sandboxd_protocol.v1 import process_service_pb2 as ppb
+from sandboxd_protocol.v1 import process_service_pb2_grpc as pgrpc
 
 from ..audit import audit_fields
 from ..errors import InvalidSpecError, quoted

@@ -16,7 +16,8 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from sandboxd_client._pb.sandboxd.v1 import (
+from sandboxd_protocol.limits import MAX_MESSAGE_BYTES
+from sandboxd_protocol.v1 import (
     file_service_pb2,
     file_service_pb2_grpc,
     process_service_pb2,
@@ -24,7 +25,6 @@ from sandboxd_client._pb.sandboxd.v1 import (
     workspace_service_pb2,
     workspace_service_pb2_grpc,
 )
-from sandboxd_client.limits import MAX_MESSAGE_BYTES
 
 from ..agentbuild import AgentBuild, ensure_agent
 from ..audit import AuditLog

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sandboxd_client._pb.sandboxd.v1 import workspace_service_pb2 as wpb
-from sandboxd_client._pb.sandboxd.v1 import workspace_service_pb2_grpc as wgrpc
+from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
+from sandboxd_protocol.v1 import workspace_service_pb2_grpc as wgrpc
 
 from ..workspaces import WorkspaceManager
 from . import convert

@@ -13,11 +13,11 @@ from pathlib import Path
 import grpc
 import pytest
 from sandboxd_client import InvalidArgumentError, ResourceExhaustedError, SandboxClient
-from sandboxd_client._pb.sandboxd.v1 import process_service_pb2 as ppb
-from sandboxd_client._pb.sandboxd.v1 import process_service_pb2_grpc as pgrpc
-from sandboxd_client._pb.sandboxd.v1 import workspace_service_pb2 as wpb
-from sandboxd_client._pb.sandboxd.v1 import workspace_service_pb2_grpc as wgrpc
 from sandboxd_client.limits import MAX_MESSAGE_BYTES, MAX_REQUEST_BYTES
+from sandboxd_protocol.v1 import process_service_pb2 as ppb
+from sandboxd_protocol.v1 import process_service_pb2_grpc as pgrpc
+from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
+from sandboxd_protocol.v1 import workspace_service_pb2_grpc as wgrpc
 
 from tests.conftest import new_instance, rss_bytes, spawned_daemon
 
@@ -124,8 +124,8 @@ def _refused_writes(socket_path: str, token: str) -> set[str]:
     """16 threads, each sending six 16 MiB WriteFiles to a workspace that does not exist; their codes."""
     import threading
 
-    from sandboxd_client._pb.sandboxd.v1 import file_service_pb2 as fpb
-    from sandboxd_client._pb.sandboxd.v1 import file_service_pb2_grpc as fgrpc
+    from sandboxd_protocol.v1 import file_service_pb2 as fpb
+    from sandboxd_protocol.v1 import file_service_pb2_grpc as fgrpc
 
     codes: set[str] = set()
     request = fpb.WriteFileRequest(workspace_id="ws-none", path="x", content=b"x" * (16 * MIB))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from sandboxd_client._pb.sandboxd.v1 import process_service_pb2 as ppb
-from sandboxd_client._pb.sandboxd.v1 import workspace_service_pb2 as wpb
+from sandboxd_protocol.v1 import process_service_pb2 as ppb
+from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 
 from sandboxd.api import convert
 from sandboxd.errors import InvalidSpecError

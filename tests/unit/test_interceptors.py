@@ -9,8 +9,8 @@ from __future__ import annotations
 import grpc
 import pytest
 import structlog
-from sandboxd_client._pb.sandboxd.v1 import workspace_service_pb2 as wpb
-from sandboxd_client._pb.sandboxd.v1 import workspace_service_pb2_grpc as wgrpc
+from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
+from sandboxd_protocol.v1 import workspace_service_pb2_grpc as wgrpc
 
 from sandboxd import errors
 from sandboxd.api.interceptors import ErrorInterceptor

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from sandboxd_client._pb.sandboxd.v1 import file_service_pb2 as sandboxd_dot_v1_dot_file__service__pb2
+from sandboxd_protocol.v1 import file_service_pb2 as sandboxd_dot_v1_dot_file__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

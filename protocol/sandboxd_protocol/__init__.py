@@ -1,0 +1,5 @@
+"""The sandboxd.v1 wire contract, shared by the daemon and its clients.
+
+``v1`` holds the generated stubs, ``limits`` the request bounds, ``redact`` the
+streaming secret masker, ``paths`` the default socket location.
+"""
