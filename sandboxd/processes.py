@@ -557,7 +557,7 @@ class ProcessSession:
     def on_start_failed(self, stage: str, message: str) -> None:
         """The command could not start: the error the Exec call gets depends on why."""
         detail = cut_text(message, MAX_MESSAGE_CHARS)
-        if stage == "fork":
+        if stage in {"fork", "died"}:  # out of processes (or memory): the workspace's limits
             error: SandboxdError = QuotaExceededError(f"cannot start the command: {detail}")
         elif stage in {"chdir", "exec", "user"}:
             error = InvalidSpecError(f"cannot start the command: {detail}")

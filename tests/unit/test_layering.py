@@ -11,7 +11,8 @@ def test_the_daemon_loads_nothing_of_the_client() -> None:
     """Importing the daemon's server (and its whole domain) loads no module of sandboxd_client."""
     probe = (
         "import json, sys, sandboxd.api.server, sandboxd.__main__; "
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('sandboxd_client', 'sandboxd_protocol'))))"
+        "names = ('sandboxd_client', 'sandboxd_protocol'); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in names)))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
     loaded = json.loads(done.stdout)

@@ -306,7 +306,7 @@ func (p *Process) Abort() { p.ctl.Close() }
 func (p *Process) Go() *Failure {
 	defer p.ctl.Close()
 	if _, err := p.ctl.Write([]byte{Go}); err != nil {
-		return &Failure{Stage: "exec", Message: "the command's process died before it started"}
+		return died()
 	}
 	report, _ := io.ReadAll(io.LimitReader(p.ctl, 64*1024))
 	if len(report) == 0 {
@@ -315,10 +315,16 @@ func (p *Process) Go() *Failure {
 	return decodeFailure(report)
 }
 
+// died is the failure of a helper that ended without a word: killed, or unable to run at
+// all (a workspace out of processes cannot give it the threads it starts with).
+func died() *Failure {
+	return &Failure{Stage: "died", Message: "the command's process died before it started (the workspace may be out of processes or memory)"}
+}
+
 func decodeFailure(report []byte) *Failure {
 	var f Failure
 	if len(report) == 0 || json.Unmarshal(report, &f) != nil || f.Stage == "" {
-		return &Failure{Stage: "exec", Message: "the command's process died before it started"}
+		return died()
 	}
 	return &f
 }
