@@ -988,7 +988,7 @@ class ProcessTable:
         if utf8_size(spec.command) > MAX_COMMAND_BYTES:
             msg = (
                 f"command is {utf8_size(spec.command)} bytes; the limit is "
-                f"{MAX_COMMAND_BYTES} (one argument of `bash -lc`); write long scripts to a file first"
+                f"{MAX_COMMAND_BYTES}; write long scripts to a file first"
             )
             raise InvalidSpecError(msg)
         if not spec.command.strip():

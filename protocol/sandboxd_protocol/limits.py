@@ -40,7 +40,7 @@ _KIB = 1024
 _MIB = 1024 * 1024
 
 MAX_COMMAND_BYTES = 120 * _KIB
-"""Longest Exec command: it travels as one argv string (Linux allows 128 KiB per string)."""
+"""Longest Exec command (it reaches the shell on a pipe; longer scripts belong in a file)."""
 
 MAX_ENV_ENTRIES = 256
 """Most variables in one env map (a workspace's or a call's)."""

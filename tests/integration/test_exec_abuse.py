@@ -221,7 +221,7 @@ class TestInputs:
         await client.kill(process_id)
 
     async def test_callers_path_does_not_break_sandboxd(self, client, workspace) -> None:
-        """A caller's PATH reaches the command but not sandboxd's supervisor."""
+        """A caller's PATH reaches the command (after the login profile) but not the agent's choice of shell."""
         result = await workspace.exec("echo $PATH; /bin/echo hi", env={"PATH": "/opt/bin"}).wait()
         assert result.stdout == "/opt/bin\nhi\n"
         ws = await client.create_workspace(env={"PATH": "/opt/mytools/bin:/usr/bin:/bin"}, labels={"test": "path"})
