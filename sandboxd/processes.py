@@ -329,9 +329,12 @@ class ExecContext:
         self.capabilities = capabilities
 
 
-WINDOW_BYTES = 1024 * 1024
-"""Output the daemon lets the agent send beyond what callers have taken: all it ever holds of a
-session (the rest waits in the agent, bounded by the session's ``max_output_bytes``)."""
+WINDOW_BYTES = 4 * 1024 * 1024
+"""Output the daemon lets the agent send beyond what callers have taken, while one reads: all it
+ever holds of a session. The agent keeps those bytes until they are acknowledged (so that a
+restart loses none), so a window larger than the session's ``max_output_bytes`` lets it hold
+that much while a caller reads; a round trip through the engine then does not throttle a
+stream. Nobody reading, the agent holds ``max_output_bytes`` and the daemon nothing new."""
 
 _ACK_STEP_BYTES = 256 * 1024
 """Delivered bytes that make a new acknowledgement worth a frame (the end of a batch always does)."""

@@ -101,6 +101,17 @@ func (a *Agent) Send(kind byte, channel uint32, payload []byte) bool {
 	return c.enqueueAfterWelcome(proto.Encode(kind, channel, payload))
 }
 
+// SendFrame queues a frame built in place; false without a connection.
+func (a *Agent) SendFrame(frame []byte) bool {
+	a.mu.Lock()
+	c := a.conn
+	a.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	return c.enqueueAfterWelcome(frame)
+}
+
 // Expect registers a child; its wait status is delivered on the returned channel.
 func (a *Agent) Expect(pid int) <-chan syscall.WaitStatus {
 	ch := make(chan syscall.WaitStatus, 1)

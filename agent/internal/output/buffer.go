@@ -33,6 +33,7 @@ type Buffer struct {
 	held    int     // data bytes held (end - ack, gaps aside)
 	dropped uint64  // all bytes dropped so far
 	reader  bool
+	window  int // with a reader: how much the daemon lets be in flight beyond its ack
 	closed  bool
 	changed chan struct{} // closed and replaced whenever something is appended
 }
@@ -47,12 +48,23 @@ func New(capBytes int) *Buffer {
 	return b
 }
 
-// SetReader says whether a caller is reading the output now (back-pressure) or not (drops).
-func (b *Buffer) SetReader(reader bool) {
+// SetReader says whether a caller is reading the output now (back-pressure) or not (drops),
+// and, with one, how many bytes the daemon lets be in flight beyond its acknowledgement.
+func (b *Buffer) SetReader(reader bool, window int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.reader = reader
+	b.window = window
 	b.room.Broadcast()
+}
+
+// limit is the most bytes held: Cap, or while a caller reads the daemon's window if larger
+// (bytes on their way to it must be kept until it acknowledges them).
+func (b *Buffer) limit() int {
+	if b.reader && b.window > b.cap {
+		return b.window
+	}
+	return b.cap
 }
 
 // Append adds data read from stream. With a reader it waits for room; without one
@@ -65,7 +77,7 @@ func (b *Buffer) Append(stream byte, data []byte) bool {
 		if b.closed {
 			return false
 		}
-		space := b.cap - b.held
+		space := b.limit() - b.held
 		if space <= 0 {
 			if b.reader {
 				b.room.Wait()

@@ -81,7 +81,7 @@ func TestAckMakesRoomAndGapsAreReportedOnce(t *testing.T) {
 
 func TestReaderGetsBackPressureNotDrops(t *testing.T) {
 	b := New(4)
-	b.SetReader(true)
+	b.SetReader(true, 0)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -123,7 +123,7 @@ func TestSinceRespectsLimitAndMax(t *testing.T) {
 
 func TestCloseWakesAWaitingAppender(t *testing.T) {
 	b := New(1)
-	b.SetReader(true)
+	b.SetReader(true, 0)
 	done := make(chan bool)
 	go func() { done <- b.Append('1', []byte("ab")) }()
 	time.Sleep(10 * time.Millisecond)
@@ -146,5 +146,19 @@ func TestDropsNeverSplitACharacter(t *testing.T) {
 	}
 	if _, _, end, dropped := b.State(); end != 3 || dropped != 2 {
 		t.Fatalf("end %d dropped %d", end, dropped)
+	}
+}
+
+func TestAReadersWindowLetsMoreBeHeldThanCap(t *testing.T) {
+	b := New(4)
+	b.SetReader(true, 10) // the daemon takes up to 10 bytes beyond its ack
+	b.Append('1', []byte("0123456789"))
+	if _, _, end, dropped := b.State(); end != 10 || dropped != 0 {
+		t.Fatalf("end %d dropped %d, want all 10 held", end, dropped)
+	}
+	b.SetReader(false, 0) // the reader went: what is held stays, more is dropped
+	b.Append('1', []byte("x"))
+	if _, _, end, dropped := b.State(); end != 10 || dropped != 1 {
+		t.Fatalf("end %d dropped %d, want 10 kept and 1 dropped", end, dropped)
 	}
 }

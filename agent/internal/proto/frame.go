@@ -103,6 +103,15 @@ func Append(b []byte, kind byte, channel uint32, payload []byte) []byte {
 	return append(b, payload...)
 }
 
+// InPlace fills in the header of a frame built in place: frame[:HeaderSize] is left for it
+// and the payload follows (one copy fewer than Encode for large payloads).
+func InPlace(frame []byte, kind byte, channel uint32) []byte {
+	binary.BigEndian.PutUint32(frame[0:4], uint32(len(frame)-4))
+	frame[4] = kind
+	binary.BigEndian.PutUint32(frame[5:9], channel)
+	return frame
+}
+
 // Encode returns one encoded frame.
 func Encode(kind byte, channel uint32, payload []byte) []byte {
 	return Append(make([]byte, 0, HeaderSize+len(payload)), kind, channel, payload)

@@ -48,6 +48,8 @@ const drainBudget = 500 * time.Millisecond
 type Host interface {
 	// Send queues a frame for the daemon; false when no daemon is connected.
 	Send(kind byte, channel uint32, payload []byte) bool
+	// SendFrame queues a frame built in place (proto.InPlace); false when no daemon is connected.
+	SendFrame(frame []byte) bool
 	// Connected returns a channel closed when the current connection goes (or a new one comes).
 	Connected() <-chan struct{}
 	// Expect registers a child's pid; its wait status arrives on the returned channel.
@@ -705,11 +707,15 @@ func (s *Session) writeInput() {
 // Pull acknowledges output and allows more to be sent.
 func (s *Session) Pull(msg proto.PullMsg) {
 	s.buf.Ack(msg.Ack, msg.AckGap)
-	s.buf.SetReader(msg.Reader)
 	s.mu.Lock()
 	if msg.Until > s.until {
 		s.until = msg.Until
 	}
+	window := 0
+	if s.until > msg.Ack {
+		window = int(s.until - msg.Ack)
+	}
+	s.buf.SetReader(msg.Reader, window)
 	if msg.Ack > s.cursor || (msg.Ack == s.cursor && msg.AckGap > s.cursorGap) {
 		s.cursor, s.cursorGap = msg.Ack, msg.AckGap
 	}
@@ -719,7 +725,7 @@ func (s *Session) Pull(msg proto.PullMsg) {
 
 // ReaderGone says no daemon is connected: the output is kept up to the buffer's size, and
 // what does not fit is dropped (counted) rather than blocking the command.
-func (s *Session) ReaderGone() { s.buf.SetReader(false) }
+func (s *Session) ReaderGone() { s.buf.SetReader(false, 0) }
 
 // Reconnected restarts sending from what the daemon acknowledged (it lost the rest).
 func (s *Session) Reconnected() {
@@ -766,8 +772,8 @@ func (s *Session) pump() {
 				ok = s.host.Send(proto.Dropped, s.Channel, body)
 				cursor, cursorGap = f.Offset, f.Gap
 			} else {
-				ok = s.host.Send(proto.Output, s.Channel, f.Data)
-				cursor, cursorGap = f.Offset+uint64(len(f.Data)-9), 0
+				ok = s.host.SendFrame(proto.InPlace(f.Data, proto.Output, s.Channel))
+				cursor, cursorGap = f.Offset+uint64(len(f.Data)-outputHeader), 0
 			}
 			if !ok {
 				break
@@ -821,9 +827,17 @@ func pieceBytes(pieces []output.Piece) int {
 	return n
 }
 
-// frames turns pieces into frames: a gap as it is, adjacent data of one stream merged
-// into one output frame payload (stream byte, offset, bytes) carried in Data.
+// outputHeader is what precedes the bytes in an output frame as built by frames: the
+// frame header, then the stream byte and the offset.
+const outputHeader = proto.HeaderSize + 9
+
+// frames turns pieces into frames: a gap as it is, adjacent data of one stream merged into
+// one output frame, built whole in Data (header room, stream byte, offset, bytes).
 func frames(pieces []output.Piece) []output.Piece {
+	size := 0
+	for _, p := range pieces {
+		size += len(p.Data)
+	}
 	var out []output.Piece
 	for _, p := range pieces {
 		if p.Gap > 0 {
@@ -832,15 +846,15 @@ func frames(pieces []output.Piece) []output.Piece {
 		}
 		if n := len(out); n > 0 {
 			last := &out[n-1]
-			if last.Gap == 0 && last.Stream == p.Stream && last.Offset+uint64(len(last.Data)-9) == p.Offset {
+			if last.Gap == 0 && last.Stream == p.Stream && last.Offset+uint64(len(last.Data)-outputHeader) == p.Offset {
 				last.Data = append(last.Data, p.Data...)
 				continue
 			}
 		}
-		payload := make([]byte, 9, 9+len(p.Data))
-		payload[0] = p.Stream
-		putUint64(payload[1:9], p.Offset)
-		out = append(out, output.Piece{Stream: p.Stream, Offset: p.Offset, Data: append(payload, p.Data...)})
+		frame := make([]byte, outputHeader, outputHeader+size)
+		frame[proto.HeaderSize] = p.Stream
+		putUint64(frame[proto.HeaderSize+1:outputHeader], p.Offset)
+		out = append(out, output.Piece{Stream: p.Stream, Offset: p.Offset, Data: append(frame, p.Data...)})
 	}
 	return out
 }
