@@ -330,11 +330,11 @@ class ExecContext:
 
 
 WINDOW_BYTES = 4 * 1024 * 1024
-"""Output the daemon lets the agent send beyond what callers have taken, while one reads: all it
-ever holds of a session. The agent keeps those bytes until they are acknowledged (so that a
-restart loses none), so a window larger than the session's ``max_output_bytes`` lets it hold
-that much while a caller reads; a round trip through the engine then does not throttle a
-stream. Nobody reading, the agent holds ``max_output_bytes`` and the daemon nothing new."""
+"""Most output the daemon lets the agent send beyond what callers have taken, while one reads:
+all it ever holds of a session. A session's window is its ``max_output_bytes`` up to this (the
+agent keeps every byte until acknowledged, so a restart loses none, and a caller that walks
+away must find no more unread than the session keeps); a larger buffer streams faster, since
+fewer acknowledgements' round trips through the engine hold it up."""
 
 _ACK_STEP_BYTES = 256 * 1024
 """Delivered bytes that make a new acknowledgement worth a frame (the end of a batch always does)."""
@@ -397,6 +397,9 @@ class ProcessSession:
         self._pull_sent: tuple[int, int, int, bool] | None = None
         self._buffer_bytes = spec.max_output_bytes or settings.output_buffer_bytes
         self._ack_step = max(1, min(_ACK_STEP_BYTES, self._buffer_bytes // 4))
+        self._window = min(WINDOW_BYTES, self._buffer_bytes)
+        """What the agent may send beyond callers' take: never more than the session keeps for an
+        absent caller, so a caller that walks away leaves no more than that unread."""
         """An acknowledgement frees the agent's buffer: a small buffer needs them often."""
         self._pulling: asyncio.Task[None] | None = None
         self.spill_path = f"{SPILL_DIR}/{process_id}.out"
@@ -631,7 +634,7 @@ class ProcessSession:
             return
         ack, ack_gap = self.output.ack_position()
         reader = self._attached > 0
-        until = self.output.delivered + WINDOW_BYTES if reader else self.output.received
+        until = self.output.delivered + self._window if reader else self.output.received
         last = self._pull_sent
         if (
             not force

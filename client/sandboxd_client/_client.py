@@ -603,6 +603,8 @@ class SandboxClient:
                 yield message.chunk
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
+        finally:
+            call.cancel()  # a caller that stops reading ends the call: the daemon stops the archive
 
     async def read_image(self, workspace_id: str, source: str) -> ImageResult:
         """A png/jpeg/gif/webp image of at most 5 MB, from a workspace path or an http(s) URL."""

@@ -123,7 +123,8 @@ async def test_a_dead_agent_is_restarted_and_its_sessions_fail(client, workspace
     process_id = await start_ready(workspace, "echo ready; sleep 300")
     container = docker_client.containers.get(workspace.info.container_id)
     pid = await agent_pid(workspace)
-    container.exec_run(["kill", "-9", str(pid)], user="0:0")
+    # Detached: under gVisor an exec whose container dies under it never ends its stream.
+    container.exec_run(["kill", "-9", str(pid)], user="0:0", detach=True)
     events, _, _ = await collect(client.input(process_id, "", yield_after_s=30, follow=True))
     final = events[-1]
     assert final.stop_reason == "failed", final

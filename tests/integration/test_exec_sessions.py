@@ -406,7 +406,9 @@ class TestHostile:
             start = time.monotonic()
             # The top-level shell returns at once; the bomb lives on in the background.
             bomb = await workspace.exec(":(){ :|:& };:", timeout_s=10, follow=True).wait()
-            assert bomb.exit_code == 0
+            # The top-level shell returns at once, unless bash's own fork retries (it sleeps on
+            # EAGAIN) keep it until the timeout.
+            assert (bomb.exit_code, bomb.stop_reason) in {(0, "exited"), (137, "timeout")}, bomb
             await asyncio.sleep(3)
             other_start = time.monotonic()
             other = await neighbour.exec("echo other").wait()

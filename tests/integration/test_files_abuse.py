@@ -133,9 +133,12 @@ class TestSpecialFiles:
         await asyncio.sleep(0.8)
         assert len(await fileops_left(workspace)) == 1
         assert await upload == 1
-        await client.write_file(workspace.workspace_id, "big2.txt", b"x\n" * 4_000_000)
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(client.read_file(workspace.workspace_id, "big2.txt"), 0.05)
+        for name in "abcd":
+            await client.write_file(workspace.workspace_id, f"big/{name}.bin", b"x" * (8 << 20))
+        stream = client.download(workspace.workspace_id, "big")
+        assert await anext(stream)  # 32 MiB of archive on its way: its helper waits on the caller
+        assert len(await fileops_left(workspace)) == 1
+        await stream.aclose()  # the caller walks away mid-archive
         deadline = time.monotonic() + 10
         while await fileops_left(workspace) and time.monotonic() < deadline:
             await asyncio.sleep(0.3)

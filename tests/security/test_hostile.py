@@ -110,7 +110,8 @@ async def test_fork_bomb(client, attacker, neighbour) -> None:  # type: ignore[n
     baseline = int((await attacker.exec(count).wait(check=True)).stdout)
     started = time.monotonic()
     result = await attacker.exec(":(){ :|:& };:", timeout_s=5).wait()
-    assert result.exit_code == 0
+    # The shell returns at once, unless bash's fork retries (sleeps on EAGAIN) hold it to the timeout.
+    assert (result.exit_code, result.stop_reason) in {(0, "exited"), (137, "timeout")}, result
     now = None
     while time.monotonic() - started < 25:
         try:
