@@ -387,6 +387,8 @@ class ProcessSession:
         """The exit status, once the agent reported it (callers get it after the output)."""
         self._state = _State.STARTING
         self._started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # A start abandoned by its caller fails with nobody awaiting it: that is no error to log.
+        self._started.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._exited = asyncio.Event()
         self._requested: set[StopReason] = set()
         self._ctrl_c_delivered = False

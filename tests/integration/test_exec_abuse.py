@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from sandboxd_client import (
     Output,
     ResourceExhaustedError,
     SandboxClient,
+    SandboxError,
     Yielded,
 )
 
@@ -209,6 +211,25 @@ class TestInterrupts:
 
 
 class TestInputs:
+    async def test_an_exec_cancelled_while_starting_is_no_error(self, client, workspace, caplog) -> None:
+        """Execs abandoned at every moment of their start leave no command behind and log no error
+        (a start that fails with nobody awaiting it is no unretrieved exception)."""
+        import gc
+
+        for step in range(10):
+            call = asyncio.create_task(workspace.exec("sleep 7.25").wait())
+            # Deliberately different moments of the start, not a wait for readiness.
+            await asyncio.sleep(0.003 * step)
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError, SandboxError):
+                await call
+        deadline = time.monotonic() + 10
+        while await alive(workspace, r"sleep 7\.25") and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert await alive(workspace, r"sleep 7\.25") == []
+        gc.collect()
+        assert [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()] == []
+
     async def test_huge_terminal_size_is_invalid(self, client, workspace) -> None:
         """Terminal sizes past 10000 cells are INVALID_ARGUMENT, and a running command is untouched."""
         with pytest.raises(InvalidArgumentError, match="terminal size"):

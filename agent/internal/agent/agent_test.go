@@ -265,6 +265,23 @@ func TestTheCallersEnvironmentOutlivesTheLoginProfile(t *testing.T) {
 	}
 }
 
+func TestACallersMarkerCannotHideTheTreeFromItsTimeout(t *testing.T) {
+	d, _ := connect(t)
+	r := start(d, `echo "$SANDBOXD_PROCESS_ID"; (setsid sleep 332.5 &); sleep 100.5`, func(m *proto.StartMsg) {
+		m.Env = [][2]string{{"SANDBOXD_PROCESS_ID", "p-forged"}}
+		m.TimeoutS = 1
+	}).wait(d)
+	if want := fmt.Sprintf("p-test%d\n", r.channel); string(r.output) != want {
+		t.Errorf("the command saw marker %q, want %q", r.output, want)
+	}
+	if !r.exit.TimedOut || r.exit.Leftovers != 0 {
+		t.Errorf("exit %+v, want a timeout with nothing left over", r.exit)
+	}
+	if left := processesWith("332.5"); len(left) != 0 {
+		t.Errorf("left after the timeout: %q", left)
+	}
+}
+
 func TestCommandsHaveNoPrivileges(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("privileges are dropped only by a root agent")

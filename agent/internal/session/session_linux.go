@@ -322,8 +322,10 @@ func commandEnv(daemonEnv [][2]string, u users.User, marker []byte) []string {
 func exportsText(daemonEnv [][2]string) string {
 	var text strings.Builder
 	for _, pair := range daemonEnv {
-		if !isIdentifier(pair[0]) {
-			continue // not a shell variable: the environment alone carries it
+		if !isIdentifier(pair[0]) || pair[0] == MarkerName {
+			// Not a shell variable: the environment alone carries it. The marker is the
+			// agent's (commandEnv sets it last): a caller's would hide the tree from its kill.
+			continue
 		}
 		// 2>/dev/null: a name the shell keeps read-only (UID) stays as the shell has it.
 		text.WriteString("export " + pair[0] + "='" + strings.ReplaceAll(pair[1], "'", `'\''`) + "' 2>/dev/null\n")
