@@ -254,9 +254,10 @@ class TestOutputCaps:
 
 class TestSpill:
     async def test_large_output_is_spilled_whole(self, workspace) -> None:
-        """Past spill_after_bytes, the whole output (from byte one) is in the spill file."""
+        """Past spill_after_bytes, the whole output (from byte one) is in the spill file, in the order
+        written (merged: two pipes read side by side give no order between them)."""
         result = await workspace.exec(
-            "head -c 100000 /dev/zero | tr '\\0' x; echo tail >&2", spill_after_bytes=16000
+            "head -c 100000 /dev/zero | tr '\\0' x; echo tail >&2", spill_after_bytes=16000, merge_stderr=True
         ).wait()
         assert result.spill_path == f"/workspace/.sandboxd/spill/{result.process_id}.out"
         spilled = await workspace.exec(f"wc -c < {result.spill_path}; tail -c 6 {result.spill_path}").wait()
