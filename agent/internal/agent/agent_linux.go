@@ -92,13 +92,7 @@ func (a *Agent) Connected() <-chan struct{} {
 
 // Send queues a frame on the current connection; false without one.
 func (a *Agent) Send(kind byte, channel uint32, payload []byte) bool {
-	a.mu.Lock()
-	c := a.conn
-	a.mu.Unlock()
-	if c == nil {
-		return false
-	}
-	return c.enqueueAfterWelcome(proto.Encode(kind, channel, payload))
+	return a.SendFrame(proto.Encode(kind, channel, payload))
 }
 
 // SendFrame queues a frame built in place; false without a connection.

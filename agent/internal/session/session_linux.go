@@ -5,6 +5,7 @@
 package session
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"os"
@@ -758,7 +759,8 @@ func (s *Session) pump() {
 			return
 		}
 		pieces := s.buf.Since(cursor, cursorGap, until, sendChunk)
-		if wait := coalesceWindow - time.Since(lastSent); wait > 0 && pieceBytes(pieces) < sendChunk {
+		size := pieceBytes(pieces)
+		if wait := coalesceWindow - time.Since(lastSent); wait > 0 && size < sendChunk {
 			select {
 			case <-time.After(wait):
 			case <-s.exiting:
@@ -767,7 +769,7 @@ func (s *Session) pump() {
 			continue
 		}
 		sent := false
-		for _, f := range frames(pieces) {
+		for _, f := range frames(pieces, size) {
 			var ok bool
 			if f.Gap > 0 {
 				body, _ := json.Marshal(proto.DroppedMsg{Offset: f.Offset, Bytes: f.Gap})
@@ -833,13 +835,10 @@ func pieceBytes(pieces []output.Piece) int {
 // frame header, then the stream byte and the offset.
 const outputHeader = proto.HeaderSize + 9
 
-// frames turns pieces into frames: a gap as it is, adjacent data of one stream merged into
-// one output frame, built whole in Data (header room, stream byte, offset, bytes).
-func frames(pieces []output.Piece) []output.Piece {
-	size := 0
-	for _, p := range pieces {
-		size += len(p.Data)
-	}
+// frames turns pieces (size bytes of data in all) into frames: a gap as it is, adjacent data
+// of one stream merged into one output frame, built whole in Data (header room, stream
+// byte, offset, bytes).
+func frames(pieces []output.Piece, size int) []output.Piece {
 	var out []output.Piece
 	for _, p := range pieces {
 		if p.Gap > 0 {
@@ -855,17 +854,10 @@ func frames(pieces []output.Piece) []output.Piece {
 		}
 		frame := make([]byte, outputHeader, outputHeader+size)
 		frame[proto.HeaderSize] = p.Stream
-		putUint64(frame[proto.HeaderSize+1:outputHeader], p.Offset)
+		binary.BigEndian.PutUint64(frame[proto.HeaderSize+1:outputHeader], p.Offset)
 		out = append(out, output.Piece{Stream: p.Stream, Offset: p.Offset, Data: append(frame, p.Data...)})
 	}
 	return out
-}
-
-func putUint64(b []byte, v uint64) {
-	for i := 7; i >= 0; i-- {
-		b[i] = byte(v)
-		v >>= 8
-	}
 }
 
 // Discard lets the session go. A command still running is killed with its whole tree; an
