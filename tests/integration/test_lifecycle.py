@@ -32,9 +32,9 @@ class TestIdleTtl:
         try:
             async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
                 idle = await client.create_workspace(idle_ttl_s=3)
+                created = time.monotonic()  # idle's TTL counts from here, not from the others' creation
                 busy = await client.create_workspace(idle_ttl_s=3)
                 keeper = await client.create_workspace()  # daemon default: never reaped
-                created = time.monotonic()
                 assert idle.info.idle_ttl_s == 3.0
                 gone_after = None
                 while time.monotonic() - created < 10:
