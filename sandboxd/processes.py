@@ -413,6 +413,8 @@ class ProcessSession:
         self._fresh = True
         """Not yet streamed to its caller: never evicted in that state (it would kill a command
         whose Exec call has not even attached)."""
+        self._calls = 0
+        """Calls that have streamed (or polled) this session's output."""
         self._background: set[asyncio.Task[None]] = background if background is not None else set()
         self.shutting_down = False
         """Set when the daemon stops: departing streams then leave their commands alone."""
@@ -760,6 +762,27 @@ class ProcessSession:
                 self._requested.add(StopReason.INTERRUPTED)
                 await self._deliver(lambda channel: channel.kill(0.0))
 
+    async def abandon(self) -> None:
+        """Ctrl-C a command whose starting call left before it streamed (a cancel, SPEC §2.3).
+
+        If it still runs ``kill_grace_s`` later and no call has streamed it since, its whole
+        tree is ended (stop reason ``interrupted``): its caller may never have received the
+        process id, so nobody else could stop a command that outlives its Ctrl-C. A shell
+        swallows a SIGINT that lands while it waits for a child that exits normally (the
+        login profile's ``$(id -u)``).
+        """
+        await self.interrupt()
+        if self.running:
+            self._spawn(self._end_unseen(self._calls))
+
+    async def _end_unseen(self, calls: int) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.kill_grace_s):
+                await self._exited.wait()
+        if self.running and self._calls == calls and not self.shutting_down:
+            log.info("process.abandoned", process_id=self.process_id, workspace_id=self.context.workspace_id)
+            await self.kill(reason=StopReason.INTERRUPTED)
+
     async def input(
         self, *, chars: str = "", data: bytes = b"", close_stdin: bool = False, yield_after_s: float | None = None
     ) -> AsyncIterator[ExecEvent]:
@@ -855,6 +878,7 @@ class ProcessSession:
         split between two readers.
         """
         output = self.output
+        self._calls += 1
         if self._attached and not self._fresh:
             # Another call is streaming this output; this one only delivered its input.
             if output.complete and self.exit is not None:

@@ -69,10 +69,11 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
                 yield convert.exec_response(event)
         finally:
             if not streaming:
-                # The caller left right after `started`: that is a cancel, so Ctrl-C (SPEC §2.3).
+                # The caller left right after `started`: that is a cancel, so Ctrl-C (SPEC §2.3),
+                # and an end to a command that survives it unseen.
                 session.release()
                 if session.running and not session.shutting_down:
-                    await asyncio.shield(session.interrupt())
+                    await asyncio.shield(session.abandon())
 
     async def Input(self, request: ppb.InputRequest, context: Context) -> AsyncIterator[ppb.InputResponse]:
         """Write to stdin or deliver Ctrl-C, then stream output until exit or the window closes."""

@@ -95,6 +95,42 @@ class TestTeardown:
             await asyncio.sleep(0.3)
         assert await alive(workspace, marker) == []
 
+    async def test_a_command_left_unseen_at_start_does_not_outlive_its_ctrl_c(self, tmp_path) -> None:
+        """A command whose Exec was cancelled before it streamed, and which survives the Ctrl-C
+        (here it ignores SIGINT; a shell can swallow one landing in its login profile), is ended
+        after the kill grace: its caller may never have had its process id. One that a call
+        streams in the meantime is somebody's, and Ctrl-C never escalates for it (SPEC §6)."""
+        thread = DaemonThread(make_settings(tmp_path, kill_grace_s=0.5)).start()
+        try:
+            async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+                ws = await client.create_workspace(labels={"test": "abandoned-at-start"})
+                try:
+                    unseen = await start_trapped(ws, "trap '' INT", "sleep 7801")
+                    seen = await start_trapped(ws, "trap '' INT", "sleep 7802")
+                    for process_id in (unseen, seen):
+                        # What the Exec call does when its caller leaves before the stream starts.
+                        await asyncio.wrap_future(
+                            asyncio.run_coroutine_threadsafe(
+                                thread.daemon.processes.get(process_id).abandon(), thread.loop
+                            )
+                        )
+                    events, _, _ = await collect(client.input(seen, yield_after_s=0.1))
+                    assert isinstance(events[-1], Yielded), events[-1]
+                    deadline = time.monotonic() + 20
+                    while await alive(ws, "sleep 7801") and time.monotonic() < deadline:
+                        await asyncio.sleep(0.2)
+                    assert await alive(ws, "sleep 7801") == []
+                    events, _, _ = await collect(client.input(unseen, yield_after_s=5))
+                    assert isinstance(events[-1], Exited) and events[-1].stop_reason == "interrupted", events[-1]
+                    # Past its grace (three times over) and still running.
+                    events, _, _ = await collect(client.input(seen, yield_after_s=1.5))
+                    assert isinstance(events[-1], Yielded), events[-1]
+                    assert await alive(ws, "sleep 7802") == ["sleep 7802"]
+                finally:
+                    await ws.delete()
+        finally:
+            thread.stop()
+
 
 class TestSessionTable:
     async def test_new_sessions_are_not_evicted_before_they_stream(self, private) -> None:
