@@ -221,7 +221,8 @@ async def test_file_operations_cannot_be_hijacked(client, attacker, neighbour) -
         client.upload(attacker.workspace_id, "/workspace", trickle(archive, pieces=6, pause_s=0.5))
     )
     probe = (
-        'sleep 1; pid=$(pgrep -f "sandboxd-agent spawn fileo[p]" | head -1); [ -n "$pid" ] || { echo no-op; exit; }; '
+        'sleep 1; pid=$(pgrep -u "$(id -u)" -f "sandboxd-agent spa[w]n" | head -1); '
+        '[ -n "$pid" ] || { echo no-op; exit; }; '
         'for f in fd/1 fd/2; do (exec 3>/proc/$pid/$f) 2>/dev/null && echo "$f open" || echo "$f denied"; done; '
         'for f in fd/0 environ; do (exec 3</proc/$pid/$f) 2>/dev/null && echo "$f open" || echo "$f denied"; done'
     )

@@ -21,6 +21,7 @@ import (
 
 	"sandboxd/agent/internal/proto"
 	"sandboxd/agent/internal/session"
+	"sandboxd/agent/internal/spawn"
 )
 
 // Version is the agent's release, reported in Welcome.
@@ -48,8 +49,8 @@ const maxQueuedBytes = 64 << 20
 
 // Agent holds the sessions and the current connection.
 type Agent struct {
-	self string
-	logf func(string, ...any)
+	spawner *spawn.Pool
+	logf    func(string, ...any)
 
 	mu       sync.Mutex
 	sessions map[uint32]*session.Session
@@ -69,8 +70,7 @@ type reaped struct {
 
 // New returns an agent that starts helpers from the binary at self.
 func New(self string) *Agent {
-	return &Agent{
-		self:     self,
+	a := &Agent{
 		logf:     log.New(os.Stderr, "sandboxd-agent: ", 0).Printf,
 		sessions: map[uint32]*session.Session{},
 		files:    map[uint32]*fileOp{},
@@ -78,10 +78,14 @@ func New(self string) *Agent {
 		expected: map[int]chan syscall.WaitStatus{},
 		unowned:  map[int]reaped{},
 	}
+	a.spawner = spawn.NewPool(self, func(pid int) { go func() { <-a.Expect(pid) }() })
+	return a
 }
 
-// Self is the agent's own binary.
-func (a *Agent) Self() string { return a.self }
+// Spawn starts a helper for req (see spawn.Pool.Start).
+func (a *Agent) Spawn(req spawn.Request, stdio [3]*os.File, extra []*os.File, tty bool) (*spawn.Process, *spawn.Failure, error) {
+	return a.spawner.Start(req, stdio, extra, tty)
+}
 
 // Connected returns a channel closed at the next change of connection.
 func (a *Agent) Connected() <-chan struct{} {
@@ -183,6 +187,7 @@ func (a *Agent) Serve() error {
 	go a.reap(children)
 	children <- syscall.SIGCHLD // children that ended before the handler was in place
 	signal.Ignore(syscall.SIGPIPE)
+	a.spawner.Fill() // the first command need not wait for its helper to start
 	dir := filepath.Dir(SocketPath)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("socket directory: %w", err)

@@ -618,3 +618,60 @@ func TestAnOversizedFrameEndsTheConnectionNotTheAgent(t *testing.T) {
 		t.Errorf("after the oversized frame: %q", r.output)
 	}
 }
+
+// idleHelper waits for the agent's idle spawn helper (its child "sandboxd-agent spawn",
+// started ahead of need) other than not, and returns its pid.
+func idleHelper(t *testing.T, not int) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == not {
+				continue
+			}
+			cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+			fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+			if string(cmdline) == "sandboxd-agent\x00spawn\x00" && len(fields) > 1 && fields[1] == strconv.Itoa(os.Getpid()) {
+				return pid
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("no idle spawn helper appeared")
+	return 0
+}
+
+func TestCommandsStartInTheIdleHelperAndWithoutOne(t *testing.T) {
+	d, _ := connect(t)
+	helper := idleHelper(t, 0)
+	r := start(d, "echo $$", nil).wait(d)
+	if r.exit == nil || string(r.output) != strconv.Itoa(helper)+"\n" {
+		t.Fatalf("output %q exit %+v failed %+v, want the idle helper's pid %d", r.output, r.exit, r.failed, helper)
+	}
+	// An idle helper killed (the pool's next) does not fail the next command: another starts.
+	dead := idleHelper(t, helper)
+	if err := syscall.Kill(dead, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var stat syscall.Stat_t
+		if syscall.Stat(filepath.Join("/proc", strconv.Itoa(dead), "cmdline"), &stat) != nil {
+			break // reaped
+		}
+		if state, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(dead), "stat")); bytes.Contains(state, []byte(") Z ")) {
+			break // dead, not yet reaped
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r = start(d, "echo $$", nil).wait(d)
+	if r.exit == nil || r.exit.ExitCode != 0 || string(r.output) == strconv.Itoa(dead)+"\n" || len(r.output) < 2 {
+		t.Fatalf("after the idle helper died: output %q exit %+v failed %+v", r.output, r.exit, r.failed)
+	}
+	replies := runFileOp(d, map[string]any{"op": "stat", "path": "/"}, nil)
+	if len(replies) == 0 || replies[len(replies)-1][0] != "R" {
+		t.Fatalf("a file operation after it: %v", replies)
+	}
+}

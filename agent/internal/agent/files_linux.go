@@ -144,7 +144,7 @@ func (op *fileOp) run(req FileRequest) {
 		Groups:      u.Groups,
 		OOMScoreAdj: session.OOMScoreAdj,
 	}
-	proc, failure, err := spawn.Start(op.agent.self, request, [3]*os.File{inR, outW, nil}, []*os.File{reqR}, false)
+	proc, failure, err := op.agent.Spawn(request, [3]*os.File{inR, outW, nil}, []*os.File{reqR}, false)
 	inR.Close()
 	outW.Close()
 	reqR.Close()

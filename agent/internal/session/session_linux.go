@@ -55,8 +55,8 @@ type Host interface {
 	Connected() <-chan struct{}
 	// Expect registers a child's pid; its wait status arrives on the returned channel.
 	Expect(pid int) <-chan syscall.WaitStatus
-	// Self is the agent binary, for the spawn helper.
-	Self() string
+	// Spawn starts the command's helper (spawn.Pool.Start).
+	Spawn(req spawn.Request, stdio [3]*os.File, extra []*os.File, tty bool) (*spawn.Process, *spawn.Failure, error)
 }
 
 // Session is one command.
@@ -166,7 +166,7 @@ func (s *Session) Run() {
 		s.fail("stdio", err.Error())
 		return
 	}
-	proc, failure, err := spawn.Start(s.host.Self(), s.request(), stdio, texts, s.spec.TTY)
+	proc, failure, err := s.host.Spawn(s.request(), stdio, texts, s.spec.TTY)
 	for _, f := range texts {
 		f.Close()
 	}

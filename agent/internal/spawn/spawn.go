@@ -8,6 +8,11 @@
 // that kills everything around it at once cannot beat that report), and then
 // executes the command in its own place: the pid the agent reported is the
 // command's, and no sandboxd process is left carrying its text.
+//
+// A Pool keeps one helper started ahead of need, still root and idle, which is
+// handed the request and the command's files (over its control socket, as
+// SCM_RIGHTS) when a command comes: the command then pays for no fork and exec of
+// the helper, which under gVisor is most of what starting it costs.
 package spawn
 
 // Request is what the agent hands its spawn helper.
@@ -29,6 +34,10 @@ type Request struct {
 	// Run names an in-process handler (Child's handlers) to run instead of executing a
 	// program: the file-operation helper.
 	Run string `json:"run"`
+	// Files are the descriptors the files handed with the request become, in order (set
+	// by Pool.Start); TTY makes fd 0 the controlling terminal.
+	Files []int `json:"files"`
+	TTY   bool  `json:"tty"`
 }
 
 // Failure is what the helper reports when it cannot start the command.

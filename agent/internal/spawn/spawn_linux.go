@@ -3,7 +3,7 @@
 package spawn
 
 import (
-	"bufio"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
 	"unsafe"
 )
@@ -25,25 +26,28 @@ const (
 	linuxCapabilityVersion3 = 0x20080522
 )
 
-// Child is the spawn helper: it reads a Request on fd 3, becomes the workspace user with
-// no privileges, reports Ready, waits for Go, and executes the command -- or, for a
-// Request naming one of handlers, runs it in this very process and exits with its status:
-// no execve follows the change of user, so the process is never dumpable (a same-user
-// process cannot open its pipes through /proc, not even in a start-up window). It never
-// returns.
+// Child is the spawn helper: it receives a Request and the command's files on fd 3,
+// becomes the workspace user with no privileges, reports Ready, waits for Go, and
+// executes the command -- or, for a Request naming one of handlers, runs it in this very
+// process and exits with its status: no execve follows the change of user, so the
+// process is never dumpable (a same-user process cannot open its pipes through /proc,
+// not even in a start-up window). It never returns.
 func Child(handlers map[string]func() int) {
 	// Capabilities, the bounding set and no_new_privs belong to a thread: all of it must
 	// happen on the thread that finally calls execve.
 	runtime.LockOSThread()
 	ctl := os.NewFile(3, "control")
-	in := bufio.NewReader(ctl)
-	line, err := in.ReadBytes('\n')
+	req, err := receive(ctl)
 	if err != nil {
+		if errors.Is(err, io.EOF) {
+			os.Exit(0) // an idle helper the agent let go
+		}
 		fail(ctl, "request", err)
 	}
-	var req Request
-	if err := json.Unmarshal(line, &req); err != nil {
-		fail(ctl, "request", err)
+	if req.TTY {
+		if _, _, errno := syscall.RawSyscall(syscall.SYS_IOCTL, 0, syscall.TIOCSCTTY, 0); errno != 0 {
+			fail(ctl, "stdio", fmt.Errorf("controlling terminal: %w", errno))
+		}
 	}
 	handler := handlers[req.Run]
 	if req.Run != "" && handler == nil {
@@ -58,7 +62,7 @@ func Child(handlers map[string]func() int) {
 		// Under memory pressure the kernel should pick the command, never the agent.
 		_ = os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(req.OOMScoreAdj)), 0)
 	}
-	if err := dropPrivileges(&req); err != nil {
+	if err := dropPrivileges(&req, handler != nil); err != nil {
 		fail(ctl, "privileges", err)
 	}
 	if err := syscall.Chdir(req.Dir); err != nil {
@@ -69,7 +73,7 @@ func Child(handlers map[string]func() int) {
 		os.Exit(127)
 	}
 	var answer [1]byte
-	if _, err := io.ReadFull(in, answer[:]); err != nil || answer[0] != Go {
+	if _, err := io.ReadFull(ctl, answer[:]); err != nil || answer[0] != Go {
 		os.Exit(127) // the agent went away before it could report the command: do not run it
 	}
 	if handler != nil {
@@ -80,6 +84,85 @@ func Child(handlers map[string]func() int) {
 	syscall.CloseOnExec(3)
 	err = syscall.Exec(path, argv, req.Env)
 	failf(ctl, "exec", "%s: %s", path, errText(err))
+}
+
+// Descriptors a helper keeps free for the files it is handed: 0-2 and 4-5 hold /dev/null
+// from its start (so that nothing of its own takes them), 3 is its control socket.
+var (
+	handedTargets = []int{0, 1, 2, 4, 5}
+	maxHanded     = len(handedTargets)
+)
+
+// receive reads a request and its files from the control socket: a 4-byte big-endian
+// length carrying the files as SCM_RIGHTS, then the request's JSON. Each file is put in
+// place (Request.Files); a target left out keeps /dev/null, or is closed beyond fd 2.
+func receive(ctl *os.File) (Request, error) {
+	var req Request
+	var header [4]byte
+	oob := make([]byte, syscall.CmsgSpace(4*maxHanded))
+	n, oobn, flags, _, err := syscall.Recvmsg(int(ctl.Fd()), header[:], oob, syscall.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return req, err
+	}
+	if n == 0 {
+		return req, io.EOF
+	}
+	if flags&syscall.MSG_CTRUNC != 0 {
+		return req, errors.New("more files than a helper takes")
+	}
+	var fds []int
+	messages, err := syscall.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		return req, err
+	}
+	for i := range messages {
+		rights, err := syscall.ParseUnixRights(&messages[i])
+		if err != nil {
+			return req, err
+		}
+		fds = append(fds, rights...)
+	}
+	if _, err := io.ReadFull(ctl, header[n:]); err != nil {
+		return req, err
+	}
+	body := make([]byte, binary.BigEndian.Uint32(header[:]))
+	if _, err := io.ReadFull(ctl, body); err != nil {
+		return req, err
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return req, err
+	}
+	if len(fds) != len(req.Files) {
+		return req, fmt.Errorf("%d files for %d descriptors", len(fds), len(req.Files))
+	}
+	placed := map[int]bool{}
+	for i, target := range req.Files {
+		if !isHandedTarget(target) {
+			return req, fmt.Errorf("descriptor %d is not one a helper is handed", target)
+		}
+		if err := syscall.Dup3(fds[i], target, 0); err != nil {
+			return req, fmt.Errorf("descriptor %d: %w", target, err)
+		}
+		placed[target] = true
+	}
+	for _, received := range fds {
+		syscall.Close(received)
+	}
+	for _, target := range handedTargets {
+		if target > 2 && !placed[target] {
+			syscall.Close(target)
+		}
+	}
+	return req, nil
+}
+
+func isHandedTarget(fd int) bool {
+	for _, target := range handedTargets {
+		if fd == target {
+			return true
+		}
+	}
+	return false
 }
 
 // command is the shell to run and its argv: Shell when it is found in systemPath, else Fallback.
@@ -144,13 +227,13 @@ type capData struct {
 	inheritable uint32
 }
 
-func capsetAll(keep uint64) error {
+func capset(sys syscaller, keep uint64) error {
 	hdr := capHeader{version: linuxCapabilityVersion3}
 	data := [2]capData{
 		{effective: uint32(keep), permitted: uint32(keep), inheritable: uint32(keep)},
 		{effective: uint32(keep >> 32), permitted: uint32(keep >> 32), inheritable: uint32(keep >> 32)},
 	}
-	if errno := allThreads(syscall.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); errno != 0 {
+	if errno := sys(syscall.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); errno != 0 {
 		return errno
 	}
 	return nil
@@ -158,6 +241,19 @@ func capsetAll(keep uint64) error {
 
 func prctl(option, arg2, arg3 uintptr) syscall.Errno {
 	_, _, errno := syscall.RawSyscall6(syscall.SYS_PRCTL, option, arg2, arg3, 0, 0, 0)
+	return errno
+}
+
+// A syscaller makes a system call that changes credentials: on this thread only, or on
+// every thread of the process.
+type syscaller func(trap, a1, a2, a3 uintptr) syscall.Errno
+
+// thisThread is enough before an execve: the new program gets the credentials of the
+// thread that calls it (this one: Child locks it), and the other threads end. It costs a
+// few microseconds, where each call on every thread stops the world (64 of them for the
+// bounding set took 9 to 16 ms).
+func thisThread(trap, a1, a2, a3 uintptr) syscall.Errno {
+	_, _, errno := syscall.RawSyscall(trap, a1, a2, a3)
 	return errno
 }
 
@@ -173,14 +269,21 @@ func allThreads(trap, a1, a2, a3 uintptr) syscall.Errno {
 }
 
 // dropPrivileges leaves the process as the request's user with only the kept capabilities
-// (none by default) in every set, the bounding set included, and no_new_privs on.
-func dropPrivileges(req *Request) error {
+// (none by default) in every set, the bounding set included, and no_new_privs on: on this
+// thread alone when it executes a program next (inProcess false), else on every thread.
+// The bounding set only bounds what an execve may grant, so it is dropped on this thread
+// either way.
+func dropPrivileges(req *Request, inProcess bool) error {
+	sys := syscaller(thisThread)
+	if inProcess {
+		sys = allThreads
+	}
 	if os.Geteuid() != 0 {
 		// An agent that is not root (its tests on a host) has nothing to drop but can be nobody else.
 		if req.UID != uint32(os.Getuid()) {
 			return fmt.Errorf("the agent runs as uid %d and cannot start commands as uid %d", os.Getuid(), req.UID)
 		}
-		if errno := allThreads(syscall.SYS_PRCTL, prSetNoNewPrivs, 1, 0); errno != 0 {
+		if errno := sys(syscall.SYS_PRCTL, prSetNoNewPrivs, 1, 0); errno != 0 {
 			return fmt.Errorf("no_new_privs: %w", errno)
 		}
 		return nil
@@ -195,29 +298,29 @@ func dropPrivileges(req *Request) error {
 		if keep&(1<<uint(c)) != 0 {
 			continue
 		}
-		if errno := allThreads(syscall.SYS_PRCTL, prCapbsetDrop, uintptr(c), 0); errno != 0 && errno != syscall.EINVAL {
+		if errno := prctl(prCapbsetDrop, uintptr(c), 0); errno != 0 && errno != syscall.EINVAL {
 			return fmt.Errorf("dropping capability %d from the bounding set: %w", c, errno)
 		}
 	}
 	if keep != 0 {
-		if errno := allThreads(syscall.SYS_PRCTL, prSetKeepcaps, 1, 0); errno != 0 {
+		if errno := sys(syscall.SYS_PRCTL, prSetKeepcaps, 1, 0); errno != 0 {
 			return fmt.Errorf("keepcaps: %w", errno)
 		}
 	}
-	groups := make([]int, len(req.Groups))
-	for i, g := range req.Groups {
-		groups[i] = int(g)
+	// gid_t is 32 bits on every Linux Go supports; an empty list still needs a valid pointer.
+	groups := append(make([]uint32, 0, len(req.Groups)+1), req.Groups...)
+	if errno := sys(syscall.SYS_SETGROUPS, uintptr(len(groups)), uintptr(unsafe.Pointer(&groups[:1][0])), 0); errno != 0 {
+		return fmt.Errorf("setgroups: %w", errno)
 	}
-	if err := syscall.Setgroups(groups); err != nil {
-		return fmt.Errorf("setgroups: %w", err)
+	runtime.KeepAlive(groups)
+	gid, uid := uintptr(req.GID), uintptr(req.UID)
+	if errno := sys(syscall.SYS_SETRESGID, gid, gid, gid); errno != 0 {
+		return fmt.Errorf("setresgid %d: %w", req.GID, errno)
 	}
-	if err := syscall.Setresgid(int(req.GID), int(req.GID), int(req.GID)); err != nil {
-		return fmt.Errorf("setresgid %d: %w", req.GID, err)
+	if errno := sys(syscall.SYS_SETRESUID, uid, uid, uid); errno != 0 {
+		return fmt.Errorf("setresuid %d: %w", req.UID, errno)
 	}
-	if err := syscall.Setresuid(int(req.UID), int(req.UID), int(req.UID)); err != nil {
-		return fmt.Errorf("setresuid %d: %w", req.UID, err)
-	}
-	if err := capsetAll(keep); err != nil {
+	if err := capset(sys, keep); err != nil {
 		return fmt.Errorf("capset: %w", err)
 	}
 	for c := 0; c < 64; c++ {
@@ -227,7 +330,7 @@ func dropPrivileges(req *Request) error {
 			}
 		}
 	}
-	if errno := allThreads(syscall.SYS_PRCTL, prSetNoNewPrivs, 1, 0); errno != 0 {
+	if errno := sys(syscall.SYS_PRCTL, prSetNoNewPrivs, 1, 0); errno != 0 {
 		return fmt.Errorf("no_new_privs: %w", errno)
 	}
 	return nil
@@ -257,46 +360,160 @@ type Process struct {
 	ctl *os.File
 }
 
-// Start starts the spawn helper with the given stdio (the first is also its controlling
-// terminal when tty is set) and extra files (fd 4 on; fd 3 is the helper's control
-// socket, closed when the command runs) and hands it req. It returns once the helper is
-// ready to exec (call Go to let it) or has failed (the Failure, the helper already gone).
-func Start(self string, req Request, stdio [3]*os.File, extra []*os.File, tty bool) (*Process, *Failure, error) {
+// Pool starts helpers from the agent's binary and keeps one idle ahead of need.
+type Pool struct {
+	self string
+	// reap collects the exit status of a helper the pool lets go (one that died idle), so
+	// that it is not left for a later process with the same pid.
+	reap func(pid int)
+
+	mu      sync.Mutex
+	idle    *helper
+	filling bool
+}
+
+// helper is a started spawn helper that has not been handed a request yet.
+type helper struct {
+	pid int
+	ctl *os.File
+}
+
+// NewPool returns a pool of helpers started from the binary at self; reap must collect the
+// exit status of the pid it is given.
+func NewPool(self string, reap func(pid int)) *Pool {
+	return &Pool{self: self, reap: reap}
+}
+
+// Fill starts an idle helper in the background unless one is there or on its way. A
+// helper that cannot start (a workspace out of processes) is no error here: the next
+// Start starts one itself and reports why it cannot.
+func (p *Pool) Fill() {
+	p.mu.Lock()
+	if p.idle != nil || p.filling {
+		p.mu.Unlock()
+		return
+	}
+	p.filling = true
+	p.mu.Unlock()
+	go func() {
+		h, _ := p.launch()
+		p.mu.Lock()
+		p.filling = false
+		if p.idle == nil && h != nil {
+			p.idle, h = h, nil
+		}
+		p.mu.Unlock()
+		if h != nil {
+			h.release(p.reap)
+		}
+	}()
+}
+
+// Start hands req and the command's stdio (the first is also its controlling terminal
+// when tty is set; a nil one stays /dev/null) and extra files (fd 4 on; fd 3 is the
+// helper's control socket, closed when the command runs) to the idle helper, or to one it
+// starts when none is idle or the idle one has died. It returns once the helper is ready
+// to exec (call Go to let it) or has failed (the Failure, the helper already gone).
+func (p *Pool) Start(req Request, stdio [3]*os.File, extra []*os.File, tty bool) (*Process, *Failure, error) {
+	if len(extra) > maxHanded-3 {
+		return nil, nil, fmt.Errorf("%d extra files: a helper takes at most %d", len(extra), maxHanded-3)
+	}
+	var files []*os.File
+	req.Files, req.TTY = nil, tty
+	for i, f := range append(stdio[:], extra...) {
+		if f != nil {
+			files = append(files, f)
+			req.Files = append(req.Files, handedTargets[i])
+		}
+	}
+	p.mu.Lock()
+	h := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	defer p.Fill()
+	if h != nil {
+		proc, failure := h.hand(req, files)
+		if failure == nil || failure.Stage != "handoff" {
+			return proc, failure, nil
+		}
+		h.release(p.reap) // it died while idle: start another
+	}
+	h, failure := p.launch()
+	if failure != nil {
+		return nil, failure, nil
+	}
+	proc, failure := h.hand(req, files)
+	if failure != nil && failure.Stage == "handoff" {
+		failure = died()
+	}
+	return proc, failure, nil
+}
+
+// launch starts a helper that waits for its request.
+func (p *Pool) launch() (*helper, *Failure) {
 	pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, nil, fmt.Errorf("socketpair: %w", err)
+		return nil, &Failure{Stage: "spawn", Message: "socketpair: " + errText(err)}
 	}
 	ours, theirs := os.NewFile(uintptr(pair[0]), "spawn-control"), os.NewFile(uintptr(pair[1]), "spawn-control")
 	defer theirs.Close()
-	attr := &os.ProcAttr{
-		Env:   []string{},
-		Files: append([]*os.File{stdio[0], stdio[1], stdio[2], theirs}, extra...),
-		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: tty, Ctty: 0},
-	}
-	argv := []string{"sandboxd-agent", "spawn"}
-	if req.Run != "" {
-		argv = append(argv, req.Run) // for ps: what the helper is for
-	}
-	proc, err := os.StartProcess(self, argv, attr)
+	null, err := os.Open(os.DevNull)
 	if err != nil {
 		ours.Close()
-		return nil, &Failure{Stage: "fork", Message: "fork: " + errText(err)}, nil
+		return nil, &Failure{Stage: "spawn", Message: "open /dev/null: " + errText(err)}
 	}
-	theirs.Close()
-	body, _ := json.Marshal(req)
-	if _, err := ours.Write(append(body, '\n')); err != nil {
+	defer null.Close()
+	attr := &os.ProcAttr{
+		Env: []string{},
+		// 0-2 and 4-5 are the places of the files it is handed (receive).
+		Files: []*os.File{null, null, null, theirs, null, null},
+		Sys:   &syscall.SysProcAttr{Setsid: true},
+	}
+	proc, err := os.StartProcess(p.self, []string{"sandboxd-agent", "spawn"}, attr)
+	if err != nil {
 		ours.Close()
-		return nil, &Failure{Stage: "request", Message: "the spawn helper died: " + errText(err)}, nil
+		return nil, &Failure{Stage: "fork", Message: "fork: " + errText(err)}
 	}
-	p := &Process{PID: proc.Pid, ctl: ours}
+	return &helper{pid: proc.Pid, ctl: ours}, nil
+}
+
+// hand sends the request and its files, then waits for Ready or the helper's failure. A
+// helper that is gone before it took the request fails at stage "handoff".
+func (h *helper) hand(req Request, files []*os.File) (*Process, *Failure) {
+	body, _ := json.Marshal(req)
+	var header [4]byte
+	binary.BigEndian.PutUint32(header[:], uint32(len(body)))
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	err := syscall.Sendmsg(int(h.ctl.Fd()), header[:], syscall.UnixRights(fds...), nil, syscall.MSG_NOSIGNAL)
+	runtime.KeepAlive(files)
+	if err == nil {
+		_, err = h.ctl.Write(body)
+	}
+	if err != nil {
+		h.ctl.Close()
+		return nil, &Failure{Stage: "handoff", Message: "the spawn helper died: " + errText(err)}
+	}
 	var first [1]byte
-	n, _ := ours.Read(first[:])
+	n, _ := h.ctl.Read(first[:])
 	if n == 1 && first[0] == Ready {
-		return p, nil, nil
+		return &Process{PID: h.pid, ctl: h.ctl}, nil
 	}
-	rest, _ := io.ReadAll(io.LimitReader(ours, 64*1024))
-	ours.Close()
-	return nil, decodeFailure(append(first[:n], rest...)), nil
+	rest, _ := io.ReadAll(io.LimitReader(h.ctl, 64*1024))
+	h.ctl.Close()
+	failure := decodeFailure(append(first[:n], rest...))
+	if n == 0 && failure.Stage == "died" {
+		failure.Stage = "handoff" // ended without reading: killed while idle, or out of threads
+	}
+	return nil, failure
+}
+
+// release lets an unused helper go: it exits when its control socket closes.
+func (h *helper) release(reap func(pid int)) {
+	h.ctl.Close()
+	reap(h.pid)
 }
 
 // Abort tells the helper not to run the command: it exits at once.
