@@ -18,6 +18,8 @@ streaming over gRPC), so the ratio is the price of those guarantees less what
 its agent saves: no `docker exec` per call.
 The two sides' samples are taken in turns within one run, the first of each pair
 alternating, because this machine's speed drifts by a third within an hour.
+Last, the login shell alone: `bash -lc true` timed inside the raw container as the
+workspace user, the least a sandboxd command can cost (every command runs in one).
 """
 
 from __future__ import annotations
@@ -69,7 +71,12 @@ SMALL_TEXT = "".join(f"line {n}: the quick brown fox jumps over the lazy dog\n" 
 async def interleaved(socket_path: str, runs: int, runtime: str) -> dict[str, tuple[list[float], list[float]]]:
     """Samples of both sides taken in turns (which goes first alternates), so drift hits both alike."""
     engine = docker.from_env()
-    results: dict[str, tuple[list[float], list[float]]] = {"create": ([], []), "rtt": ([], []), "read": ([], [])}
+    results: dict[str, tuple[list[float], list[float]]] = {
+        "create": ([], []),
+        "rtt": ([], []),
+        "read": ([], []),
+        "shell": ([], []),
+    }
     options = {**DOCKER_OPTIONS, "runtime": runtime}
 
     async def sandboxd_create() -> None:
@@ -117,6 +124,8 @@ async def interleaved(socket_path: str, runs: int, runtime: str) -> dict[str, tu
                     order = [(0, ours), (1, theirs)] if index % 2 == 0 else [(1, theirs), (0, ours)]
                     for side, call in order:
                         results[name][side].append(await timed(call))
+            for _ in range(5):
+                results["shell"][0].append(await asyncio.to_thread(login_shell_s, raw))
             for ws in [live, *created]:
                 await ws.delete()
     finally:
@@ -124,6 +133,14 @@ async def interleaved(socket_path: str, runs: int, runtime: str) -> dict[str, tu
             leftover.remove(force=True, v=True)
         engine.close()
     return results
+
+
+def login_shell_s(container: Any) -> float:
+    """Seconds one `bash -lc true` takes inside ``container`` as the workspace user (mean of 20)."""
+    loop = "TIMEFORMAT=%R; time (for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do bash -lc true; done)"
+    result = container.exec_run(["bash", "-c", loop], user="1000:1000", demux=True)
+    assert result.exit_code == 0, result
+    return float(result.output[1].decode().split()[-1]) / 20
 
 
 def default_runtimes() -> list[str]:
@@ -154,6 +171,10 @@ def main() -> int:
             ours, theirs = results[key]
             ratio = statistics.median(ours) / statistics.median(theirs)
             print(f"{name:24}{summary(ours):>38}   {summary(theirs):>38}   {ratio:5.2f}x")
+        shell = results["shell"][0]
+        floor = statistics.median(shell) / statistics.median(results["rtt"][1])
+        where = "(inside the container)"
+        print(f"{'`bash -lc true` alone':24}{summary(shell):>38}   {where:>38}   {floor:5.2f}x")
         print()
     return 0
 

@@ -25,6 +25,7 @@ import (
 
 	"sandboxd/agent/internal/fileops"
 	"sandboxd/agent/internal/proto"
+	"sandboxd/agent/internal/session"
 	"sandboxd/agent/internal/spawn"
 )
 
@@ -674,4 +675,32 @@ func TestCommandsStartInTheIdleHelperAndWithoutOne(t *testing.T) {
 	if len(replies) == 0 || replies[len(replies)-1][0] != "R" {
 		t.Fatalf("a file operation after it: %v", replies)
 	}
+}
+
+func TestAPullBeyondTheWindowKeepsTheSessionBounded(t *testing.T) {
+	d, _ := connect(t)
+	channel := nextChannel()
+	msg := proto.StartMsg{ProcessID: "p-flood", Command: "head -c 200000000 /dev/zero", Cwd: "/", User: user(), TimeoutS: 60, GraceS: 0.5, BufferBytes: 1 << 20}
+	d.send(proto.Start, channel, msg)
+	// A reader that says "send everything" and never acknowledges a byte.
+	d.send(proto.Pull, channel, proto.PullMsg{Until: 1 << 40, Reader: true})
+	var got uint64
+	limit := uint64(session.MaxWindow + 1<<20)
+	for got <= limit {
+		_ = d.conn.SetReadDeadline(time.Now().Add(time.Second))
+		frame, err := d.reader.Read()
+		if err != nil {
+			break // the flow stopped: what the agent holds is bounded
+		}
+		if frame.Channel == channel && frame.Kind == proto.Output {
+			got += uint64(len(frame.Payload) - 9)
+		}
+		if frame.Channel == channel && frame.Kind == proto.Exited {
+			t.Fatalf("the command finished with nothing acknowledged: %s", frame.Payload)
+		}
+	}
+	if got > limit || got < 1<<20 {
+		t.Fatalf("%d bytes sent without an acknowledgement; want between the buffer and %d", got, limit)
+	}
+	d.send(proto.Discard, channel, nil)
 }
