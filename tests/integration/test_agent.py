@@ -117,6 +117,39 @@ async def test_the_workspace_cannot_reach_the_agent(client, workspace) -> None:
     await client.kill(neighbour)
 
 
+# The helper waiting while a command runs: the one that waited before has become that very
+# command, and the agent starts the next at once; the command waits for it to be there.
+FIND_IDLE_HELPER = (
+    "for i in $(seq 200); do pid=$(pgrep -u 0 -f 'sandboxd-agent spa[w]n'); "
+    '[ -n "$pid" ] && break; sleep 0.05; done; '
+    '[ -n "$pid" ] || { echo no-idle-helper; exit 1; }; '
+)
+
+
+async def test_the_workspace_cannot_reach_the_idle_helper(workspace) -> None:
+    """The helper waiting for the next command is root's, with the agent's control socket on fd
+    3 (a request on it names the user a command runs as): the workspace can neither kill it,
+    nor trace it, nor open that socket through /proc to forge a request, under either runtime."""
+    attacks = {
+        "kill": 'kill -9 "$pid"; echo rc=$?',
+        "ptrace": f'TARGET="$pid" {PTRACE_ATTACH}',
+        "forge": "printf '\\000\\000\\000\\002{}' > /proc/$pid/fd/3 && echo sent || echo rc=1",
+        "read": "cat /proc/$pid/fd/3 </dev/null >/dev/null 2>&1 && echo read || echo rc=1",
+    }
+    outcomes = {}
+    for name, attack in attacks.items():
+        result = await workspace.exec(FIND_IDLE_HELPER + attack, timeout_s=30).wait()
+        outcomes[name] = result.stdout.strip().splitlines()[-1:]
+    assert outcomes == {
+        "kill": ["rc=1"],
+        "ptrace": ["ptrace=Operation not permitted"],
+        "forge": ["rc=1"],
+        "read": ["rc=1"],
+    }
+    # Commands still start (in the helpers attacked) as the workspace user.
+    assert (await workspace.exec("id -u").wait()).stdout == "1000\n"
+
+
 async def test_a_dead_agent_is_restarted_and_its_sessions_fail(client, workspace, docker_client) -> None:
     """Root kills the agent from outside: the workspace comes back, the running command ends
     `failed` saying the agent restarted, and the next command runs."""
