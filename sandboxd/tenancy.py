@@ -14,6 +14,7 @@ workspaces and processes; anything else is NOT_FOUND, so existence never leaks.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import datetime
 import hashlib
@@ -59,8 +60,14 @@ def tenant_scope(tenant: str) -> contextvars.Token[str]:
 
 
 def reset_tenant(token: contextvars.Token[str]) -> None:
-    """Undo :func:`tenant_scope`."""
-    _TENANT.reset(token)
+    """Undo :func:`tenant_scope`.
+
+    A streaming call's generator that its caller abandoned may be closed by the garbage
+    collector's finalizer, in a task of another context: the context the scope was set in
+    is gone then, and there is nothing to undo.
+    """
+    with contextlib.suppress(ValueError):
+        _TENANT.reset(token)
 
 
 def default_tokens_path(environ: Mapping[str, str]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 from pathlib import Path
 
@@ -10,7 +11,14 @@ import pytest
 from sandboxd.audit import AuditLog, audit_fields, set_audit_tenant, start_audit
 from sandboxd.errors import InvalidSpecError, UnauthenticatedError
 from sandboxd.secrets import BytesRedactor, SecretStore
-from sandboxd.tenancy import DEFAULT_TENANT, Authenticator, create_token
+from sandboxd.tenancy import (
+    DEFAULT_TENANT,
+    Authenticator,
+    create_token,
+    current_tenant,
+    reset_tenant,
+    tenant_scope,
+)
 
 VALUES = {"demo": "s3cr3t-demo-value", "short": "abcd", "nested": "demo-value"}
 
@@ -259,3 +267,19 @@ def test_a_multi_line_secret_under_a_terminal(tmp_path: Path) -> None:
     tty_text = pem.replace("\n", "\r\n").encode() + b"\r\n"
     assert _run(store.redactor(DEFAULT_TENANT, tty=True), [tty_text[:20], tty_text[20:]]) == b"[REDACTED:PEM]\r\n"
     assert _run(store.redactor(DEFAULT_TENANT), [pem.encode()]) == b"[REDACTED:PEM]"
+
+
+def test_a_tenant_scope_undone_from_another_context_is_no_error() -> None:
+    """An abandoned stream's generator may be closed by the garbage collector in a task of
+    another context (asyncio's async-generator finalizer): undoing its scope there must not
+    raise (seen as 'Task exception was never retrieved ... created in a different Context')."""
+
+    def scoped() -> contextvars.Token[str]:
+        return tenant_scope("acme")
+
+    call = contextvars.copy_context()
+    token = call.run(scoped)
+    contextvars.Context().run(reset_tenant, token)  # where the finalizer runs: no error
+    assert call.run(current_tenant) == "acme"
+    call.run(reset_tenant, token)
+    assert call.run(current_tenant) == "default"
