@@ -911,7 +911,12 @@ class AgentLink:
                 if route.error:
                     raise FileOperationError(route.error)
                 if route.exit_code is not None:
-                    msg = "the file operation ended without a result"
+                    # Its helper died before answering: most often it could not start the threads
+                    # its runtime needs in a workspace at its process (or memory) limit.
+                    msg = (
+                        f"the file operation ended without a result (its helper exited with {route.exit_code}; "
+                        "the workspace may be out of processes or memory)"
+                    )
                     raise FileOperationError(msg)
                 route.changed.clear()
                 await route.changed.wait()

@@ -704,3 +704,37 @@ func TestAPullBeyondTheWindowKeepsTheSessionBounded(t *testing.T) {
 	}
 	d.send(proto.Discard, channel, nil)
 }
+
+func TestAHelperStoppedBeforeItStartsTheCommandIsKilledInTime(t *testing.T) {
+	// Once a helper has become the workspace user, a process of that user may SIGSTOP it
+	// before it executes the command: the start must fail in bounded time, not hang.
+	defer spawn.SetHelperTimeout(spawn.SetHelperTimeout(500 * time.Millisecond))
+	d, _ := connect(t)
+	helper := idleHelper(t, 0)
+	if err := syscall.Kill(helper, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	r := start(d, "echo ran", nil).wait(d)
+	if r.failed == nil || r.failed.Stage != "stalled" || len(r.output) != 0 {
+		t.Fatalf("failed %+v exit %+v output %q, want a stalled start", r.failed, r.exit, r.output)
+	}
+	if waited := time.Since(began); waited > 10*time.Second {
+		t.Fatalf("the stalled start took %s", waited)
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if syscall.Kill(helper, 0) != nil {
+			break // killed and reaped
+		}
+		if state, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(helper), "stat")); bytes.Contains(state, []byte(") Z ")) {
+			break
+		}
+	}
+	if state, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(helper), "stat")); bytes.Contains(state, []byte(") T ")) {
+		t.Fatalf("the stopped helper is still there: %s", state)
+	}
+	r = start(d, "echo ran", nil).wait(d)
+	if r.exit == nil || string(r.output) != "ran\n" {
+		t.Fatalf("the next command: output %q exit %+v failed %+v", r.output, r.exit, r.failed)
+	}
+}

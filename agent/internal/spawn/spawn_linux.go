@@ -13,11 +13,14 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
 const (
+	prCapbsetRead           = 23
 	prCapbsetDrop           = 24
 	prSetKeepcaps           = 8
 	prSetNoNewPrivs         = 38
@@ -271,8 +274,8 @@ func allThreads(trap, a1, a2, a3 uintptr) syscall.Errno {
 // dropPrivileges leaves the process as the request's user with only the kept capabilities
 // (none by default) in every set, the bounding set included, and no_new_privs on: on this
 // thread alone when it executes a program next (inProcess false), else on every thread.
-// The bounding set only bounds what an execve may grant, so it is dropped on this thread
-// either way.
+// Only capabilities the bounding set holds are dropped from it: a handful, so even on every
+// thread that stays cheap.
 func dropPrivileges(req *Request, inProcess bool) error {
 	sys := syscaller(thisThread)
 	if inProcess {
@@ -298,7 +301,10 @@ func dropPrivileges(req *Request, inProcess bool) error {
 		if keep&(1<<uint(c)) != 0 {
 			continue
 		}
-		if errno := prctl(prCapbsetDrop, uintptr(c), 0); errno != 0 && errno != syscall.EINVAL {
+		if held, _, _ := syscall.RawSyscall(syscall.SYS_PRCTL, prCapbsetRead, uintptr(c), 0); held != 1 {
+			continue // not in the set (the container's holds the agent's few): nothing to drop
+		}
+		if errno := sys(syscall.SYS_PRCTL, prCapbsetDrop, uintptr(c), 0); errno != 0 && errno != syscall.EINVAL {
 			return fmt.Errorf("dropping capability %d from the bounding set: %w", c, errno)
 		}
 	}
@@ -432,7 +438,7 @@ func (p *Pool) Start(req Request, stdio [3]*os.File, extra []*os.File, tty bool)
 	p.mu.Unlock()
 	defer p.Fill()
 	if h != nil {
-		proc, failure := h.hand(req, files)
+		proc, failure := p.hand(h, req, files)
 		if failure == nil || failure.Stage != "handoff" {
 			return proc, failure, nil
 		}
@@ -442,11 +448,20 @@ func (p *Pool) Start(req Request, stdio [3]*os.File, extra []*os.File, tty bool)
 	if failure != nil {
 		return nil, failure, nil
 	}
-	proc, failure := h.hand(req, files)
+	proc, failure := p.hand(h, req, files)
 	if failure != nil && failure.Stage == "handoff" {
 		failure = died()
 	}
 	return proc, failure, nil
+}
+
+// hand is h.hand, collecting the status of a helper killed for stalling (nobody expects it).
+func (p *Pool) hand(h *helper, req Request, files []*os.File) (*Process, *Failure) {
+	proc, failure := h.hand(req, files)
+	if failure != nil && failure.Stage == "stalled" {
+		p.reap(h.pid)
+	}
+	return proc, failure
 }
 
 // launch starts a helper that waits for its request.
@@ -455,6 +470,8 @@ func (p *Pool) launch() (*helper, *Failure) {
 	if err != nil {
 		return nil, &Failure{Stage: "spawn", Message: "socketpair: " + errText(err)}
 	}
+	// Ours through the poller, so that waiting on the helper can have a deadline.
+	_ = syscall.SetNonblock(pair[0], true)
 	ours, theirs := os.NewFile(uintptr(pair[0]), "spawn-control"), os.NewFile(uintptr(pair[1]), "spawn-control")
 	defer theirs.Close()
 	null, err := os.Open(os.DevNull)
@@ -487,7 +504,7 @@ func (h *helper) hand(req Request, files []*os.File) (*Process, *Failure) {
 	for i, f := range files {
 		fds[i] = int(f.Fd())
 	}
-	err := syscall.Sendmsg(int(h.ctl.Fd()), header[:], syscall.UnixRights(fds...), nil, syscall.MSG_NOSIGNAL)
+	err := sendRights(h.ctl, header[:], fds)
 	runtime.KeepAlive(files)
 	if err == nil {
 		_, err = h.ctl.Write(body)
@@ -497,9 +514,14 @@ func (h *helper) hand(req Request, files []*os.File) (*Process, *Failure) {
 		return nil, &Failure{Stage: "handoff", Message: "the spawn helper died: " + errText(err)}
 	}
 	var first [1]byte
-	n, _ := h.ctl.Read(first[:])
+	_ = h.ctl.SetReadDeadline(time.Now().Add(time.Duration(helperTimeout.Load())))
+	n, err := h.ctl.Read(first[:])
 	if n == 1 && first[0] == Ready {
+		_ = h.ctl.SetReadDeadline(time.Time{})
 		return &Process{PID: h.pid, ctl: h.ctl}, nil
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, stalled(h.pid, h.ctl)
 	}
 	rest, _ := io.ReadAll(io.LimitReader(h.ctl, 64*1024))
 	h.ctl.Close()
@@ -525,11 +547,53 @@ func (p *Process) Go() *Failure {
 	if _, err := p.ctl.Write([]byte{Go}); err != nil {
 		return died()
 	}
-	report, _ := io.ReadAll(io.LimitReader(p.ctl, 64*1024))
+	_ = p.ctl.SetReadDeadline(time.Now().Add(time.Duration(helperTimeout.Load())))
+	report, err := io.ReadAll(io.LimitReader(p.ctl, 64*1024))
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return stalled(p.PID, p.ctl)
+	}
 	if len(report) == 0 {
 		return nil // close-on-exec closed it: the command runs
 	}
 	return decodeFailure(report)
+}
+
+// helperTimeout bounds each wait on a helper (ready, then executing the command), 30 s
+// unless SetHelperTimeout says otherwise. Once a helper has become the workspace user, any
+// process of that user may stop it (SIGSTOP): the command would then never start, nor its
+// timeout run.
+var helperTimeout atomic.Int64
+
+func init() { helperTimeout.Store(int64(30 * time.Second)) }
+
+// SetHelperTimeout changes the bound of each wait on a helper (for tests) and returns the one before.
+func SetHelperTimeout(d time.Duration) time.Duration {
+	return time.Duration(helperTimeout.Swap(int64(d)))
+}
+
+// stalled kills a helper that did not answer in time; its status is collected by whoever
+// expects its pid (the agent reaps every child).
+func stalled(pid int, ctl *os.File) *Failure {
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	ctl.Close()
+	return &Failure{Stage: "stalled", Message: fmt.Sprintf("the command's helper did not start it within %s (stopped by a process of the workspace?); it was killed", time.Duration(helperTimeout.Load()))}
+}
+
+// sendRights writes data with fds attached (SCM_RIGHTS), waiting while the socket is full.
+func sendRights(ctl *os.File, data []byte, fds []int) error {
+	raw, err := ctl.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var sendErr error
+	err = raw.Write(func(fd uintptr) bool {
+		sendErr = syscall.Sendmsg(int(fd), data, syscall.UnixRights(fds...), nil, syscall.MSG_NOSIGNAL)
+		return sendErr != syscall.EAGAIN
+	})
+	if err != nil {
+		return err
+	}
+	return sendErr
 }
 
 // died is the failure of a helper that ended without a word: killed, or unable to run at
