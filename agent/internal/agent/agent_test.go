@@ -24,8 +24,8 @@ import (
 	"time"
 
 	"sandboxd/agent/internal/fileops"
+	"sandboxd/agent/internal/output"
 	"sandboxd/agent/internal/proto"
-	"sandboxd/agent/internal/session"
 	"sandboxd/agent/internal/spawn"
 )
 
@@ -685,7 +685,7 @@ func TestAPullBeyondTheWindowKeepsTheSessionBounded(t *testing.T) {
 	// A reader that says "send everything" and never acknowledges a byte.
 	d.send(proto.Pull, channel, proto.PullMsg{Until: 1 << 40, Reader: true})
 	var got uint64
-	limit := uint64(session.MaxWindow + 1<<20)
+	limit := uint64(output.MaxWindow + 1<<20)
 	for got <= limit {
 		_ = d.conn.SetReadDeadline(time.Now().Add(time.Second))
 		frame, err := d.reader.Read()

@@ -48,13 +48,21 @@ func New(capBytes int) *Buffer {
 	return b
 }
 
+// MaxWindow is the most a reader's window may make the buffer hold, whatever the daemon
+// says (it asks for at most 4 MiB): the agent's memory stays bounded by this and Cap.
+const MaxWindow = 16 << 20
+
 // SetReader says whether a caller is reading the output now (back-pressure) or not (drops),
-// and, with one, how many bytes the daemon lets be in flight beyond its acknowledgement.
+// and, with one, how many bytes the daemon lets be in flight beyond its acknowledgement
+// (at most MaxWindow of them are held).
 func (b *Buffer) SetReader(reader bool, window int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.reader = reader
 	b.window = window
+	if window < 0 || window > MaxWindow {
+		b.window = MaxWindow
+	}
 	b.room.Broadcast()
 }
 

@@ -707,18 +707,6 @@ func (s *Session) writeInput() {
 	}
 }
 
-// MaxWindow is the most unacknowledged output a session holds for a reading daemon,
-// whatever a Pull's until says (the daemon asks for at most 4 MiB): the agent's memory
-// stays bounded by this and the buffer's size.
-const MaxWindow = 16 << 20
-
-func min64(a, b uint64) uint64 {
-	if a < b {
-		return a
-	}
-	return b
-}
-
 // Pull acknowledges output and allows more to be sent.
 func (s *Session) Pull(msg proto.PullMsg) {
 	s.buf.Ack(msg.Ack, msg.AckGap)
@@ -728,7 +716,7 @@ func (s *Session) Pull(msg proto.PullMsg) {
 	}
 	window := 0
 	if s.until > msg.Ack {
-		window = int(min64(s.until-msg.Ack, MaxWindow))
+		window = int(s.until - msg.Ack)
 	}
 	s.buf.SetReader(msg.Reader, window)
 	if msg.Ack > s.cursor || (msg.Ack == s.cursor && msg.AckGap > s.cursorGap) {
