@@ -399,10 +399,10 @@ class ProcessSession:
         self._pull_sent: tuple[int, int, int, bool] | None = None
         self._buffer_bytes = spec.max_output_bytes or settings.output_buffer_bytes
         self._ack_step = max(1, min(_ACK_STEP_BYTES, self._buffer_bytes // 4))
+        """An acknowledgement frees the agent's buffer: a small buffer needs them often."""
         self._window = min(WINDOW_BYTES, self._buffer_bytes)
         """What the agent may send beyond callers' take: never more than the session keeps for an
         absent caller, so a caller that walks away leaves no more than that unread."""
-        """An acknowledgement frees the agent's buffer: a small buffer needs them often."""
         self._pulling: asyncio.Task[None] | None = None
         self.spill_path = f"{SPILL_DIR}/{process_id}.out"
         """Where the whole output goes once it passes ``spec.spill_after_bytes``."""
