@@ -16,6 +16,7 @@ import contextlib
 import os
 import pwd
 import random
+import secrets
 import shutil
 import signal
 import struct
@@ -283,7 +284,9 @@ class Recorder:
 
 def request(command: str, **overrides: Any) -> StartRequest:
     fields: dict[str, Any] = {
-        "process_id": "p-0123456789ab",
+        # Each its own: the marker a process id puts in the environment is how the kill ladder
+        # finds a command's orphans (another test's command must never look like one of them).
+        "process_id": f"p-{secrets.token_hex(6)}",
         "command": command,
         "cwd": "/tmp",
         "env": {"LANG": "C.UTF-8"},
@@ -458,7 +461,8 @@ class TestOutput:
         first = agent.link()
         recorder = Recorder()
         channel = await SessionChannel.open(first, recorder)
-        await channel.start(request("for i in $(seq 1 400); do echo line-$i; sleep 0.005; done"))
+        started = request("for i in $(seq 1 400); do echo line-$i; sleep 0.005; done")
+        await channel.start(started)
         await channel.pull(ack=0, ack_gap=0, until=1 << 20, reader=True)
         await recorder.until(lambda: recorder.text().count(b"\n") >= 50)
         kept = recorder.text()
@@ -467,7 +471,7 @@ class TestOutput:
         second = agent.link()
         welcome = await second.connect()
         [state] = welcome.sessions
-        assert state.process_id == "p-0123456789ab"
+        assert state.process_id == started.process_id
         resumed = Recorder()
         channel = SessionChannel(second, resumed, state.channel)
         await channel.pull(ack=len(kept), ack_gap=0, until=1 << 20, reader=True)
