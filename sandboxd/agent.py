@@ -24,6 +24,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import os
 import struct
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
@@ -72,6 +73,11 @@ RECONNECT_ATTEMPTS = 40
 """Attempts before a link gives up until the next call (about 70 s: a container restart fits)."""
 BRIDGE_CHECK_S = 2.0
 """Silence on a link with calls waiting after which the engine is asked if the bridge still runs."""
+LISTEN_WAIT_S = 10.0
+"""How long a direct connection waits for a starting agent to listen (the bridge waits as long)."""
+_HOST_SOCKETS: dict[str, bool] = {}
+"""Whether the host sees the sockets of a runtime's containers, learnt by its first workspace:
+runc's always, gVisor's with ``--host-uds=create``, a virtual machine's never."""
 FILE_OUTPUT_WINDOW_BYTES = 256 * 1024
 """File-operation output the agent sends beyond the daemon's acknowledgement (PROTOCOL.md)."""
 FILE_INPUT_WINDOW_BYTES = 1 << 20
@@ -660,17 +666,29 @@ class _FileRoute:
 class AgentLink:
     """The connection to one workspace's agent.
 
+    The connection goes straight to the agent's socket where this machine sees it (the
+    engine is local and the runtime shows the container's sockets on the host), else through
+    a ``docker exec`` of the bridge (PROTOCOL.md, Transport).
+
     Args:
-        backend: the engine, for the ``docker exec`` of the bridge.
+        backend: the engine, for the socket or the ``docker exec`` of the bridge.
         workspace_id: the workspace.
         container_id: its container (calls go to exactly it).
+        socket_path: the agent's socket as the engine's host sees it; empty: the bridge only.
+        runtime: the container's runtime (what the host sees of it is learnt per runtime).
     """
 
-    def __init__(self, backend: Backend, workspace_id: str, container_id: str) -> None:
+    def __init__(
+        self, backend: Backend, workspace_id: str, container_id: str, *, socket_path: str = "", runtime: str = ""
+    ) -> None:
         """Prepare a link; :meth:`connect` (or the first send) opens it."""
         self.backend = backend
         self.workspace_id = workspace_id
         self.container_id = container_id
+        self.socket_path = socket_path
+        self.runtime = runtime
+        self.transport = ""
+        """How the current connection goes: ``socket`` or ``bridge`` (empty before the first)."""
         self.welcome: Welcome | None = None
         self._stream: ExecStream | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -703,14 +721,41 @@ class AgentLink:
                 raise AgentLost(msg)
             return await self._open()
 
-    async def _open(self) -> Welcome:
+    async def _direct(self) -> ExecStream | None:
+        """A connection to the agent's socket from the host, when the host is known to see it."""
+        if not self.socket_path or not _HOST_SOCKETS.get(self.runtime):
+            return None
+        deadline = time.monotonic() + LISTEN_WAIT_S
+        while (stream := await self.backend.open_socket(self.socket_path)) is None:
+            if time.monotonic() > deadline:
+                return None  # the bridge has the last word (and the error, if there is one)
+            await asyncio.sleep(0.005)  # a workspace just created: its agent may still be starting
+        return stream
+
+    def _learn_host_sockets(self) -> bool:
+        """After a bridge's welcome (the agent listens): whether this host sees its socket."""
+        if not self.socket_path or self.runtime in _HOST_SOCKETS:
+            return False
         try:
-            stream = await self.backend.exec_stream(
-                self.workspace_id, [AGENT_PATH, "bridge"], env={}, user="0:0", container_id=self.container_id
-            )
-        except SandboxdError as exc:
-            msg = f"workspace {self.workspace_id!r}'s agent cannot be reached: {exc.message}"
-            raise AgentLost(msg) from None
+            seen = os.path.exists(self.socket_path)
+        except OSError:
+            seen = False
+        _HOST_SOCKETS[self.runtime] = seen
+        log.info("agent.host_sockets", runtime=self.runtime or "default", seen=seen)
+        return seen
+
+    async def _open(self) -> Welcome:
+        stream = await self._direct()
+        transport = "socket"
+        if stream is None:
+            transport = "bridge"
+            try:
+                stream = await self.backend.exec_stream(
+                    self.workspace_id, [AGENT_PATH, "bridge"], env={}, user="0:0", container_id=self.container_id
+                )
+            except SandboxdError as exc:
+                msg = f"workspace {self.workspace_id!r}'s agent cannot be reached: {exc.message}"
+                raise AgentLost(msg) from None
         decoder = _Decoder()
         pending: list[tuple[bytes, int, bytes]] = []
         stderr = bytearray()
@@ -731,11 +776,21 @@ class AgentLink:
                 reason = str(exc)
             msg = f"workspace {self.workspace_id!r}'s agent cannot be reached: {reason}"
             raise AgentLost(msg) from None
-        self._stream, self.welcome = stream, welcome
+        if transport == "bridge" and self._learn_host_sockets():
+            # The first workspace of its runtime showed the host its socket: go straight to it.
+            await stream.close(discard_input=True)
+            return await self._open()
+        self._stream, self.welcome, self.transport = stream, welcome, transport
         known = [s.channel for s in welcome.sessions]
         self._next_channel = max([self._next_channel, *(c + 1 for c in known)])
         self._reader = asyncio.create_task(self._read(stream, decoder, pending), name=f"agent-{self.workspace_id}")
-        log.info("agent.connected", workspace_id=self.workspace_id, agent=welcome.agent, sessions=len(known))
+        log.info(
+            "agent.connected",
+            workspace_id=self.workspace_id,
+            agent=welcome.agent,
+            sessions=len(known),
+            transport=transport,
+        )
         if self.on_welcome is not None:
             self.on_welcome(welcome)
         for route in list(self._routes.values()):

@@ -126,6 +126,12 @@ class Settings:
     with ``--network=none`` (it cannot on engines like this one), so bridge workspaces under runsc
     are refused rather than silently left offline."""
 
+    agent_transport: Literal["auto", "bridge"] = "auto"
+    """How the daemon reaches a workspace's agent. ``auto``: straight to the agent's socket where
+    this machine sees it (an engine on a local Unix socket, a daemon that is root, a runtime that
+    shows the container's sockets on the host: runc, or runsc with ``--host-uds=create``), else
+    through one ``docker exec`` of the bridge; ``bridge``: always the bridge."""
+
     default_idle_ttl_s: float = 0.0
     """Remove a workspace after this long without calls, in seconds; 0 means never."""
 

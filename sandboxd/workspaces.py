@@ -92,6 +92,7 @@ user (SETUID, SETGID), clear their bounding set (SETPCAP), signal them (KILL) an
 terminal (CHOWN). It drops all of them from every command and file operation."""
 AGENT_SOCKET_DIR = "/run/sandboxd"
 """The agent's socket directory: a root-only tmpfs (agent/PROTOCOL.md)."""
+AGENT_SOCKET_NAME = "agent.sock"
 WORKSPACE_ROOT = "/workspace"
 FALLBACK_USER = "1000:1000"
 """User for images whose own user is root or unset: commands never run as root by default."""
@@ -778,7 +779,14 @@ class WorkspaceManager:
             )
             raise FailedPreconditionError(msg)
         spec = spec_from_json(info.labels[LABEL_SPEC])
-        link = AgentLink(self.backend, info.workspace_id, info.container_id)
+        socket_dir = info.mounts.get(AGENT_SOCKET_DIR, "") if self.settings.agent_transport == "auto" else ""
+        link = AgentLink(
+            self.backend,
+            info.workspace_id,
+            info.container_id,
+            socket_path=posixpath.join(socket_dir, AGENT_SOCKET_NAME) if socket_dir else "",
+            runtime=info.runtime,
+        )
         context = ExecContext(
             workspace_id=info.workspace_id,
             user=spec.security.user or FALLBACK_USER,

@@ -48,7 +48,8 @@ class ContainerSpec:
     """Capabilities the main process needs on top of ``added_capabilities`` (it drops them
     from everything it starts)."""
     private_dirs: Sequence[str] = ()
-    """Directories made a small tmpfs only root may enter (the agent's socket)."""
+    """Directories made a small tmpfs only root may enter (the agent's socket); where the engine
+    runs on this machine, the daemon reaches them from the host (``ContainerInfo.mounts``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,6 +64,11 @@ class ContainerInfo:
     create_time: datetime.datetime
     os: str = "linux"
     """The container's platform: ``linux`` or ``windows``."""
+    runtime: str = ""
+    """The OCI runtime it runs under (``runc``, ``runsc``, ...); empty for the engine's default."""
+    mounts: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Host path of each volume mounted in the container, by its path inside: where the engine
+    keeps it on its own machine (not necessarily this one)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -236,6 +242,15 @@ class Backend(Protocol):
         self, workspace_id: str, argv: Sequence[str], *, user: str, container_id: str = ""
     ) -> tuple[int, bytes]:
         """Run ``argv`` to completion and return ``(exit_code, stdout + stderr)`` (``container_id`` as above)."""
+        ...
+
+    async def open_socket(self, host_path: str) -> ExecStream | None:
+        """Connect straight to a Unix socket a container listens on, at its host path.
+
+        The stream's reads are all fd 1; it has no exit code. None when the engine is not on
+        this machine, nothing listens there (yet), or the listener is not root: callers then
+        go through :meth:`exec_stream`.
+        """
         ...
 
     async def close(self) -> None:

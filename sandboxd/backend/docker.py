@@ -26,7 +26,7 @@ import docker.errors
 import requests.exceptions
 import structlog
 import tenacity
-from docker.types import Mount
+from docker.types import DriverConfig, Mount
 
 from ..errors import (
     BackendError,
@@ -55,6 +55,9 @@ capabilities the spec names: the workspace user, who can signal every process of
 cannot stop the container with `kill -9 -1`."""
 _MUX_HEADER = struct.Struct(">BxxxI")
 _STREAM_LIMIT = 4 * 1024 * 1024
+_SOCKET_READ_BYTES = 1024 * 1024
+"""Most bytes one read of a direct socket returns (whatever has arrived, up to this)."""
+_PRIVATE_DIR_OPTIONS = {"type": "tmpfs", "device": "tmpfs", "o": "size=1m,mode=0700,nosuid,nodev,noexec"}
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -182,6 +185,12 @@ class DockerBackend:
             running=bool(attrs["State"].get("Running")) and not attrs["State"].get("Paused"),
             create_time=_parse_time(attrs["Created"]),
             os=attrs.get("Platform") or "linux",
+            runtime=(attrs.get("HostConfig") or {}).get("Runtime") or "",
+            mounts={
+                m["Destination"]: m["Source"]
+                for m in attrs.get("Mounts", [])
+                if m.get("Type") == "volume" and m.get("Destination") and m.get("Source")
+            },
         )
 
     # -- engine and images ------------------------------------------------------------
@@ -332,10 +341,24 @@ class DockerBackend:
             log.warning("workspace.leftover_volume_removed", workspace_id=spec.workspace_id)
             with contextlib.suppress(docker.errors.NotFound):
                 await self._call(api.remove_volume, name, force=True, idempotent=True)
+            await self._remove_private_volumes(spec.workspace_id)
         mounts = [Mount(target=WORKSPACE_MOUNT, source=name, type="volume")]
         if spec.agent_volume:
             mounts.append(Mount(target=spec.agent_mount, source=spec.agent_volume, type="volume", read_only=True))
-        tmpfs = {path: "rw,nosuid,nodev,noexec,mode=0700,size=1m" for path in spec.private_dirs}
+        private_labels = {LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance, LABEL_WORKSPACE: spec.workspace_id}
+        for path in spec.private_dirs:
+            # An anonymous volume on a tmpfs, gone with the container: unlike a tmpfs mount, the
+            # engine's host sees it, so a daemon on that machine reaches the socket in it directly.
+            mounts.append(
+                Mount(
+                    target=path,
+                    source=None,
+                    type="volume",
+                    labels=private_labels,
+                    driver_config=DriverConfig("local", _PRIVATE_DIR_OPTIONS),
+                )
+            )
+        tmpfs: dict[str, str] = {}
         if spec.read_only_root_filesystem:
             tmpfs["/tmp"] = f"rw,nosuid,nodev,mode=1777,size={spec.memory_bytes}"
         capabilities = sorted({*spec.added_capabilities, *spec.agent_capabilities})
@@ -460,7 +483,9 @@ class DockerBackend:
                 live.add(name)
         volumes = (await self._call(api.volumes, filters=selector, idempotent=True)).get("Volumes") or []
         for volume in volumes:
-            if volume["Name"] not in live:
+            # A workspace's private volumes are anonymous: their workspace label names their container.
+            workspace = (volume.get("Labels") or {}).get(LABEL_WORKSPACE)
+            if (self._name(workspace) if workspace else volume["Name"]) not in live:
                 with contextlib.suppress(docker.errors.NotFound, BackendError):
                     await self._call(api.remove_volume, volume["Name"], force=True)
                     removed.append(volume["Name"])
@@ -483,7 +508,18 @@ class DockerBackend:
         with contextlib.suppress(docker.errors.NotFound):
             await self._call(api.remove_volume, name, force=True, idempotent=True)
             found = True
+        await self._remove_private_volumes(workspace_id)
         return found
+
+    async def _remove_private_volumes(self, workspace_id: str) -> None:
+        """Remove the workspace's anonymous volumes left by a container removed without them (``docker rm -f``)."""
+        api = self._api()
+        selector = {"label": [f"{LABEL_INSTANCE}={self.instance}", f"{LABEL_WORKSPACE}={workspace_id}"]}
+        volumes = (await self._call(api.volumes, filters=selector, idempotent=True)).get("Volumes") or []
+        for volume in volumes:
+            if volume["Name"] != self._name(workspace_id):
+                with contextlib.suppress(docker.errors.NotFound, BackendError):  # in use: its container is back
+                    await self._call(api.remove_volume, volume["Name"], force=True, idempotent=True)
 
     # -- exec -----------------------------------------------------------------------------
     async def exec_stream(
@@ -594,6 +630,27 @@ class DockerBackend:
         msg = f"Docker engine address {self.docker_host!r}: only unix:// and tcp:// are supported for exec streams"
         raise DockerUnavailableError(msg)
 
+    async def open_socket(self, host_path: str) -> UnixSocketStream | None:
+        """Connect to a root-owned Unix socket of a container at its host path (see Backend).
+
+        Only with an engine on a Unix socket, the one way to be on its machine; a container's
+        root is the host's root under runc and gVisor (no user namespace), so the listener
+        must be uid 0 (a socket of anyone else is not the agent's).
+        """
+        if urlparse(self.docker_host).scheme != "unix":
+            return None
+        try:
+            reader, writer = await asyncio.open_unix_connection(host_path, limit=_STREAM_LIMIT)
+        except (OSError, ValueError):
+            return None  # not there (yet), not ours to enter, or a path too long for a socket address
+        peer = writer.get_extra_info("socket")
+        _pid, uid, _gid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != 0:
+            writer.close()
+            log.warning("backend.socket_not_root", path=host_path, uid=uid)
+            return None
+        return UnixSocketStream(reader, writer)
+
     async def close(self) -> None:
         """Release the SDK's connection pool."""
         if self._api_client is not None:
@@ -601,39 +658,18 @@ class DockerBackend:
             self._api_client = None
 
 
-class DockerExecStream:
-    """One hijacked exec connection: Docker's 8-byte-header multiplexed stdout/stderr plus stdin."""
+class _Connection:
+    """A two-way byte connection: writes, and a bounded close (its reads are the subclass's)."""
 
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        inspect: Callable[[], Awaitable[int | None]],
-    ) -> None:
-        """Wrap an upgraded connection whose response headers are already consumed."""
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Wrap an open connection."""
         self._reader = reader
         self._writer = writer
-        self._inspect = inspect
-
-    async def read(self) -> tuple[int, bytes] | None:
-        """Return the next ``(fd, data)`` chunk, or None at end of stream."""
-        try:
-            header = await self._reader.readexactly(_MUX_HEADER.size)
-            fd, size = _MUX_HEADER.unpack(header)
-            data = await self._reader.readexactly(size)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return None
-        return fd, data
 
     async def write(self, data: bytes) -> None:
-        """Write to the exec's stdin."""
+        """Write to the other end (an exec's stdin)."""
         self._writer.write(data)
         await self._writer.drain()
-
-    async def exit_code(self) -> int | None:
-        """Return the exec's exit code once Docker reports it ended, else None."""
-        return await self._inspect()
 
     async def close(self, *, discard_input: bool = False) -> None:
         """Close the connection: flush pending stdin (at most 2 s), or drop it with ``discard_input``.
@@ -653,6 +689,51 @@ class DockerExecStream:
             except TimeoutError:
                 transport.abort()
                 await self._writer.wait_closed()
+
+
+class DockerExecStream(_Connection):
+    """One hijacked exec connection: Docker's 8-byte-header multiplexed stdout/stderr plus stdin."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        inspect: Callable[[], Awaitable[int | None]],
+    ) -> None:
+        """Wrap an upgraded connection whose response headers are already consumed."""
+        super().__init__(reader, writer)
+        self._inspect = inspect
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """Return the next ``(fd, data)`` chunk, or None at end of stream."""
+        try:
+            header = await self._reader.readexactly(_MUX_HEADER.size)
+            fd, size = _MUX_HEADER.unpack(header)
+            data = await self._reader.readexactly(size)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        return fd, data
+
+    async def exit_code(self) -> int | None:
+        """Return the exec's exit code once Docker reports it ended, else None."""
+        return await self._inspect()
+
+
+class UnixSocketStream(_Connection):
+    """A direct connection to a container's Unix socket, shaped as an exec stream (all fd 1)."""
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """Return what has arrived (up to 1 MiB) as ``(1, data)``, or None at end of stream."""
+        try:
+            data = await self._reader.read(_SOCKET_READ_BYTES)
+        except ConnectionError:
+            return None
+        return (1, data) if data else None
+
+    async def exit_code(self) -> int | None:
+        """Always None: a socket has no exit code (its end is its end of stream)."""
+        return None
 
 
 def _reason(exc: BaseException) -> str:

@@ -175,8 +175,18 @@ class TestRestart:
         # The first run died before its Exec call's final line: the line written ahead is there.
         assert any(e.get("phase") == "begin" and e.get("process_id") == process_id for e in audit)
 
-    def test_output_continues_from_the_exact_byte_across_a_restart(self, tmp_path: Path) -> None:
-        """`seq 1 20` at 2 lines a second; the daemon is killed at ~3 s; a new one delivers the rest, exactly once."""
+    @pytest.mark.parametrize(
+        ("before_transport", "after_transport"),
+        [("auto", "auto"), ("bridge", "auto"), ("auto", "bridge")],
+        ids=["straight", "bridge-then-straight", "straight-then-bridge"],
+    )
+    def test_output_continues_from_the_exact_byte_across_a_restart(
+        self, tmp_path: Path, before_transport: str, after_transport: str
+    ) -> None:
+        """`seq 1 20` at 2 lines a second; the daemon is killed at ~3 s; a new one delivers the rest, exactly once.
+
+        Whichever way each daemon reaches the agent (its socket, or the bridge).
+        """
         instance = new_instance()
         command = "for i in $(seq 1 20); do echo $i; sleep 0.5; done"
 
@@ -190,7 +200,7 @@ class TestRestart:
                     seen += out
                 return ws.workspace_id, process_id, seen
 
-        with spawned_daemon(tmp_path, instance) as (daemon, socket_path, _log):
+        with spawned_daemon(tmp_path, instance, SANDBOXD_AGENT_TRANSPORT=before_transport) as (daemon, socket_path, _):
             workspace_id, process_id, seen = asyncio.run(before(socket_path))
             daemon.send_signal(signal.SIGKILL)
             daemon.wait(30)
@@ -207,8 +217,13 @@ class TestRestart:
                 await client.delete_workspace(workspace_id)
             return rest, events[-1]
 
-        with spawned_daemon(tmp_path, instance) as (_daemon, socket_path, _log):
+        with spawned_daemon(tmp_path, instance, SANDBOXD_AGENT_TRANSPORT=after_transport) as (
+            _daemon,
+            socket_path,
+            log,
+        ):
             rest, final = asyncio.run(after(socket_path))
+        assert f'"transport": "{"bridge" if after_transport == "bridge" else "socket"}"' in log.read_text()
         assert seen + rest == "".join(f"{i}\n" for i in range(1, 21))
         assert (final.exit_code, final.stop_reason) == (0, "exited")  # type: ignore[attr-defined]
 

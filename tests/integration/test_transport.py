@@ -1,0 +1,221 @@
+"""How the daemon reaches a workspace's agent: straight to its socket from the host, or through the bridge.
+
+A daemon on the engine's machine, as root, connects to the agent's socket at the host path
+of the container's private volume: runc shows the socket there, and so does gVisor
+registered with ``--host-uds=create`` (``scripts/install-runsc``). No ``docker exec`` is
+left at all, so no bridge runs in the workspace. With ``SANDBOXD_AGENT_TRANSPORT=bridge``
+(what a remote engine or a daemon in a container gets) the same calls go through one
+exec'd bridge per connection. Both, under both runtimes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sandboxd_client import SandboxClient
+
+from sandboxd.agent import AgentLink
+from sandboxd.backend.docker import DockerBackend
+from tests.conftest import DaemonThread, make_settings
+
+from .helpers import collect, start_ready
+
+pytestmark = pytest.mark.docker
+
+RUNTIMES = ["runc", pytest.param("runsc", marks=pytest.mark.runsc)]
+BRIDGES = (
+    "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done 2>/dev/null"
+    " | grep -c '^/.sandboxd/sandboxd-agent bridge'"
+)
+"""Bridges running in the workspace (from /proc: busybox has no full ps)."""
+
+
+def skip_without(runtime: str, request: pytest.FixtureRequest) -> None:
+    if runtime == "runsc" and not request.getfixturevalue("runsc_available"):
+        pytest.skip("the engine has no runsc runtime (scripts/install-runsc registers it)")
+
+
+@pytest.fixture(scope="module")
+def bridge_daemon(default_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonThread]:
+    """A daemon that always takes the bridge."""
+    thread = DaemonThread(make_settings(tmp_path_factory.mktemp("bridge"), agent_transport="bridge")).start()
+    yield thread
+    thread.stop()
+
+
+@pytest.fixture
+async def bridged(bridge_daemon: DaemonThread) -> AsyncIterator[SandboxClient]:
+    async with SandboxClient(socket_path=bridge_daemon.socket_path, retries=False) as connected:
+        yield connected
+
+
+def agent_socket(docker_client, workspace_id: str) -> tuple[str, Path]:  # type: ignore[no-untyped-def]
+    """The workspace's container id and the host path of its agent's socket."""
+    (container,) = docker_client.containers.list(filters={"label": f"sandboxd.workspace_id={workspace_id}"})
+    (mount,) = [m for m in container.attrs["Mounts"] if m["Destination"] == "/run/sandboxd"]
+    assert mount["Type"] == "volume"
+    return container.id, Path(mount["Source"]) / "agent.sock"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_the_daemon_goes_straight_to_the_agents_socket(
+    client, docker_client, runtime: str, request: pytest.FixtureRequest
+) -> None:
+    """No bridge in the workspace, whatever it runs; the socket the host sees is root's alone."""
+    skip_without(runtime, request)
+    ws = await client.create_workspace(runtime=runtime, labels={"test": "transport"})
+    try:
+        process_id = await start_ready(ws, "echo ready; sleep 100")
+        assert (await ws.write_file("/workspace/a.txt", "one\n")).size_bytes == 4
+        assert "1\tone" in (await ws.read_file("/workspace/a.txt")).content
+        assert (await ws.exec(BRIDGES).wait()).stdout == "0\n"
+        events = [e async for e in client.input(process_id, "\u0003")]
+        assert events[-1].exit_code == 130
+        _container, path = agent_socket(docker_client, ws.workspace_id)
+        directory = path.parent.stat()
+        assert (stat.S_IMODE(directory.st_mode), directory.st_uid) == (0o700, 0)
+        listening = path.stat()
+        assert stat.S_ISSOCK(listening.st_mode) and listening.st_uid == 0
+    finally:
+        await ws.delete()
+    assert not path.parent.exists()  # the private volume went with the container
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_through_the_bridge_the_same_calls_work(bridged, runtime: str, request: pytest.FixtureRequest) -> None:
+    """One bridge for every call of the workspace; exit codes, Ctrl-C, a stream and files as straight."""
+    skip_without(runtime, request)
+    ws = await bridged.create_workspace(runtime=runtime, labels={"test": "transport-bridge"})
+    try:
+        assert (await ws.exec("echo hi").wait()).stdout == "hi\n"
+        assert (await ws.exec("kill -9 $$").wait()).exit_code == 137
+        process_id = await start_ready(ws, "echo ready; sleep 100")
+        events = [e async for e in bridged.input(process_id, "\u0003")]
+        assert events[-1].exit_code == 130
+        _, out, _ = await collect(ws.exec("head -c 3000000 /dev/zero | tr '\\0' x; echo", max_output_bytes=4 << 20))
+        assert out == "x" * 3_000_000 + "\n"
+        await ws.write_file("/workspace/crlf.txt", "a\r\nb\r\n")
+        await ws.edit_file("/workspace/crlf.txt", "b", "c")
+        assert (await ws.exec("od -c /workspace/crlf.txt | head -1").wait()).stdout.split()[1:] == [
+            "a",
+            "\\r",
+            "\\n",
+            "c",
+            "\\r",
+            "\\n",
+        ]
+        assert (await ws.exec(BRIDGES).wait()).stdout == "1\n"
+    finally:
+        await ws.delete()
+
+
+async def test_a_host_that_does_not_see_a_runtimes_sockets_is_learnt_once(client, docker_client) -> None:
+    """The first link of a runtime whose sockets the host cannot see goes through the bridge and remembers it.
+
+    (A runtime is played here by a fresh runtime name and a socket path that does not exist.)
+    """
+    ws = await client.create_workspace(labels={"test": "transport-learn"})
+    container, path = agent_socket(docker_client, ws.workspace_id)
+    backend = Counting(docker_host="unix:///var/run/docker.sock", instance="unused")
+    links: list[AgentLink] = []
+    try:
+        unseen = f"unseen-{secrets.token_hex(3)}"
+        for _ in range(2):
+            links.append(
+                link := AgentLink(
+                    backend, ws.workspace_id, container, socket_path="/nonexistent/agent.sock", runtime=unseen
+                )
+            )
+            await link.connect()
+            assert link.transport == "bridge"
+            await link.close()
+        assert backend.tried == 0  # the first learnt it after its welcome; the second did not try
+        seen = f"seen-{secrets.token_hex(3)}"
+        for _ in range(2):
+            links.append(link := AgentLink(backend, ws.workspace_id, container, socket_path=str(path), runtime=seen))
+            await link.connect()
+            assert link.transport == "socket"  # the first moved to the socket once the agent answered
+            await link.close()
+        assert backend.tried == 2
+        assert (await ws.exec("echo still").wait()).stdout == "still\n"  # the daemon's own link is back
+    finally:
+        for link in links:
+            await link.close()
+        await backend.close()
+        await ws.delete()
+
+
+class Counting(DockerBackend):
+    """The real backend, counting direct connection attempts."""
+
+    tried = 0
+
+    async def open_socket(self, host_path: str):  # type: ignore[no-untyped-def]
+        self.tried += 1
+        return await super().open_socket(host_path)
+
+
+LISTENER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen()
+print("listening", flush=True)
+c, _ = s.accept()
+c.sendall(b"hello")
+c.recv(1)
+"""
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+"""A Python any user may run (the suite's own may sit in root's home)."""
+
+
+@contextlib.contextmanager
+def listener(path: Path, uid: int) -> Iterator[subprocess.Popen[str]]:
+    with subprocess.Popen(
+        [SYSTEM_PYTHON, "-c", LISTENER, str(path)], stdout=subprocess.PIPE, text=True, user=uid
+    ) as process:
+        try:
+            assert process.stdout is not None and process.stdout.readline() == "listening\n"
+            yield process
+        finally:
+            process.kill()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
+    reason="needs root, and a system python3, to listen as another user",
+)
+async def test_a_socket_that_is_not_roots_is_not_the_agent() -> None:
+    """A listener of any other uid at the path is refused (the bridge would be taken instead)."""
+    with tempfile.TemporaryDirectory(prefix="sandboxd-transport-", dir="/tmp") as shared:
+        await refused_unless_root(Path(shared))
+
+
+async def refused_unless_root(tmp_path: Path) -> None:
+    tmp_path.chmod(0o777)  # and /tmp, unlike pytest's own, is open to every user
+    backend = DockerBackend(docker_host="unix:///var/run/docker.sock", instance="unused")
+    try:
+        with listener(tmp_path / "nobody.sock", 65534):
+            assert await backend.open_socket(str(tmp_path / "nobody.sock")) is None
+        with listener(tmp_path / "root.sock", 0):
+            stream = await backend.open_socket(str(tmp_path / "root.sock"))
+            assert stream is not None
+            assert await stream.read() == (1, b"hello")
+            assert await stream.exit_code() is None
+            await stream.close()
+        assert await backend.open_socket(str(tmp_path / "gone.sock")) is None
+        assert await backend.open_socket(str(tmp_path / ("x" * 200))) is None  # too long for an address
+        remote = DockerBackend(docker_host="tcp://127.0.0.1:1", instance="unused")
+        assert await remote.open_socket(str(tmp_path / "root.sock")) is None  # not on the engine's machine
+    finally:
+        await backend.close()
