@@ -113,6 +113,7 @@ class _Kind:
     FAILED = b"f"
     OUTPUT = b"o"
     DROPPED = b"d"
+    TAIL = b"t"
     EXITED = b"x"
     FILE_TOOK = b"k"
     FILE_OUT = b"b"
@@ -368,6 +369,8 @@ class Welcome:
     """The agent's version."""
     pid: int
     sessions: tuple[SessionState, ...]
+    features: frozenset[str] = frozenset()
+    """What the agent does beyond the protocol's first release (PROTOCOL.md): ``tail``."""
 
     @classmethod
     def parse(cls, payload: bytes, workspace_id: str) -> Welcome:
@@ -386,7 +389,14 @@ class Welcome:
                 sessions.append(SessionState.parse(raw if isinstance(raw, dict) else {}))
             except ProtocolError as exc:
                 log.warning("agent.bad_session_state", workspace_id=workspace_id, error=exc.message)
-        return cls(agent=_text(body, "agent", 64), pid=_int(body, "pid", 0, _U31, default=0), sessions=tuple(sessions))
+        listed = body.get("features")
+        features = frozenset(f for f in listed[:32] if isinstance(f, str)) if isinstance(listed, list) else frozenset()
+        return cls(
+            agent=_text(body, "agent", 64),
+            pid=_int(body, "pid", 0, _U31, default=0),
+            sessions=tuple(sessions),
+            features=features,
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -436,6 +446,10 @@ class SessionEvents(Protocol):
 
     def on_dropped(self, offset: int, total: int) -> None:
         """Output lost at ``offset``: ``total`` bytes so far at that place."""
+        ...
+
+    def on_tail(self, end: int) -> None:
+        """The answer to a tail pull: the agent's held output ends at ``end``."""
         ...
 
     def on_exited(self, report: ExitReport) -> None:
@@ -555,9 +569,15 @@ class SessionChannel:
         """The terminal's new size."""
         await self.link._send(_Kind.WINDOW, self.number, {"columns": columns, "rows": rows})
 
-    async def pull(self, *, ack: int, ack_gap: int, until: int, reader: bool) -> None:
-        """Acknowledge output up to ``ack`` (and ``ack_gap`` of a gap there); allow it up to ``until``."""
-        body = {"ack": ack, "ack_gap": ack_gap, "until": until, "reader": reader}
+    async def pull(self, *, ack: int, ack_gap: int, until: int, reader: bool, tail: bool = False) -> None:
+        """Acknowledge output up to ``ack`` (and ``ack_gap`` of a gap there); allow it up to ``until``.
+
+        With ``tail`` the agent answers where its held output ends (``on_tail``; only an agent
+        whose welcome lists the ``tail`` feature does).
+        """
+        body: dict[str, Any] = {"ack": ack, "ack_gap": ack_gap, "until": until, "reader": reader}
+        if tail:
+            body["tail"] = True
         await self.link._send(_Kind.PULL, self.number, body)
 
     async def discard(self) -> None:
@@ -583,6 +603,8 @@ class SessionChannel:
             elif kind == _Kind.DROPPED:
                 report = _json_object(payload, "dropped report")
                 events.on_dropped(_int(report, "offset", 0, _U64), _int(report, "bytes", 0, _U64))
+            elif kind == _Kind.TAIL:
+                events.on_tail(_int(_json_object(payload, "tail report"), "end", 0, _U64))
             elif kind == _Kind.STARTED:
                 events.on_started(_int(_json_object(payload, "start report"), "pid", 1, _U31))
             elif kind == _Kind.FAILED:

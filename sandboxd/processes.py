@@ -330,11 +330,17 @@ class ExecContext:
 
 
 WINDOW_BYTES = 4 * 1024 * 1024
-"""Most output the daemon lets the agent send beyond what callers have taken, while one reads:
-all it ever holds of a session. A session's window is its ``max_output_bytes`` up to this (the
-agent keeps every byte until acknowledged, so a restart loses none, and a caller that walks
-away must find no more unread than the session keeps); a larger buffer streams faster, since
-fewer acknowledgements' round trips through the engine hold it up."""
+"""Most output the daemon lets an agent without the ``tail`` feature send beyond what callers
+have taken, while one reads: a session's ``max_output_bytes`` up to this (the agent keeps every
+byte until acknowledged, so a restart loses none, and a caller that walks away must find no
+more unread than the session keeps)."""
+
+STREAM_WINDOW_BYTES = 16 * 1024 * 1024
+"""The same with an agent that can say where its held output ends (``tail``): what a caller
+leaves unread beyond ``max_output_bytes`` is then dropped when it walks away (``OutputRelay.trim``),
+so the window need not be held to the buffer. A larger window streams faster (fewer waits for an
+acknowledgement's round trip); this one is the agent's bound (``output.MaxWindow``) and, per
+session, the daemon's (``max_output_buffer_bytes``): a stream at full speed holds at most this."""
 
 _ACK_STEP_BYTES = 256 * 1024
 """Delivered bytes that make a new acknowledgement worth a frame (the end of a batch always does)."""
@@ -400,9 +406,6 @@ class ProcessSession:
         self._buffer_bytes = spec.max_output_bytes or settings.output_buffer_bytes
         self._ack_step = max(1, min(_ACK_STEP_BYTES, self._buffer_bytes // 4))
         """An acknowledgement frees the agent's buffer: a small buffer needs them often."""
-        self._window = min(WINDOW_BYTES, self._buffer_bytes)
-        """What the agent may send beyond callers' take: never more than the session keeps for an
-        absent caller, so a caller that walks away leaves no more than that unread."""
         self._pulling: asyncio.Task[None] | None = None
         self.spill_path = f"{SPILL_DIR}/{process_id}.out"
         """Where the whole output goes once it passes ``spec.spill_after_bytes``."""
@@ -599,7 +602,7 @@ class ProcessSession:
                 oom_kills=report.oom_kills,
                 memory_limit_bytes=self.context.memory_limit_bytes,
                 requested=self._requested,
-                dropped_bytes=report.dropped,
+                dropped_bytes=report.dropped + self.output.trimmed_bytes,
                 elapsed_s=self.elapsed_s,
                 ctrl_c_delivered=self._ctrl_c_delivered,
             )
@@ -626,6 +629,27 @@ class ProcessSession:
         self._schedule_pull()
 
     # -- flow control ------------------------------------------------------------------------------
+    @property
+    def _tails(self) -> bool:
+        """Whether the agent answers tail pulls (its welcome lists ``tail``)."""
+        welcome = self.link.welcome
+        return welcome is not None and "tail" in welcome.features
+
+    @property
+    def _window(self) -> int:
+        """What the agent may send beyond callers' take while one reads (see ``STREAM_WINDOW_BYTES``)."""
+        if self._tails:
+            return max(STREAM_WINDOW_BYTES, self._buffer_bytes)
+        return min(WINDOW_BYTES, self._buffer_bytes)
+
+    def on_tail(self, end: int) -> None:
+        """Where the agent's held output ends, asked when the last caller left: more than the session keeps is cut."""
+        dropped = self.output.trim(end)
+        if dropped and self.exit is not None:
+            self.exit = dataclasses.replace(self.exit, dropped_bytes=self.exit.dropped_bytes + dropped)
+        if dropped:
+            log.info("process.output_trimmed", process_id=self.process_id, dropped_bytes=dropped)
+
     def _schedule_pull(self) -> None:
         if self._pulling is None or self._pulling.done():
             self._pulling = asyncio.create_task(self._pull())
@@ -648,9 +672,23 @@ class ProcessSession:
             and until - last[2] < self._ack_step
         ):
             return  # nothing worth a frame: the agent has room enough, and little to forget
+        # The last reader leaves with more allowed in flight than the session keeps: ask where
+        # the agent's held output ends, to cut it to its head (on_tail).
+        tail = (
+            not reader
+            and last is not None
+            and last[3]
+            and last[2] - self.output.delivered > self._buffer_bytes
+            and self._tails
+        )
         self._pull_sent = (ack, ack_gap, until, reader)
-        with contextlib.suppress(SandboxdError):
-            await self.channel.pull(ack=ack, ack_gap=ack_gap, until=until, reader=reader)
+        if tail:
+            self.output.hold(self._buffer_bytes)
+        try:
+            await self.channel.pull(ack=ack, ack_gap=ack_gap, until=until, reader=reader, tail=tail)
+        except SandboxdError:
+            if tail:
+                self.output.release()
 
     # -- ending --------------------------------------------------------------------------------
     def _fail_start(self, error: SandboxdError) -> None:
@@ -890,7 +928,18 @@ class ProcessSession:
             self._attached += 1
         self._fresh = False
         await self._pull(force=True)
-        finished = False
+        finished = left = False
+
+        async def leave() -> None:
+            # Acknowledged before the caller hears its terminal event: a daemon killed right
+            # after it has told the agent all the caller took (none of it comes again).
+            nonlocal left
+            if not left:
+                left = True
+                self._attached -= 1
+                self.last_used = time.monotonic()
+                await asyncio.shield(self._pull(force=True))
+
         try:
             deadline = time.monotonic() + yield_after_s
             last_event = time.monotonic()
@@ -904,11 +953,13 @@ class ProcessSession:
                     await self._pull()
                 if output.complete and not output.pending and self.exit is not None:
                     finished = True
+                    await leave()
                     yield self.exit
                     return
                 now = time.monotonic()
                 if now >= deadline:
                     finished = True
+                    await leave()
                     yield Yielded(process_id=self.process_id, elapsed_s=self.elapsed_s)
                     return
                 beat_at = last_event + self.settings.heartbeat_interval_s
@@ -920,9 +971,7 @@ class ProcessSession:
                     async with asyncio.timeout(min(deadline, beat_at) - now):
                         await output.changed.wait()
         finally:
-            self._attached -= 1
-            self.last_used = time.monotonic()
-            await asyncio.shield(self._pull(force=True))
+            await leave()
             if not finished and self.running and not self.shutting_down:
                 await asyncio.shield(self.interrupt())
 

@@ -20,10 +20,23 @@ from sandboxd_protocol.redact import StreamRedactor
 from .agent import ProtocolError
 from .models import OutputChunk, OutputDropped
 
-__all__ = ["MAX_CHUNK_BYTES", "OutputRelay", "Piece"]
+__all__ = ["MAX_CHUNK_BYTES", "OutputRelay", "Piece", "partial_character"]
 
 MAX_CHUNK_BYTES = 1024 * 1024
 """Largest output chunk sent as one event; adjacent chunks of a stream are merged up to it."""
+
+
+def partial_character(data: bytes) -> int:
+    """How many bytes at the end of ``data`` are the start of a UTF-8 character cut short (0 to 3).
+
+    Bytes that are not UTF-8 have none: a cut after them is as good as any.
+    """
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # the last lead byte (or ASCII)
+            needed = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
+            return back if needed > back else 0
+    return 0
 
 
 @dataclasses.dataclass
@@ -35,6 +48,49 @@ class Piece:
     """Every output byte before this offset is accounted for once this piece is delivered."""
     gap: int = 0
     """For a gap: its whole size at ``raw_end`` (acknowledged with it)."""
+
+
+_Pieces = collections.deque[Piece]
+
+
+def _split(pieces: _Pieces, cut: int, limit: int) -> tuple[_Pieces, _Pieces, int]:
+    """``pieces`` (from offset ``cut`` on) as a head ending at ``limit`` at most, the rest, and the head's end.
+
+    A piece of unmasked bytes across ``limit`` is split there, and the head gives the rest
+    the start of a character it would cut short (across pieces of one stream).
+    """
+    start = cut
+    head: _Pieces = collections.deque()
+    rest = collections.deque(pieces)
+    while rest and rest[0].raw_end <= limit:
+        head.append(piece := rest.popleft())
+        cut = max(cut, piece.raw_end)
+    first = rest[0] if rest else None
+    event = first.event if first is not None else None
+    if first is not None and isinstance(event, OutputChunk) and len(event.data) == first.raw_end - cut:
+        size = limit - cut  # unmasked bytes, one for one: the head takes what fits of them
+        if size > 0:
+            head.append(Piece(OutputChunk(stream=event.stream, data=event.data[:size]), raw_end=cut + size))
+            rest[0] = Piece(OutputChunk(stream=event.stream, data=event.data[size:]), raw_end=first.raw_end)
+            cut += size
+    tail, stream = b"", head[-1].event.stream if head and isinstance(head[-1].event, OutputChunk) else ""
+    for piece in reversed(head):
+        last = piece.event
+        if not isinstance(last, OutputChunk) or last.stream != stream or len(tail) >= 4:
+            break
+        tail = last.data + tail
+    partial = partial_character(tail[-4:])
+    while partial and head and isinstance(last := head[-1].event, OutputChunk):
+        piece = head.pop()
+        if len(last.data) <= partial:
+            rest.appendleft(piece)
+            partial -= len(last.data)
+            cut = head[-1].raw_end if head else start
+            continue
+        head.append(Piece(OutputChunk(stream=last.stream, data=last.data[:-partial]), raw_end=piece.raw_end - partial))
+        rest.appendleft(Piece(OutputChunk(stream=last.stream, data=last.data[-partial:]), raw_end=piece.raw_end))
+        cut, partial = piece.raw_end - partial, 0
+    return head, rest, cut
 
 
 class OutputRelay:
@@ -65,6 +121,13 @@ class OutputRelay:
         self.complete = False
         """All output up to the end has arrived (or never will): the exit may go to callers."""
         self.dropped_bytes = 0
+        self.trimmed_bytes = 0
+        """Of ``dropped_bytes``, those :meth:`trim` dropped (the agent's own gaps are in its exit report)."""
+        self._trim: tuple[int, int] | None = None
+        """A trim callers have not taken yet: ``(end, bytes)``."""
+        self._holding: tuple[int, int] | None = None
+        """While :meth:`hold` keeps the rest back: where the head ends so far, and where it must end."""
+        self._held_back: collections.deque[Piece] = collections.deque()
         self._closed = False
 
     def resume(self, ack: int, ack_gap: int) -> None:
@@ -90,8 +153,7 @@ class OutputRelay:
         self._held_from[stream] = self.received - redactor.held if redactor.held else None
         if masked:
             # Bytes the masking holds back are not in this chunk: delivering it does not cover them.
-            self._pieces.append(Piece(OutputChunk(stream=stream, data=masked), raw_end=self.received - redactor.held))
-        self.changed.set()
+            self._append(Piece(OutputChunk(stream=stream, data=masked), raw_end=self.received - redactor.held))
         self._check_complete()
 
     def add_gap(self, offset: int, total: int) -> None:
@@ -107,8 +169,7 @@ class OutputRelay:
             return
         self._gap_at, self._gap_seen = offset, total
         self.dropped_bytes += total - seen
-        self._pieces.append(Piece(OutputDropped(dropped_bytes=total - seen), raw_end=offset, gap=total))
-        self.changed.set()
+        self._append(Piece(OutputDropped(dropped_bytes=total - seen), raw_end=offset, gap=total))
 
     def set_end(self, end: int) -> None:
         """The command exited after ``end`` bytes of output."""
@@ -121,10 +182,69 @@ class OutputRelay:
             return
         for stream, redactor in self._redactors.items():
             if rest := redactor.flush():
-                self._pieces.append(Piece(OutputChunk(stream=stream, data=rest), raw_end=self.end))
+                self._append(Piece(OutputChunk(stream=stream, data=rest), raw_end=self.end))
             self._held_from[stream] = None
         self.complete = True
         self.changed.set()
+
+    def _append(self, piece: Piece) -> None:
+        if self._holding is not None:
+            self._held_back.append(piece)  # beyond the head: it waits for the agent's answer
+            return
+        self._pieces.append(piece)
+        self.changed.set()
+
+    def hold(self, keep: int) -> None:
+        """The last caller left: what waits beyond its first ``keep`` bytes is held back.
+
+        Until :meth:`trim` is told where the agent's output ends, a caller gets only the head:
+        ``keep`` bytes at most from where the caller left, ending on a whole UTF-8 character
+        (pieces that masking changed are kept or held back whole).
+        """
+        if self._closed or self._holding is not None:
+            return
+        limit = self.delivered + keep
+        self._pieces, self._held_back, cut = _split(self._pieces, self.delivered, limit)
+        self._holding = (cut, limit)
+
+    def trim(self, end: int) -> int:
+        """The agent's output held for callers ends at ``end`` (its answer to a tail pull): cut to the head.
+
+        What lies beyond the head, here and still on its way up to ``end``, counts as dropped,
+        reported where the head ends like a gap of the agent's own and acknowledged with it:
+        a caller that walked away from a fast stream finds at most the head unread (SPEC 2.3:
+        keep the head, count the rest). When it all fits in the head, what was held back is
+        let go to callers. Returns the bytes dropped.
+        """
+        holding, self._holding = self._holding, None
+        back, self._held_back = self._held_back, collections.deque()
+        if holding is None:
+            return 0
+        cut, limit = holding
+        if self._closed or end <= limit or end < self.received:
+            self._pieces.extend(back)  # nothing beyond the head after all (or no answer will come)
+            if back:
+                self.changed.set()
+            return 0
+        more, _, cut = _split(back, cut, limit)
+        self._pieces.extend(more)
+        dropped = end - cut
+        self._pieces.append(Piece(OutputDropped(dropped_bytes=dropped), raw_end=end))
+        self.received = end  # what is still on its way is in the gap: taken as sent again
+        for redactor in self._redactors.values():
+            redactor.flush()  # what the masking held is in the gap too
+        self._held_from = dict.fromkeys(self._redactors)
+        self._gap_at, self._gap_seen = -1, 0
+        self.dropped_bytes += dropped
+        self.trimmed_bytes += dropped
+        self._trim = (end, dropped)
+        self.changed.set()
+        self._check_complete()
+        return dropped
+
+    def release(self) -> None:
+        """Let go of a hold no answer will come for (the tail pull could not be sent)."""
+        self.trim(-1)
 
     def close(self) -> None:
         """No more output will come (the session failed): what is here is all callers get."""
@@ -132,7 +252,15 @@ class OutputRelay:
         self.changed.set()
 
     def rewind(self, ack: int) -> None:
-        """A new connection: the agent sends again from its ``ack``; what callers have not taken comes again."""
+        """A new connection: the agent sends again from its ``ack``; what callers have not taken comes again.
+
+        A trim callers have not taken is undone: the agent sends its bytes again, and they come.
+        """
+        if self._trim is not None:
+            self.dropped_bytes -= self._trim[1]
+            self.trimmed_bytes -= self._trim[1]
+            self._trim = None
+        self._holding, self._held_back = None, collections.deque()
         self._pieces.clear()
         self.received = max(self.delivered, ack)
         self._gap_at, self._gap_seen = -1, 0
@@ -151,8 +279,8 @@ class OutputRelay:
 
     @property
     def pending(self) -> bool:
-        """Whether events wait for a caller."""
-        return bool(self._pieces)
+        """Whether events wait for a caller (or may, once a hold is settled)."""
+        return bool(self._pieces) or self._holding is not None
 
     def take(self) -> list[tuple[OutputChunk | OutputDropped, Piece]]:
         """Everything waiting, adjacent chunks of one stream merged (up to 1 MiB), each with its last piece.
@@ -192,3 +320,5 @@ class OutputRelay:
             self.delivered, self.delivered_gap = piece.raw_end, piece.gap
         elif piece.raw_end > self.delivered:
             self.delivered, self.delivered_gap = piece.raw_end, 0
+        if self._trim is not None and self.delivered >= self._trim[0]:
+            self._trim = None  # told: it stays dropped whatever comes

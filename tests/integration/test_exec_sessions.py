@@ -8,6 +8,7 @@ import time
 
 import pytest
 from sandboxd_client import (
+    Dropped,
     Exited,
     Heartbeat,
     NotFoundError,
@@ -251,6 +252,32 @@ class TestOutputCaps:
         result = await workspace.exec("head -c 20000000 /dev/zero", max_output_bytes=65536).wait()
         assert len(result.stdout_bytes) == 20_000_000
         assert result.dropped_bytes == 0
+
+    async def test_a_caller_that_walks_away_finds_no_more_than_the_buffer(self, client, workspace) -> None:
+        """A flood yielded mid-stream: the next poll finds at most max_output_bytes before the gap.
+
+        While a caller streams, up to 16 MiB may be on its way; when it leaves, what it left
+        beyond the session's 64 KiB is dropped and counted, like the flood's rest: every byte
+        is either delivered or counted, exactly.
+        """
+        total = 300_000_000
+        handle = workspace.exec(f"head -c {total} /dev/zero", max_output_bytes=65536, yield_after_s=1.0)
+        events, streamed = [], 0
+        async for event in handle:  # a slow reader: the agent is 16 MiB ahead of it when it leaves
+            events.append(event)
+            streamed += len(event.data) if isinstance(event, Output) else 0
+            await asyncio.sleep(0.05)
+        assert isinstance(events[-1], Yielded), events[-1]
+        await asyncio.sleep(1)  # the flood goes on with nobody reading
+        polled = [e async for e in client.input(events[-1].process_id, "", yield_after_s=60)]
+        gaps = [i for i, e in enumerate(polled) if isinstance(e, Dropped)]
+        assert gaps, "nothing was dropped"
+        head = sum(len(e.data) for e in polled[: gaps[0]] if isinstance(e, Output))
+        assert head <= 65536
+        delivered = streamed + sum(len(e.data) for e in polled if isinstance(e, Output))
+        dropped = sum(e.dropped_bytes for e in polled if isinstance(e, Dropped))
+        assert (delivered + dropped, polled[-1].dropped_bytes) == (total, dropped)  # type: ignore[union-attr]
+        assert polled[-1].exit_code == 0  # type: ignore[union-attr]
 
 
 class TestSpill:

@@ -224,7 +224,7 @@ class TestRestart:
         ):
             rest, final = asyncio.run(after(socket_path))
         assert f'"transport": "{"bridge" if after_transport == "bridge" else "socket"}"' in log.read_text()
-        assert seen + rest == "".join(f"{i}\n" for i in range(1, 21))
+        assert (seen + rest).split() == [str(i) for i in range(1, 21)], (seen, rest)
         assert (final.exit_code, final.stop_reason) == (0, "exited")  # type: ignore[attr-defined]
 
 

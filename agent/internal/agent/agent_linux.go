@@ -403,7 +403,7 @@ func (a *Agent) welcome() []byte {
 		states = append(states, s.State())
 	}
 	a.mu.Unlock()
-	body, _ := json.Marshal(proto.WelcomeMsg{Protocol: proto.Version, Agent: Version, PID: os.Getpid(), Sessions: states})
+	body, _ := json.Marshal(proto.WelcomeMsg{Protocol: proto.Version, Agent: Version, PID: os.Getpid(), Features: proto.Features, Sessions: states})
 	return body
 }
 

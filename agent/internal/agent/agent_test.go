@@ -441,6 +441,7 @@ func TestOutputWithoutAReaderKeepsTheHeadAndCountsTheRest(t *testing.T) {
 		ProcessID: fmt.Sprintf("p-test%d", r.channel), Command: "head -c 300000 /dev/zero", Cwd: "/",
 		Env: [][2]string{{"PATH", "/usr/bin:/bin"}}, User: user(), TimeoutS: 60, GraceS: 0.5, BufferBytes: 65536,
 	})
+	d.send(proto.Pull, r.channel, proto.PullMsg{Reader: false}) // the starting call walked away
 	frame := r.step(d)
 	if frame.Kind != proto.Started {
 		t.Fatalf("frame %q %s", frame.Kind, frame.Payload)
@@ -737,4 +738,71 @@ func TestAHelperStoppedBeforeItStartsTheCommandIsKilledInTime(t *testing.T) {
 	if r.exit == nil || string(r.output) != "ran\n" {
 		t.Fatalf("the next command: output %q exit %+v failed %+v", r.output, r.exit, r.failed)
 	}
+}
+
+func TestANewSessionHoldsItsOutputForTheCallThatStartedIt(t *testing.T) {
+	d, _ := connect(t)
+	channel := nextChannel()
+	d.send(proto.Start, channel, proto.StartMsg{
+		ProcessID: "p-unpulled", Command: "head -c 300000 /dev/zero; echo done", Cwd: "/",
+		Env: [][2]string{{"PATH", "/usr/bin:/bin"}}, User: user(), TimeoutS: 60, GraceS: 0.5, BufferBytes: 65536,
+	})
+	// No Pull yet (a slow daemon): the command waits on the full buffer, nothing is dropped.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		_ = d.conn.SetReadDeadline(deadline)
+		frame, err := d.reader.Read()
+		if err != nil {
+			break
+		}
+		if frame.Channel == channel && (frame.Kind == proto.Dropped || frame.Kind == proto.Exited) {
+			t.Fatalf("frame %q %s before any Pull", frame.Kind, frame.Payload)
+		}
+	}
+	r := &run{channel: channel}
+	d.send(proto.Pull, channel, proto.PullMsg{Until: 1 << 40, Reader: true})
+	r.wait(d)
+	if r.exit == nil || r.exit.Dropped != 0 || len(r.output) != 300005 {
+		t.Fatalf("exit %+v after %d bytes, want all 300005 and nothing dropped", r.exit, len(r.output))
+	}
+}
+
+func TestATailPullTellsTheEndOfWhatIsHeld(t *testing.T) {
+	d, welcome := connect(t)
+	if !strings.Contains(" "+strings.Join(welcome.Features, " ")+" ", " "+proto.FeatureTail+" ") {
+		t.Fatalf("welcome features %v, want %q", welcome.Features, proto.FeatureTail)
+	}
+	channel := nextChannel()
+	const window = 4 << 20
+	msg := proto.StartMsg{ProcessID: "p-tail", Command: "head -c 100000000 /dev/zero", Cwd: "/", User: user(), TimeoutS: 60, GraceS: 0.5, BufferBytes: 65536}
+	d.send(proto.Start, channel, msg)
+	// A reader's window well beyond the buffer, never acknowledged: the agent holds all of it.
+	d.send(proto.Pull, channel, proto.PullMsg{Until: window, Reader: true})
+	var got uint64
+	for got < window {
+		frame := d.next()
+		if frame.Channel == channel && frame.Kind == proto.Output {
+			got += uint64(len(frame.Payload) - 9)
+		}
+	}
+	// The reader leaves: what is held is far beyond the buffer, so nothing more is kept.
+	d.send(proto.Pull, channel, proto.PullMsg{Until: window, Reader: false, Tail: true})
+	var tail proto.TailMsg
+	var gap proto.DroppedMsg
+	for tail.End == 0 || gap.Bytes == 0 {
+		frame := d.next()
+		switch {
+		case frame.Channel != channel:
+		case frame.Kind == proto.Tail:
+			_ = json.Unmarshal(frame.Payload, &tail)
+		case frame.Kind == proto.Dropped:
+			_ = json.Unmarshal(frame.Payload, &gap)
+		case frame.Kind != proto.Output:
+			t.Fatalf("frame %q %s", frame.Kind, frame.Payload)
+		}
+	}
+	if tail.End != window || gap.Offset != window {
+		t.Fatalf("tail %+v and gap %+v, want both at %d", tail, gap, window)
+	}
+	d.send(proto.Discard, channel, nil)
 }

@@ -49,7 +49,7 @@ func New(capBytes int) *Buffer {
 }
 
 // MaxWindow is the most a reader's window may make the buffer hold, whatever the daemon
-// says (it asks for at most 4 MiB): the agent's memory stays bounded by this and Cap.
+// says (it asks for this much while a caller streams): the agent's memory stays bounded by this and Cap.
 const MaxWindow = 16 << 20
 
 // SetReader says whether a caller is reading the output now (back-pressure) or not (drops),

@@ -43,6 +43,7 @@ const (
 	Failed   byte = 'f'
 	Output   byte = 'o'
 	Dropped  byte = 'd'
+	Tail     byte = 't'
 	Exited   byte = 'x'
 	FileOut  byte = 'b'
 	FileTook byte = 'k'

@@ -12,8 +12,15 @@ type WelcomeMsg struct {
 	Protocol int            `json:"protocol"`
 	Agent    string         `json:"agent"`
 	PID      int            `json:"pid"`
+	Features []string       `json:"features"`
 	Sessions []SessionState `json:"sessions"`
 }
+
+// Features are what this agent does beyond protocol 1 as first released (PROTOCOL.md).
+var Features = []string{FeatureTail}
+
+// FeatureTail: a Pull may ask for the end of the held output (Tail answers it).
+const FeatureTail = "tail"
 
 // SessionState describes a session the agent holds, for a daemon that (re)connects.
 type SessionState struct {
@@ -86,6 +93,13 @@ type PullMsg struct {
 	AckGap uint64 `json:"ack_gap"` // bytes of a gap at Ack already reported
 	Until  uint64 `json:"until"`
 	Reader bool   `json:"reader"`
+	Tail   bool   `json:"tail"` // answer with a TailMsg once this pull is applied
+}
+
+// TailMsg answers a Pull that asked for it: the offset just past the last output byte
+// held once the pull was applied.
+type TailMsg struct {
+	End uint64 `json:"end"`
 }
 
 // DroppedMsg marks output lost because nobody read it.

@@ -104,7 +104,7 @@ type Session struct {
 
 // New makes a session for a Start frame; Run starts its command.
 func New(host Host, channel uint32, msg proto.StartMsg) *Session {
-	return &Session{
+	s := &Session{
 		Channel:   channel,
 		ProcessID: msg.ProcessID,
 		host:      host,
@@ -116,6 +116,11 @@ func New(host Host, channel uint32, msg proto.StartMsg) *Session {
 		exiting:   make(chan struct{}),
 		done:      make(chan struct{}),
 	}
+	// The call that starts a command reads it: until the first Pull says more, a full
+	// buffer holds the command back rather than dropping what a slow daemon had yet to
+	// ask for (a daemon that goes away says otherwise: ReaderGone).
+	s.buf.SetReader(true, 0)
+	return s
 }
 
 func (s *Session) poke() {
@@ -723,6 +728,12 @@ func (s *Session) Pull(msg proto.PullMsg) {
 		s.cursor, s.cursorGap = msg.Ack, msg.AckGap
 	}
 	s.mu.Unlock()
+	if msg.Tail {
+		// With no reader and more held than Cap, nothing more is kept until an
+		// acknowledgement: the end told here stays the end of what is held.
+		_, _, end, _ := s.buf.State()
+		s.send(proto.Tail, proto.TailMsg{End: end})
+	}
 	s.poke()
 }
 

@@ -1,0 +1,150 @@
+"""The output relay: in order, masked, each byte once; and a walked-away stream cut to its head."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandboxd.agent import ProtocolError
+from sandboxd.models import OutputChunk, OutputDropped
+from sandboxd.relay import OutputRelay, partial_character
+from sandboxd.secrets import BytesRedactor
+
+SECRET = "hunter2-very-secret"
+
+
+def relay(secrets: dict[str, str] | None = None) -> OutputRelay:
+    return OutputRelay({stream: BytesRedactor(secrets or {}) for stream in ("stdout", "stderr")})
+
+
+def deliver(output: OutputRelay) -> list[OutputChunk | OutputDropped]:
+    """What a caller takes now, acknowledged as it goes."""
+    events = []
+    for event, through in output.take():
+        events.append(event)
+        output.delivered_through(through)
+    return events
+
+
+def text(events: list[OutputChunk | OutputDropped]) -> bytes:
+    return b"".join(e.data for e in events if isinstance(e, OutputChunk))
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"", 0),
+        (b"abc", 0),
+        ("é".encode(), 0),
+        ("é".encode()[:1], 1),
+        (b"x" + "€".encode()[:2], 2),
+        (b"x" + "𝄞".encode()[:3], 3),
+        (b"x" + "𝄞".encode(), 0),
+        (b"\x80\x80\x80\x80", 0),  # not UTF-8: nothing to keep whole
+        (b"\xff", 0),
+    ],
+)
+def test_partial_character(data: bytes, expected: int) -> None:
+    assert partial_character(data) == expected
+
+
+class TestRelay:
+    async def test_in_order_each_byte_once(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"hello ")
+        output.add_output("stdout", 0, b"hello ")  # sent again after a reconnect
+        output.add_output("stdout", 3, b"lo world")  # overlapping: only the new part counts
+        assert text(deliver(output)) == b"hello world"
+        assert (output.delivered, output.ack_position()) == (11, (11, 0))
+        with pytest.raises(ProtocolError, match="offset 20, expected 11"):
+            output.add_output("stdout", 20, b"x")
+
+    async def test_a_secret_split_across_frames_is_masked_and_not_acknowledged_early(self) -> None:
+        output = relay({"TOKEN": SECRET})
+        output.add_output("stdout", 0, b"key=" + SECRET[:5].encode())
+        assert text(deliver(output)) == b"key="
+        assert output.ack_position() == (4, 0)  # the masking holds the rest: the agent keeps it
+        output.add_output("stdout", 9, SECRET[5:].encode() + b"\n")
+        assert text(deliver(output)) == b"[REDACTED:TOKEN]\n"
+
+    async def test_trim_keeps_the_head_and_counts_the_rest(self) -> None:
+        """A caller left 3 MiB in flight; the session keeps 1 MiB: the head stays, the rest is one gap."""
+        output = relay()
+        for offset in range(0, 3 << 20, 256 << 10):
+            output.add_output("stdout", offset, b"x" * (256 << 10))
+        output.hold(1 << 20)
+        output.add_output("stdout", 3 << 20, b"y" * 1024)  # arrives while the agent is asked
+        assert text(deliver(output)) == b"x" * (1 << 20)  # a caller back already gets the head, no more
+        assert output.pending  # and waits for the answer
+        # The agent holds 1 MiB more than arrived: that is dropped too, and its frames are ignored.
+        assert output.trim(4 << 20) == 3 << 20
+        output.add_output("stdout", (3 << 20) + 1024, b"y" * 1024)  # on its way before the trim
+        assert (output.dropped_bytes, output.trimmed_bytes, output.received) == (3 << 20, 3 << 20, 4 << 20)
+        assert deliver(output) == [OutputDropped(dropped_bytes=3 << 20)]
+        assert output.ack_position() == (4 << 20, 0)  # the agent forgets the gap's bytes
+        output.add_gap(4 << 20, 500)  # the agent's own gap follows, told as usual
+        output.add_output("stdout", 4 << 20, b"after")
+        assert deliver(output) == [OutputDropped(dropped_bytes=500), OutputChunk(stream="stdout", data=b"after")]
+
+    async def test_trim_splits_a_frame_and_never_a_character(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, ("é" * 100).encode())  # 200 bytes in one frame
+        output.hold(51)  # 51 bytes would end inside the 26th character: 50 stay
+        assert output.trim(200) == 150
+        assert deliver(output) == [
+            OutputChunk(stream="stdout", data=("é" * 25).encode()),
+            OutputDropped(dropped_bytes=150),
+        ]
+
+    async def test_a_frame_ending_inside_a_character_leaves_it_to_the_gap(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"ab" + "€".encode()[:1])
+        output.add_output("stdout", 3, "€".encode()[1:] + b"cd")
+        output.hold(4)  # the head would end inside the euro sign, which began in the first frame
+        assert output.trim(7) == 5
+        assert deliver(output) == [OutputChunk(stream="stdout", data=b"ab"), OutputDropped(dropped_bytes=5)]
+
+    async def test_with_nothing_beyond_the_head_nothing_is_dropped(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"abc")
+        output.hold(1024)
+        output.add_output("stdout", 3, b"def")  # within the head: not held back
+        assert output.trim(6) == 0
+        assert text(deliver(output)) == b"abcdef"
+        output.hold(2)
+        output.add_output("stdout", 6, b"ghij")
+        assert text(deliver(output)) == b""  # what arrives while the agent is asked waits for its answer
+        output.release()  # the question could not be sent: what was held back goes
+        assert text(deliver(output)) == b"ghij"
+        assert output.dropped_bytes == 0
+
+    async def test_a_masked_frame_is_not_split(self) -> None:
+        """A frame whose bytes masking changed cannot be cut byte for byte: it goes into the gap whole."""
+        output = relay({"TOKEN": SECRET})
+        output.add_output("stdout", 0, b"a" * 10)
+        output.add_output("stdout", 10, SECRET.encode() + b"b" * 100)
+        output.hold(20)
+        assert output.trim(10 + len(SECRET) + 100) == len(SECRET) + 100
+        assert deliver(output) == [
+            OutputChunk(stream="stdout", data=b"a" * 10),
+            OutputDropped(dropped_bytes=len(SECRET) + 100),
+        ]
+
+    async def test_a_reconnect_before_the_trim_is_told_undoes_it(self) -> None:
+        """The agent sends again from its acknowledgement: what the trim dropped comes after all."""
+        output = relay()
+        output.add_output("stdout", 0, b"x" * 100)
+        output.hold(10)
+        assert output.trim(100) == 90
+        output.rewind(0)
+        assert (output.dropped_bytes, output.trimmed_bytes, output.received) == (0, 0, 0)
+        output.add_output("stdout", 0, b"x" * 100)
+        assert text(deliver(output)) == b"x" * 100
+
+    async def test_a_told_trim_stays(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"x" * 100)
+        output.hold(10)
+        output.trim(100)
+        deliver(output)
+        output.rewind(100)
+        assert (output.dropped_bytes, output.delivered) == (90, 100)
