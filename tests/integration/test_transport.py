@@ -175,6 +175,7 @@ c.recv(1)
 """
 
 
+OTHER_UID = 54321
 SYSTEM_PYTHON = "/usr/bin/python3"
 """A Python any user may run (the suite's own may sit in root's home)."""
 
@@ -182,10 +183,18 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 @contextlib.contextmanager
 def listener(path: Path, uid: int) -> Iterator[subprocess.Popen[str]]:
     with subprocess.Popen(
-        [SYSTEM_PYTHON, "-c", LISTENER, str(path)], stdout=subprocess.PIPE, text=True, user=uid
+        [SYSTEM_PYTHON, "-c", LISTENER, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        user=uid,
+        cwd="/",
     ) as process:
         try:
-            assert process.stdout is not None and process.stdout.readline() == "listening\n"
+            assert process.stdout is not None and process.stderr is not None
+            if process.stdout.readline() != "listening\n":
+                process.kill()
+                pytest.fail(f"the listener as uid {uid} did not start: {process.stderr.read()}")
             yield process
         finally:
             process.kill()
@@ -205,8 +214,9 @@ async def refused_unless_root(tmp_path: Path) -> None:
     tmp_path.chmod(0o777)  # and /tmp, unlike pytest's own, is open to every user
     backend = DockerBackend(docker_host="unix:///var/run/docker.sock", instance="unused")
     try:
-        with listener(tmp_path / "nobody.sock", 65534):
-            assert await backend.open_socket(str(tmp_path / "nobody.sock")) is None
+        # A uid no other test uses (the host agent and its commands run as nobody).
+        with listener(tmp_path / "other.sock", OTHER_UID):
+            assert await backend.open_socket(str(tmp_path / "other.sock")) is None
         with listener(tmp_path / "root.sock", 0):
             stream = await backend.open_socket(str(tmp_path / "root.sock"))
             assert stream is not None

@@ -23,6 +23,7 @@ from sandboxd.agent import (
     SessionChannel,
     SessionState,
     Welcome,
+    _Decoder,
     encode,
 )
 from sandboxd.models import ExecSpec, StopReason
@@ -100,6 +101,35 @@ async def _session(os_name: str = "linux") -> tuple[ProcessSession, PipeStream]:
     return session, backend.stream
 
 
+FRAMES = [
+    (b"o", 7, b"1" + bytes(8) + bytes(range(256)) * 300),
+    (b"x", 7, b'{"exit_code": 0}'),
+    (b"t", 9, b'{"end": 1}'),
+    (b"o", 9, b"2" + bytes(8) + b"last"),
+]
+"""Frames of two sessions, the first larger than any read below but the last."""
+
+
+class TestDecoder:
+    @pytest.mark.parametrize("piece", [1, 2, 3, 8, 9, 13, 4096, 65536, 1 << 20])
+    def test_frames_come_whole_however_the_bytes_are_cut(self, piece: int) -> None:
+        """Reads that end inside a header, a payload, or on a frame's edge give the same frames."""
+        stream = b"".join(encode(kind, channel, payload) for kind, channel, payload in FRAMES)
+        decoder = _Decoder()
+        frames = []
+        for start in range(0, len(stream), piece):
+            frames += decoder.feed(stream[start : start + piece])
+        assert frames == FRAMES
+        assert decoder.feed(b"") == []
+
+    def test_a_frame_too_large_is_refused_even_across_reads(self) -> None:
+        decoder = _Decoder()
+        header = struct.pack(">IcI", (1 << 20) + 6, b"o", 1)
+        assert decoder.feed(header[:3]) == []
+        with pytest.raises(ProtocolError, match="frame of 1048582 bytes"):
+            decoder.feed(header[3:])
+
+
 class TestReports:
     @pytest.mark.parametrize(
         "report",
@@ -122,6 +152,13 @@ class TestReports:
     def test_a_valid_exit_report_is_read(self) -> None:
         report = ExitReport.parse({"exit_code": 137, "signal": 9, "leftovers": 2, "end": 10, "dropped": 3})
         assert (report.exit_code, report.signal, report.leftovers, report.end, report.dropped) == (137, 9, 2, 10, 3)
+
+    def test_a_welcome_names_its_features(self) -> None:
+        """Features are read when listed (strings only); an older agent lists none."""
+        assert Welcome.parse(json.dumps(WELCOME).encode(), "ws-1").features == frozenset()
+        listed = json.dumps({**WELCOME, "features": ["tail", 3, {"x": 1}]}).encode()
+        assert Welcome.parse(listed, "ws-1").features == frozenset({"tail"})
+        assert Welcome.parse(json.dumps({**WELCOME, "features": "tail"}).encode(), "ws-1").features == frozenset()
 
     def test_a_welcome_of_another_protocol_is_refused(self) -> None:
         with pytest.raises(ProtocolError, match="protocol 2"):
