@@ -522,6 +522,11 @@ class _Decoder:
         return length, kind, channel
 
 
+def _present(path: str) -> bool:
+    """Whether anything is at ``path`` (a stat of a local tmpfs: it does not block)."""
+    return os.path.lexists(path)
+
+
 def encode(kind: bytes, channel: int, payload: bytes | Mapping[str, Any] = b"") -> bytes:
     """One frame."""
     body = payload if isinstance(payload, bytes) else json.dumps(payload, separators=(",", ":")).encode()
@@ -774,21 +779,22 @@ class AgentLink:
         if not self.socket_path or not _HOST_SOCKETS.get(self.runtime):
             return None
         deadline = time.monotonic() + LISTEN_WAIT_S
-        while (stream := await self.backend.open_socket(self.socket_path)) is None:
-            if time.monotonic() > deadline:
-                return None  # the bridge has the last word (and the error, if there is one)
-            await asyncio.sleep(0.005)  # a workspace just created: its agent may still be starting
+        while (stream := await self.backend.open_socket(self.socket_path, self.container_id)) is None:
+            # Only a socket not there yet is worth the wait (a workspace just created: its agent
+            # is starting). One there that does not answer as the agent is the bridge's to try.
+            if _present(self.socket_path) or time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.005)
         return stream
 
-    def _learn_host_sockets(self) -> bool:
-        """After a bridge's welcome (the agent listens): whether this host sees its socket."""
+    async def _learn_host_sockets(self) -> bool:
+        """After a bridge's welcome (the agent listens): whether the agent answers from this host."""
         if not self.socket_path or self.runtime in _HOST_SOCKETS:
             return False
-        try:
-            seen = os.path.exists(self.socket_path)
-        except OSError:
-            seen = False
-        _HOST_SOCKETS[self.runtime] = seen
+        probe = await self.backend.open_socket(self.socket_path, self.container_id)
+        if probe is not None:
+            await probe.close(discard_input=True)
+        _HOST_SOCKETS[self.runtime] = seen = probe is not None
         log.info("agent.host_sockets", runtime=self.runtime or "default", seen=seen)
         return seen
 
@@ -824,7 +830,7 @@ class AgentLink:
                 reason = str(exc)
             msg = f"workspace {self.workspace_id!r}'s agent cannot be reached: {reason}"
             raise AgentLost(msg) from None
-        if transport == "bridge" and self._learn_host_sockets():
+        if transport == "bridge" and await self._learn_host_sockets():
             # The first workspace of its runtime showed the host its socket: go straight to it.
             await stream.close(discard_input=True)
             return await self._open()

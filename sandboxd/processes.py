@@ -407,6 +407,8 @@ class ProcessSession:
         self._ack_step = max(1, min(_ACK_STEP_BYTES, self._buffer_bytes // 4))
         """An acknowledgement frees the agent's buffer: a small buffer needs them often."""
         self._pulling: asyncio.Task[None] | None = None
+        self._agent_dropped: int | None = None
+        """The agent's count of dropped bytes in its exit report."""
         self.spill_path = f"{SPILL_DIR}/{process_id}.out"
         """Where the whole output goes once it passes ``spec.spill_after_bytes``."""
         self.leftovers = 0
@@ -592,6 +594,8 @@ class ProcessSession:
     def on_exited(self, report: ExitReport) -> None:
         """The command ended (callers get it once its output is delivered)."""
         self.leftovers = report.leftovers
+        if self.exit is None:
+            self._agent_dropped = report.dropped
         if report.timed_out:
             self._requested.add(StopReason.TIMEOUT)
         self._finish(
@@ -624,6 +628,7 @@ class ProcessSession:
                 self._fail("the workspace's agent restarted while the command ran; the command and its output are lost")
             return
         self.output.rewind(state.ack)
+        self._count_trimmed()
         if state.exit is not None and self.exit is None:
             self.on_exited(state.exit)
         self._schedule_pull()
@@ -645,10 +650,15 @@ class ProcessSession:
     def on_tail(self, end: int) -> None:
         """Where the agent's held output ends, asked when the last caller left: more than the session keeps is cut."""
         dropped = self.output.trim(end)
-        if dropped and self.exit is not None:
-            self.exit = dataclasses.replace(self.exit, dropped_bytes=self.exit.dropped_bytes + dropped)
+        self._count_trimmed()
         if dropped:
             log.info("process.output_trimmed", process_id=self.process_id, dropped_bytes=dropped)
+
+    def _count_trimmed(self) -> None:
+        """The exit's dropped count: the agent's, and what trims dropped since (undone by a rewind)."""
+        if self.exit is not None and self._agent_dropped is not None:
+            total = self._agent_dropped + self.output.trimmed_bytes
+            self.exit = dataclasses.replace(self.exit, dropped_bytes=total)
 
     def _schedule_pull(self) -> None:
         if self._pulling is None or self._pulling.done():

@@ -48,6 +48,9 @@ class Piece:
     """Every output byte before this offset is accounted for once this piece is delivered."""
     gap: int = 0
     """For a gap: its whole size at ``raw_end`` (acknowledged with it)."""
+    start: int = -1
+    """For a chunk that is the agent's bytes one for one (nothing masked, nothing held back
+    around it): the offset of its first byte; else -1 (it cannot be cut by offset)."""
 
 
 _Pieces = collections.deque[Piece]
@@ -67,12 +70,11 @@ def _split(pieces: _Pieces, cut: int, limit: int) -> tuple[_Pieces, _Pieces, int
         cut = max(cut, piece.raw_end)
     first = rest[0] if rest else None
     event = first.event if first is not None else None
-    if first is not None and isinstance(event, OutputChunk) and len(event.data) == first.raw_end - cut:
-        size = limit - cut  # unmasked bytes, one for one: the head takes what fits of them
-        if size > 0:
-            head.append(Piece(OutputChunk(stream=event.stream, data=event.data[:size]), raw_end=cut + size))
-            rest[0] = Piece(OutputChunk(stream=event.stream, data=event.data[size:]), raw_end=first.raw_end)
-            cut += size
+    if first is not None and isinstance(event, OutputChunk) and first.start >= 0 and limit > first.start:
+        size = limit - first.start  # the agent's bytes one for one: the head takes what fits of them
+        head.append(Piece(OutputChunk(stream=event.stream, data=event.data[:size]), raw_end=limit, start=first.start))
+        rest[0] = Piece(OutputChunk(stream=event.stream, data=event.data[size:]), raw_end=first.raw_end, start=limit)
+        cut = limit
     tail, stream = b"", head[-1].event.stream if head and isinstance(head[-1].event, OutputChunk) else ""
     for piece in reversed(head):
         last = piece.event
@@ -87,8 +89,15 @@ def _split(pieces: _Pieces, cut: int, limit: int) -> tuple[_Pieces, _Pieces, int
             partial -= len(last.data)
             cut = head[-1].raw_end if head else start
             continue
-        head.append(Piece(OutputChunk(stream=last.stream, data=last.data[:-partial]), raw_end=piece.raw_end - partial))
-        rest.appendleft(Piece(OutputChunk(stream=last.stream, data=last.data[-partial:]), raw_end=piece.raw_end))
+        end = piece.raw_end - partial
+        head.append(Piece(OutputChunk(stream=last.stream, data=last.data[:-partial]), raw_end=end, start=piece.start))
+        rest.appendleft(
+            Piece(
+                OutputChunk(stream=last.stream, data=last.data[-partial:]),
+                raw_end=piece.raw_end,
+                start=end if piece.start >= 0 else -1,
+            )
+        )
         cut, partial = piece.raw_end - partial, 0
     return head, rest, cut
 
@@ -128,6 +137,8 @@ class OutputRelay:
         self._holding: tuple[int, int] | None = None
         """While :meth:`hold` keeps the rest back: where the head ends so far, and where it must end."""
         self._held_back: collections.deque[Piece] = collections.deque()
+        self._hold_next: int | None = None
+        """A hold asked for while one waits for its answer: it begins when that one is settled."""
         self._closed = False
 
     def resume(self, ack: int, ack_gap: int) -> None:
@@ -149,11 +160,16 @@ class OutputRelay:
         data = data[self.received - offset :]
         self.received += len(data)
         redactor = self._redactors[stream]
+        held_before = self._held_from[stream] is not None
         masked = redactor.feed(data)
         self._held_from[stream] = self.received - redactor.held if redactor.held else None
         if masked:
             # Bytes the masking holds back are not in this chunk: delivering it does not cover them.
-            self._append(Piece(OutputChunk(stream=stream, data=masked), raw_end=self.received - redactor.held))
+            exact = not held_before and not redactor.held and len(masked) == len(data)
+            start = self.received - len(data) if exact else -1
+            self._append(
+                Piece(OutputChunk(stream=stream, data=masked), raw_end=self.received - redactor.held, start=start)
+            )
         self._check_complete()
 
     def add_gap(self, offset: int, total: int) -> None:
@@ -199,11 +215,17 @@ class OutputRelay:
 
         Until :meth:`trim` is told where the agent's output ends, a caller gets only the head:
         ``keep`` bytes at most from where the caller left, ending on a whole UTF-8 character
-        (pieces that masking changed are kept or held back whole).
+        (pieces that masking changed are kept or held back whole). A caller that leaves again
+        before the answer gets its own hold once the first is settled (its answer comes next).
         """
-        if self._closed or self._holding is not None:
+        if self._closed:
             return
-        limit = self.delivered + keep
+        if self._holding is not None:
+            self._hold_next = keep
+            return
+        # After a gap of a trim not yet taken, the head begins past it (it is told first).
+        base = max(self.delivered, self._trim[0] if self._trim is not None else 0)
+        limit = base + keep
         self._pieces, self._held_back, cut = _split(self._pieces, self.delivered, limit)
         self._holding = (cut, limit)
 
@@ -216,6 +238,13 @@ class OutputRelay:
         keep the head, count the rest). When it all fits in the head, what was held back is
         let go to callers. Returns the bytes dropped.
         """
+        dropped = self._settle(end)
+        if self._hold_next is not None and self._holding is None:
+            keep, self._hold_next = self._hold_next, None
+            self.hold(keep)
+        return dropped
+
+    def _settle(self, end: int) -> int:
         holding, self._holding = self._holding, None
         back, self._held_back = self._held_back, collections.deque()
         if holding is None:
@@ -226,15 +255,23 @@ class OutputRelay:
             if back:
                 self.changed.set()
             return 0
-        more, _, cut = _split(back, cut, limit)
+        more, rest, cut = _split(back, cut, limit)
         self._pieces.extend(more)
-        dropped = end - cut
-        self._pieces.append(Piece(OutputDropped(dropped_bytes=dropped), raw_end=end))
-        self.received = end  # what is still on its way is in the gap: taken as sent again
-        for redactor in self._redactors.values():
-            redactor.flush()  # what the masking held is in the gap too
+        for stream, redactor in self._redactors.items():
+            # What the masking holds from before the cut is the head's; the rest is in the gap.
+            held, start = redactor.flush(), self._held_from[stream]
+            if held and start is not None and start < cut:
+                kept = held[: cut - start]
+                self._pieces.append(Piece(OutputChunk(stream=stream, data=kept), raw_end=start + len(kept)))
         self._held_from = dict.fromkeys(self._redactors)
-        self._gap_at, self._gap_seen = -1, 0
+        # The agent's own gaps in what goes: inside the cut, told with it; at its end, told after it.
+        inside = sum(p.event.dropped_bytes for p in rest if isinstance(p.event, OutputDropped) and p.raw_end < end)
+        after = [p for p in rest if isinstance(p.event, OutputDropped) and p.raw_end >= end]
+        dropped = end - cut
+        self._pieces.append(Piece(OutputDropped(dropped_bytes=dropped + inside), raw_end=end))
+        self._pieces.extend(after)
+        self._gap_at, self._gap_seen = (end, after[-1].gap) if after else (-1, 0)
+        self.received = end  # what is still on its way is in the gap: taken as sent again
         self.dropped_bytes += dropped
         self.trimmed_bytes += dropped
         self._trim = (end, dropped)
@@ -249,6 +286,8 @@ class OutputRelay:
     def close(self) -> None:
         """No more output will come (the session failed): what is here is all callers get."""
         self._closed = self.complete = True
+        self._hold_next = None
+        self._settle(-1)  # no answer will come to a hold: what it held back goes too
         self.changed.set()
 
     def rewind(self, ack: int) -> None:
@@ -260,7 +299,7 @@ class OutputRelay:
             self.dropped_bytes -= self._trim[1]
             self.trimmed_bytes -= self._trim[1]
             self._trim = None
-        self._holding, self._held_back = None, collections.deque()
+        self._holding, self._held_back, self._hold_next = None, collections.deque(), None
         self._pieces.clear()
         self.received = max(self.delivered, ack)
         self._gap_at, self._gap_seen = -1, 0

@@ -244,12 +244,12 @@ class Backend(Protocol):
         """Run ``argv`` to completion and return ``(exit_code, stdout + stderr)`` (``container_id`` as above)."""
         ...
 
-    async def open_socket(self, host_path: str) -> ExecStream | None:
-        """Connect straight to a Unix socket a container listens on, at its host path.
+    async def open_socket(self, host_path: str, container_id: str) -> ExecStream | None:
+        """Connect straight to a Unix socket the container's root listens on, at its host path.
 
         The stream's reads are all fd 1; it has no exit code. None when the engine is not on
-        this machine, nothing listens there (yet), or the listener is not root: callers then
-        go through :meth:`exec_stream`.
+        this machine, nothing listens there (yet), or what listens is not the container's
+        root: callers then go through :meth:`exec_stream`.
         """
         ...
 

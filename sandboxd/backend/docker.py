@@ -354,6 +354,9 @@ class DockerBackend:
                     target=path,
                     source=None,
                     type="volume",
+                    # Nothing of the image's own directory there: Docker would copy it in and
+                    # hand the volume to that directory's owner.
+                    no_copy=True,
                     labels=private_labels,
                     driver_config=DriverConfig("local", _PRIVATE_DIR_OPTIONS),
                 )
@@ -630,24 +633,26 @@ class DockerBackend:
         msg = f"Docker engine address {self.docker_host!r}: only unix:// and tcp:// are supported for exec streams"
         raise DockerUnavailableError(msg)
 
-    async def open_socket(self, host_path: str) -> UnixSocketStream | None:
-        """Connect to a root-owned Unix socket of a container at its host path (see Backend).
+    async def open_socket(self, host_path: str, container_id: str) -> UnixSocketStream | None:
+        """Connect to a Unix socket of a container's root at its host path (see Backend).
 
-        Only with an engine on a Unix socket, the one way to be on its machine; a container's
-        root is the host's root under runc and gVisor (no user namespace), so the listener
-        must be uid 0 (a socket of anyone else is not the agent's).
+        Only with an engine on a Unix socket, the one way to be on its machine. The path is
+        the container's to change (a symlink its root plants there is followed here, on the
+        host), so what answers must prove to be of ``container_id``: a listener of uid 0 (a
+        container's root is the host's under runc and gVisor, no user namespace) whose
+        process is in the container's cgroup (the agent under runc, gVisor's gofer for it).
         """
-        if urlparse(self.docker_host).scheme != "unix":
+        if urlparse(self.docker_host).scheme != "unix" or not container_id:
             return None
         try:
             reader, writer = await asyncio.open_unix_connection(host_path, limit=_STREAM_LIMIT)
         except (OSError, ValueError):
             return None  # not there (yet), not ours to enter, or a path too long for a socket address
         peer = writer.get_extra_info("socket")
-        _pid, uid, _gid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        if uid != 0:
+        pid, uid, _gid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != 0 or not _in_container(pid, container_id):
             writer.close()
-            log.warning("backend.socket_not_root", path=host_path, uid=uid)
+            log.warning("backend.socket_not_the_containers", path=host_path, uid=uid, pid=pid)
             return None
         return UnixSocketStream(reader, writer)
 
@@ -734,6 +739,21 @@ class UnixSocketStream(_Connection):
     async def exit_code(self) -> int | None:
         """Always None: a socket has no exit code (its end is its end of stream)."""
         return None
+
+
+def _in_container(pid: int, container_id: str) -> bool:
+    """Whether process ``pid`` (as this machine numbers it) is in the container's cgroup.
+
+    Docker names a container's cgroup after its full id, under either cgroup driver and
+    version. False when the process cannot be seen (a daemon in a pid namespace of its own).
+    """
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/cgroup") as groups:
+            return container_id in groups.read()
+    except OSError:
+        return False
 
 
 def _reason(exc: BaseException) -> str:

@@ -137,14 +137,14 @@ async def test_a_host_that_does_not_see_a_runtimes_sockets_is_learnt_once(client
             await link.connect()
             assert link.transport == "bridge"
             await link.close()
-        assert backend.tried == 0  # the first learnt it after its welcome; the second did not try
+        assert backend.tried == 1  # the first tried once its welcome came; the second did not try
         seen = f"seen-{secrets.token_hex(3)}"
         for _ in range(2):
             links.append(link := AgentLink(backend, ws.workspace_id, container, socket_path=str(path), runtime=seen))
             await link.connect()
             assert link.transport == "socket"  # the first moved to the socket once the agent answered
             await link.close()
-        assert backend.tried == 2
+        assert backend.tried == 4  # the first: tried after its welcome, then moved; the second went straight
         assert (await ws.exec("echo still").wait()).stdout == "still\n"  # the daemon's own link is back
     finally:
         for link in links:
@@ -158,9 +158,9 @@ class Counting(DockerBackend):
 
     tried = 0
 
-    async def open_socket(self, host_path: str):  # type: ignore[no-untyped-def]
+    async def open_socket(self, host_path: str, container_id: str):  # type: ignore[no-untyped-def]
         self.tried += 1
-        return await super().open_socket(host_path)
+        return await super().open_socket(host_path, container_id)
 
 
 LISTENER = """
@@ -204,28 +204,35 @@ def listener(path: Path, uid: int) -> Iterator[subprocess.Popen[str]]:
     os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
     reason="needs root, and a system python3, to listen as another user",
 )
-async def test_a_socket_that_is_not_roots_is_not_the_agent() -> None:
-    """A listener of any other uid at the path is refused (the bridge would be taken instead)."""
-    with tempfile.TemporaryDirectory(prefix="sandboxd-transport-", dir="/tmp") as shared:
-        await refused_unless_root(Path(shared))
+async def test_only_the_containers_root_is_taken_for_its_agent(client, docker_client) -> None:
+    """The path is the container's to change; what answers there must be of the container.
 
-
-async def refused_unless_root(tmp_path: Path) -> None:
-    tmp_path.chmod(0o777)  # and /tmp, unlike pytest's own, is open to every user
+    A workspace whose user is root plants a symlink to the host's Docker socket (followed on
+    the host, where the daemon connects): refused, like a socket of another uid or a root one
+    of the host, or the agent's own asked for as another container's.
+    """
+    ws = await client.create_workspace(user="0:0", labels={"test": "transport-forged"})
     backend = DockerBackend(docker_host="unix:///var/run/docker.sock", instance="unused")
     try:
-        # A uid no other test uses (the host agent and its commands run as nobody).
-        with listener(tmp_path / "other.sock", OTHER_UID):
-            assert await backend.open_socket(str(tmp_path / "other.sock")) is None
-        with listener(tmp_path / "root.sock", 0):
-            stream = await backend.open_socket(str(tmp_path / "root.sock"))
-            assert stream is not None
-            assert await stream.read() == (1, b"hello")
-            assert await stream.exit_code() is None
-            await stream.close()
-        assert await backend.open_socket(str(tmp_path / "gone.sock")) is None
-        assert await backend.open_socket(str(tmp_path / ("x" * 200))) is None  # too long for an address
+        container, path = agent_socket(docker_client, ws.workspace_id)
+        stream = await backend.open_socket(str(path), container)
+        assert stream is not None
+        await stream.close(discard_input=True)
+        assert await backend.open_socket(str(path), "0" * 64) is None
+        with tempfile.TemporaryDirectory(prefix="sandboxd-transport-", dir="/tmp") as shared:
+            Path(shared).chmod(0o777)  # and /tmp, unlike pytest's own, is open to every user
+            # A uid no other test uses (the host agent and its commands run as nobody).
+            for name, uid in (("other.sock", OTHER_UID), ("root.sock", 0)):
+                with listener(Path(shared) / name, uid):
+                    assert await backend.open_socket(str(Path(shared) / name), container) is None
+        planted = await ws.exec("ln -sf /var/run/docker.sock /run/sandboxd/agent.sock && echo planted").wait()
+        assert planted.stdout == "planted\n"
+        assert path.is_symlink()
+        assert await backend.open_socket(str(path), container) is None
+        assert await backend.open_socket(str(path.parent / "gone.sock"), container) is None
+        assert await backend.open_socket(str(path.parent / ("x" * 200)), container) is None  # too long
         remote = DockerBackend(docker_host="tcp://127.0.0.1:1", instance="unused")
-        assert await remote.open_socket(str(tmp_path / "root.sock")) is None  # not on the engine's machine
+        assert await remote.open_socket(str(path), container) is None  # not on the engine's machine
     finally:
         await backend.close()
+        await ws.delete()

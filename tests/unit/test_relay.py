@@ -148,3 +148,56 @@ class TestRelay:
         deliver(output)
         output.rewind(100)
         assert (output.dropped_bytes, output.delivered) == (90, 100)
+
+    async def test_a_session_that_fails_while_holding_gives_what_it_held(self) -> None:
+        """No answer will come: nothing stays held back, and the end is not kept waiting."""
+        output = relay()
+        output.add_output("stdout", 0, b"x" * 100)
+        output.hold(10)
+        output.close()
+        assert text(deliver(output)) == b"x" * 100
+        assert (output.pending, output.complete) == (False, True)
+
+    async def test_the_agents_own_gap_at_the_end_is_told_after_the_trim_once(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"x" * 100)
+        output.hold(10)
+        output.add_gap(100, 40)  # the agent started dropping before it answered
+        assert output.trim(100) == 90
+        assert deliver(output) == [
+            OutputChunk(stream="stdout", data=b"x" * 10),
+            OutputDropped(dropped_bytes=90),
+            OutputDropped(dropped_bytes=40),
+        ]
+        assert output.ack_position() == (100, 40)
+        output.add_gap(100, 40)  # told again: nothing new
+        output.add_gap(100, 55)  # grown: only the growth
+        assert deliver(output) == [OutputDropped(dropped_bytes=15)]
+        assert output.dropped_bytes == 90 + 55
+
+    async def test_a_caller_that_leaves_again_before_the_answer_gets_its_own_hold(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"a" * 100)
+        output.hold(10)
+        assert text(deliver(output)) == b"a" * 10  # a second caller, back at once
+        output.hold(10)  # ... and gone again
+        assert output.trim(100) == 90
+        deliver(output)
+        output.add_output("stdout", 100, b"b" * 100)  # what it left after the first answer
+        assert output.trim(200) == 90  # the second answer
+        assert deliver(output) == [OutputChunk(stream="stdout", data=b"b" * 10), OutputDropped(dropped_bytes=90)]
+
+    async def test_what_the_masking_holds_before_the_cut_is_kept(self) -> None:
+        """stderr's held-back start of a would-be secret lies in the head: it is delivered, not lost."""
+        output = relay({"TOKEN": SECRET})
+        output.add_output("stderr", 0, b"e" + SECRET[:4].encode())  # "hunt" held: it may be the secret
+        output.add_output("stdout", 5, b"o" * 100)
+        output.hold(20)
+        assert output.trim(105) == 85
+        events = deliver(output)
+        assert events[-1] == OutputDropped(dropped_bytes=85)
+        assert [(e.stream, e.data) for e in events[:-1] if isinstance(e, OutputChunk)] == [
+            ("stderr", b"e"),
+            ("stdout", b"o" * 15),
+            ("stderr", SECRET[:4].encode()),
+        ]

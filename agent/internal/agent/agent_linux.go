@@ -192,6 +192,13 @@ func (a *Agent) Serve() error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("socket directory: %w", err)
 	}
+	if os.Getuid() == 0 {
+		// Root's alone, whoever the image made its owner: nobody else may enter it, or put
+		// a socket of their own (or a link to one) where the daemon looks for the agent's.
+		if err := os.Lchown(dir, 0, 0); err != nil {
+			return fmt.Errorf("socket directory: %w", err)
+		}
+	}
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return fmt.Errorf("socket directory: %w", err)
 	}
