@@ -103,7 +103,16 @@ func receive(ctl *os.File) (Request, error) {
 	var req Request
 	var header [4]byte
 	oob := make([]byte, syscall.CmsgSpace(4*maxHanded))
-	n, oobn, flags, _, err := syscall.Recvmsg(int(ctl.Fd()), header[:], oob, syscall.MSG_CMSG_CLOEXEC)
+	var n, oobn, flags int
+	var err error
+	for {
+		// An idle helper waits here for as long as it takes: a signal (the Go runtime's
+		// own preemption among them) must not end its wait.
+		n, oobn, flags, _, err = syscall.Recvmsg(int(ctl.Fd()), header[:], oob, syscall.MSG_CMSG_CLOEXEC)
+		if err != syscall.EINTR {
+			break
+		}
+	}
 	if err != nil {
 		return req, err
 	}
@@ -587,8 +596,12 @@ func sendRights(ctl *os.File, data []byte, fds []int) error {
 	}
 	var sendErr error
 	err = raw.Write(func(fd uintptr) bool {
-		sendErr = syscall.Sendmsg(int(fd), data, syscall.UnixRights(fds...), nil, syscall.MSG_NOSIGNAL)
-		return sendErr != syscall.EAGAIN
+		for {
+			sendErr = syscall.Sendmsg(int(fd), data, syscall.UnixRights(fds...), nil, syscall.MSG_NOSIGNAL)
+			if sendErr != syscall.EINTR {
+				return sendErr != syscall.EAGAIN
+			}
+		}
 	})
 	if err != nil {
 		return err
