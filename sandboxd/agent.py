@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import json
 import os
@@ -837,7 +838,11 @@ class AgentLink:
         self._stream, self.welcome, self.transport = stream, welcome, transport
         known = [s.channel for s in welcome.sessions]
         self._next_channel = max([self._next_channel, *(c + 1 for c in known)])
-        self._reader = asyncio.create_task(self._read(stream, decoder, pending), name=f"agent-{self.workspace_id}")
+        # The link outlives the call that opened it: its reader (and what it starts) logs as the
+        # workspace's, not as that call (a fresh context, not a copy of the call's).
+        self._reader = asyncio.create_task(
+            self._read(stream, decoder, pending), name=f"agent-{self.workspace_id}", context=contextvars.Context()
+        )
         log.info(
             "agent.connected",
             workspace_id=self.workspace_id,
@@ -874,6 +879,7 @@ class AgentLink:
         raise ProtocolError(msg)
 
     async def _read(self, stream: ExecStream, decoder: _Decoder, pending: list[tuple[bytes, int, bytes]]) -> None:
+        structlog.contextvars.bind_contextvars(workspace_id=self.workspace_id)
         watch = asyncio.create_task(self._watch(stream), name=f"agent-{self.workspace_id}-watch")
         try:
             for frame in pending:

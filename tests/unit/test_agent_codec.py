@@ -15,6 +15,7 @@ import struct
 from typing import Any
 
 import pytest
+import structlog
 
 from sandboxd.agent import (
     AgentLink,
@@ -196,6 +197,22 @@ class TestSessionFrames:
         assert session.exit is not None
         assert (session.exit.stop_reason, session.exit.exit_code) == (StopReason.FAILED, 255)
         assert message in session.exit.message
+
+    async def test_the_links_reader_logs_as_the_workspace_not_as_the_call_that_opened_it(self) -> None:
+        """Frames of later calls are handled by the link's reader: it carries no call's log context."""
+        structlog.contextvars.bind_contextvars(rpc="/sandboxd.v1.WorkspaceService/CreateWorkspace", request_id="r1")
+        try:
+            session, stream = await _session()  # the link opens within that call
+        finally:
+            structlog.contextvars.clear_contextvars()
+        assert session.channel is not None
+        seen: list[dict[str, Any]] = []
+        session.on_output = lambda *_: seen.append(structlog.contextvars.get_contextvars())  # type: ignore[method-assign]
+        stream.feed(encode(b"o", session.channel.number, b"1" + bytes(8) + b"hi"))
+        async with asyncio.timeout(5):
+            while not seen:
+                await asyncio.sleep(0.01)
+        assert seen == [{"workspace_id": "ws-1"}]
 
     async def test_output_then_exit_in_order(self) -> None:
         session, _ = await _session()
