@@ -76,9 +76,6 @@ BRIDGE_CHECK_S = 2.0
 """Silence on a link with calls waiting after which the engine is asked if the bridge still runs."""
 LISTEN_WAIT_S = 10.0
 """How long a direct connection waits for a starting agent to listen (the bridge waits as long)."""
-_HOST_SOCKETS: dict[str, bool] = {}
-"""Whether the host sees the sockets of a runtime's containers, learnt by its first workspace:
-runc's always, gVisor's with ``--host-uds=create``, a virtual machine's never."""
 FILE_OUTPUT_WINDOW_BYTES = 256 * 1024
 """File-operation output the agent sends beyond the daemon's acknowledgement (PROTOCOL.md)."""
 FILE_INPUT_WINDOW_BYTES = 1 << 20
@@ -730,10 +727,20 @@ class AgentLink:
         container_id: its container (calls go to exactly it).
         socket_path: the agent's socket as the engine's host sees it; empty: the bridge only.
         runtime: the container's runtime (what the host sees of it is learnt per runtime).
+        host_sockets: the runtimes whose containers' sockets this host is known to see, shared
+            by the links of one engine: runc's always, gVisor's with ``--host-uds=create``, a
+            virtual machine's never. A link adds its runtime once its agent answered there.
     """
 
     def __init__(
-        self, backend: Backend, workspace_id: str, container_id: str, *, socket_path: str = "", runtime: str = ""
+        self,
+        backend: Backend,
+        workspace_id: str,
+        container_id: str,
+        *,
+        socket_path: str = "",
+        runtime: str = "",
+        host_sockets: set[str] | None = None,
     ) -> None:
         """Prepare a link; :meth:`connect` (or the first send) opens it."""
         self.backend = backend
@@ -741,6 +748,7 @@ class AgentLink:
         self.container_id = container_id
         self.socket_path = socket_path
         self.runtime = runtime
+        self.host_sockets = host_sockets if host_sockets is not None else set()
         self.transport = ""
         """How the current connection goes: ``socket`` or ``bridge`` (empty before the first)."""
         self.welcome: Welcome | None = None
@@ -777,7 +785,7 @@ class AgentLink:
 
     async def _direct(self) -> ExecStream | None:
         """A connection to the agent's socket from the host, when the host is known to see it."""
-        if not self.socket_path or not _HOST_SOCKETS.get(self.runtime):
+        if not self.socket_path or self.runtime not in self.host_sockets:
             return None
         deadline = time.monotonic() + LISTEN_WAIT_S
         while (stream := await self.backend.open_socket(self.socket_path, self.container_id)) is None:
@@ -789,15 +797,21 @@ class AgentLink:
         return stream
 
     async def _learn_host_sockets(self) -> bool:
-        """After a bridge's welcome (the agent listens): whether the agent answers from this host."""
-        if not self.socket_path or self.runtime in _HOST_SOCKETS:
+        """After a bridge's welcome (the agent listens): whether the agent answers from this host.
+
+        Only a yes is kept for the runtime. A no is this workspace's alone (a workspace whose
+        root planted something at the path, an agent restarting): the next link asks again,
+        at the cost of one connect.
+        """
+        if not self.socket_path or self.runtime in self.host_sockets:
             return False
         probe = await self.backend.open_socket(self.socket_path, self.container_id)
-        if probe is not None:
-            await probe.close(discard_input=True)
-        _HOST_SOCKETS[self.runtime] = seen = probe is not None
-        log.info("agent.host_sockets", runtime=self.runtime or "default", seen=seen)
-        return seen
+        if probe is None:
+            return False
+        await probe.close(discard_input=True)
+        self.host_sockets.add(self.runtime)
+        log.info("agent.host_sockets", runtime=self.runtime or "default")
+        return True
 
     async def _open(self) -> Welcome:
         stream = await self._direct()

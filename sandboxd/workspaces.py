@@ -324,6 +324,8 @@ class WorkspaceManager:
         self._creating_ids: set[str] = set()
         self._id_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._started = time.monotonic()
+        self._host_sockets: set[str] = set()
+        """Runtimes whose agents answered on their host socket (:class:`AgentLink`)."""
 
     def touch(self, workspace_id: str) -> None:
         """Note a call on the workspace (its idle TTL starts again)."""
@@ -786,6 +788,7 @@ class WorkspaceManager:
             info.container_id,
             socket_path=posixpath.join(socket_dir, AGENT_SOCKET_NAME) if socket_dir else "",
             runtime=info.runtime,
+            host_sockets=self._host_sockets,
         )
         context = ExecContext(
             workspace_id=info.workspace_id,

@@ -117,34 +117,39 @@ async def test_through_the_bridge_the_same_calls_work(bridged, runtime: str, req
         await ws.delete()
 
 
-async def test_a_host_that_does_not_see_a_runtimes_sockets_is_learnt_once(client, docker_client) -> None:
-    """The first link of a runtime whose sockets the host cannot see goes through the bridge and remembers it.
+async def test_what_the_host_sees_of_a_runtime_is_learnt_from_a_yes_only(client, docker_client) -> None:
+    """Each link of a runtime not yet seen asks once, after its bridge's welcome; only a yes is kept.
 
-    (A runtime is played here by a fresh runtime name and a socket path that does not exist.)
+    A no may be one workspace's own doing (its root planted something at the path): it must not
+    send every later workspace of that runtime through the bridge. (A runtime is played here by
+    a fresh runtime name, a "no" by a socket path that does not exist.)
     """
     ws = await client.create_workspace(labels={"test": "transport-learn"})
     container, path = agent_socket(docker_client, ws.workspace_id)
     backend = Counting(docker_host="unix:///var/run/docker.sock", instance="unused")
+    seen: set[str] = set()
     links: list[AgentLink] = []
-    try:
-        unseen = f"unseen-{secrets.token_hex(3)}"
-        for _ in range(2):
-            links.append(
-                link := AgentLink(
-                    backend, ws.workspace_id, container, socket_path="/nonexistent/agent.sock", runtime=unseen
-                )
+    runtime = f"learnt-{secrets.token_hex(3)}"
+
+    async def link_through(socket_path: str) -> str:
+        links.append(
+            link := AgentLink(
+                backend, ws.workspace_id, container, socket_path=socket_path, runtime=runtime, host_sockets=seen
             )
-            await link.connect()
-            assert link.transport == "bridge"
-            await link.close()
-        assert backend.tried == 1  # the first tried once its welcome came; the second did not try
-        seen = f"seen-{secrets.token_hex(3)}"
-        for _ in range(2):
-            links.append(link := AgentLink(backend, ws.workspace_id, container, socket_path=str(path), runtime=seen))
-            await link.connect()
-            assert link.transport == "socket"  # the first moved to the socket once the agent answered
-            await link.close()
-        assert backend.tried == 4  # the first: tried after its welcome, then moved; the second went straight
+        )
+        await link.connect()
+        transport = link.transport
+        await link.close()
+        return transport
+
+    try:
+        for tried in (1, 2):
+            assert await link_through("/nonexistent/agent.sock") == "bridge"
+            assert (backend.tried, seen) == (tried, set())  # asked after its welcome; the no is not kept
+        assert await link_through(str(path)) == "socket"  # asked after its welcome, then connected there
+        assert (backend.tried, seen) == (4, {runtime})
+        assert await link_through(str(path)) == "socket"  # straight there: one attempt
+        assert backend.tried == 5
         assert (await ws.exec("echo still").wait()).stdout == "still\n"  # the daemon's own link is back
     finally:
         for link in links:
