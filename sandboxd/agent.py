@@ -74,6 +74,8 @@ RECONNECT_ATTEMPTS = 40
 """Attempts before a link gives up until the next call (about 70 s: a container restart fits)."""
 BRIDGE_CHECK_S = 2.0
 """Silence on a link with calls waiting after which the engine is asked if the bridge still runs."""
+FREEZE_TIMEOUT_S = 5.0
+"""How long the agent may take to answer a freeze (it answers at once unless it is stuck)."""
 LISTEN_WAIT_S = 10.0
 """How long a direct connection waits for a starting agent to listen (the bridge waits as long)."""
 FILE_OUTPUT_WINDOW_BYTES = 256 * 1024
@@ -106,6 +108,7 @@ class _Kind:
     FILE_DATA = b"B"
     FILE_END = b"E"
     FILE_ACK = b"A"
+    FREEZE = b"Z"
     WELCOME = b"w"
     STARTED = b"s"
     FAILED = b"f"
@@ -117,6 +120,7 @@ class _Kind:
     FILE_OUT = b"b"
     RESULT = b"r"
     ERROR = b"e"
+    FROZEN = b"z"
 
 
 class ProtocolError(SandboxdError):
@@ -368,7 +372,9 @@ class Welcome:
     pid: int
     sessions: tuple[SessionState, ...]
     features: frozenset[str] = frozenset()
-    """What the agent does beyond the protocol's first release (PROTOCOL.md): ``tail``."""
+    """What the agent does beyond the protocol's first release (PROTOCOL.md): ``tail``, ``freeze``."""
+    frozen: bool = False
+    """Whether its timers stand still (a pause the daemon has not yet ended with a thaw)."""
 
     @classmethod
     def parse(cls, payload: bytes, workspace_id: str) -> Welcome:
@@ -394,6 +400,7 @@ class Welcome:
             pid=_int(body, "pid", 0, _U31, default=0),
             sessions=tuple(sessions),
             features=features,
+            frozen=body.get("frozen") is True,
         )
 
 
@@ -761,6 +768,8 @@ class AgentLink:
         self._write_lock = asyncio.Lock()
         self._closed = False
         self._heard_at = 0.0
+        self._freeze_lock = asyncio.Lock()
+        self._frozen_answer: asyncio.Future[bool] | None = None
         self.on_welcome: Callable[[Welcome], None] | None = None
         """Told of every new connection's welcome (the daemon adopts sessions from it)."""
 
@@ -936,7 +945,14 @@ class AgentLink:
 
     def _dispatch(self, kind: bytes, channel: int, payload: bytes) -> None:
         if channel == 0:
-            if kind == _Kind.ERROR:
+            if kind == _Kind.FROZEN:
+                answer = self._frozen_answer
+                if answer is not None and not answer.done():
+                    try:
+                        answer.set_result(_json_object(payload, "frozen").get("frozen") is True)
+                    except ProtocolError as exc:
+                        answer.set_exception(exc)
+            elif kind == _Kind.ERROR:
                 log.warning(
                     "agent.error", workspace_id=self.workspace_id, payload=payload[:500].decode("utf-8", "replace")
                 )
@@ -992,6 +1008,34 @@ class AgentLink:
             except (OSError, ConnectionError) as exc:
                 msg = f"workspace {self.workspace_id!r}'s agent connection broke: {exc}"
                 raise AgentLost(msg) from None
+
+    async def freeze(self, frozen: bool) -> None:
+        """Stop (``frozen``) or restart every timeout and kill grace of the agent's sessions.
+
+        Said before the workspace is paused and after it is resumed, so that the time it
+        stood frozen counts toward no command's timeout (PROTOCOL.md, ``Z``). Nothing with
+        an agent that lacks the ``freeze`` feature.
+
+        Raises:
+            AgentLost: the agent cannot be reached, or did not answer within ``FREEZE_TIMEOUT_S``.
+        """
+        welcome = await self.connect()
+        if "freeze" not in welcome.features:
+            return
+        async with self._freeze_lock:
+            self._frozen_answer = answer = asyncio.get_running_loop().create_future()
+            try:
+                await self._send(_Kind.FREEZE, 0, {"frozen": frozen})
+                async with asyncio.timeout(FREEZE_TIMEOUT_S):
+                    said = await answer
+            except TimeoutError:
+                msg = f"workspace {self.workspace_id!r}'s agent did not answer a freeze in {FREEZE_TIMEOUT_S:g} s"
+                raise AgentLost(msg) from None
+            finally:
+                self._frozen_answer = None
+        if said is not frozen:
+            msg = f"workspace {self.workspace_id!r}'s agent answered a freeze with frozen={said}"
+            raise ProtocolError(msg)
 
     async def file_operation(
         self, user: str, operation: Mapping[str, Any], stdin: AsyncIterable[bytes] | None = None

@@ -30,6 +30,10 @@ STATE_CHANGING = frozenset(
     {
         "CreateWorkspace",
         "DeleteWorkspace",
+        "PauseWorkspace",
+        "ResumeWorkspace",
+        "SnapshotWorkspace",
+        "DeleteSnapshot",
         "Exec",
         "Input",
         "Signal",

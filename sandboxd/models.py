@@ -18,12 +18,14 @@ __all__ = [
     "ExecStarted",
     "ExitStatus",
     "Heartbeat",
+    "IdleAction",
     "NetworkPolicy",
     "OutputChunk",
     "OutputDropped",
     "ResourceLimits",
     "Runtime",
     "SecurityOptions",
+    "Snapshot",
     "StopReason",
     "Workspace",
     "WorkspaceSpec",
@@ -52,6 +54,14 @@ class WorkspaceState(enum.StrEnum):
 
     RUNNING = "running"
     STOPPED = "stopped"
+    PAUSED = "paused"
+
+
+class IdleAction(enum.StrEnum):
+    """What the idle TTL does to a workspace."""
+
+    DELETE = "delete"
+    PAUSE = "pause"
 
 
 class StopReason(enum.StrEnum):
@@ -104,8 +114,12 @@ class WorkspaceSpec:
     network: NetworkPolicy = NetworkPolicy.NONE
     runtime: Runtime | None = None
     idle_ttl_s: float | None = None
-    """Seconds without calls before the workspace is removed; None = daemon default, 0 = never."""
+    """Seconds without calls before the idle action; None = daemon default, 0 = never."""
     security: SecurityOptions = dataclasses.field(default_factory=SecurityOptions)
+    idle_action: IdleAction | None = None
+    """What the idle TTL does; None = delete."""
+    auto_resume: bool | None = None
+    """Whether a call needing a paused workspace's processes resumes it; None = yes."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -119,6 +133,21 @@ class Workspace:
     create_time: datetime.datetime
     container_id: str
     volume_name: str
+    from_snapshot: str = ""
+    """The snapshot it was forked from, if any."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """A workspace's files, kept to start workspaces from (an image of the engine's)."""
+
+    name: str
+    source_workspace_id: str
+    create_time: datetime.datetime
+    labels: Mapping[str, str]
+    size_bytes: int
+    spec: WorkspaceSpec
+    """The source's resolved spec: what a fork takes for the fields it leaves unset."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

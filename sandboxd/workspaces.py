@@ -52,6 +52,7 @@ from .errors import (
     quoted,
 )
 from .models import (
+    IdleAction,
     NetworkPolicy,
     ResourceLimits,
     Runtime,
@@ -243,6 +244,8 @@ def spec_from_json(text: str) -> WorkspaceSpec:
             user=data["security"]["user"],
             read_only_root_filesystem=bool(data["security"].get("read_only_root_filesystem", False)),
         ),
+        idle_action=IdleAction(data["idle_action"]) if data.get("idle_action") else None,
+        auto_resume=data.get("auto_resume"),
     )
 
 
@@ -324,6 +327,9 @@ class WorkspaceManager:
         self._creating_ids: set[str] = set()
         self._id_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._started = time.monotonic()
+        self._background: set[asyncio.Task[None]] = set()
+        self._paused: dict[str, bool] = {}
+        """Workspaces this daemon knows are paused, with whether a call may resume them."""
         self._host_sockets: set[str] = set()
         """Runtimes whose agents answered on their host socket (:class:`AgentLink`)."""
 
@@ -436,6 +442,8 @@ class WorkspaceManager:
             runtime=runtime,
             idle_ttl_s=spec.idle_ttl_s if spec.idle_ttl_s is not None else s.default_idle_ttl_s,
             security=dataclasses.replace(spec.security, added_capabilities=tuple(sorted(set(capabilities)))),
+            idle_action=spec.idle_action or IdleAction.DELETE,
+            auto_resume=spec.auto_resume is not False,
         )
 
     # -- life cycle ----------------------------------------------------------------------------------
@@ -645,6 +653,99 @@ class WorkspaceManager:
             await self._remove(workspace_id, "its workspace was deleted")
         log.info("workspace.deleted", workspace_id=workspace_id)
 
+    async def pause(self, workspace_id: str) -> Workspace:
+        """Freeze every process of a running workspace; its commands' timeouts stand still too.
+
+        The agent is told first (``AgentLink.freeze``), so that the time frozen counts toward
+        no timeout; an agent that cannot be reached does not stop the pause.
+
+        Raises:
+            WorkspaceNotFoundError: no such workspace.
+            FailedPreconditionError: it is paused already, or does not run.
+        """
+        check_workspace_id(workspace_id)
+        async with self._id_lock(workspace_id):
+            info = self._owned(await self.backend.inspect_container(workspace_id))
+            await self._pause(info)
+        log.info("workspace.paused", workspace_id=workspace_id)
+        return dataclasses.replace(self._workspace(info), state=WorkspaceState.PAUSED)
+
+    async def _pause(self, info: ContainerInfo) -> None:
+        """Pause the workspace of ``info`` (its id lock is held)."""
+        workspace_id = info.workspace_id
+        if info.paused:
+            msg = f"workspace {workspace_id!r} is already paused"
+            raise FailedPreconditionError(msg)
+        if not info.running:
+            msg = f"workspace {workspace_id!r} is not running, so it cannot be paused"
+            raise WorkspaceNotRunningError(msg)
+        context = self._context_for(info)
+        # Known as paused from before the freeze: a call that comes meanwhile waits for the
+        # pause, then resumes it; a new connection's frozen agent is not thawed behind it.
+        self._paused[workspace_id] = spec_from_json(info.labels[LABEL_SPEC]).auto_resume is not False
+        try:
+            try:
+                await context.link.freeze(True)
+            except SandboxdError as exc:
+                log.warning("workspace.freeze_failed", workspace_id=workspace_id, error=exc.message)
+            await self.backend.pause_container(workspace_id)
+        except BaseException:
+            self._paused.pop(workspace_id, None)
+            with contextlib.suppress(SandboxdError):
+                await asyncio.shield(context.link.freeze(False))
+            raise
+        self.touch(workspace_id)
+
+    async def resume(self, workspace_id: str) -> Workspace:
+        """Thaw a paused workspace: its commands go on where they were.
+
+        Raises:
+            WorkspaceNotFoundError: no such workspace.
+            FailedPreconditionError: it is not paused.
+        """
+        check_workspace_id(workspace_id)
+        async with self._id_lock(workspace_id):
+            info = self._owned(await self.backend.inspect_container(workspace_id))
+            if not info.paused:
+                self._paused.pop(workspace_id, None)
+                msg = f"workspace {workspace_id!r} is not paused"
+                raise FailedPreconditionError(msg)
+            await self._thaw(info)
+        log.info("workspace.resumed", workspace_id=workspace_id)
+        return dataclasses.replace(self._workspace(info), state=WorkspaceState.RUNNING)
+
+    async def _thaw(self, info: ContainerInfo) -> None:
+        """Resume the container, then restart its agent's timers."""
+        await self.backend.resume_container(info.workspace_id)
+        self._paused.pop(info.workspace_id, None)
+        self.touch(info.workspace_id)
+        try:
+            await self._context_for(info).link.freeze(False)
+        except SandboxdError as exc:
+            # Its next connection says it is frozen, and is thawed then (``_adopt_sessions``).
+            log.warning("workspace.thaw_failed", workspace_id=info.workspace_id, error=exc.message)
+
+    async def awake(self, workspace_id: str) -> None:
+        """Before a call that needs the workspace's processes: resume it if it is paused.
+
+        Raises:
+            FailedPreconditionError: it is paused and its ``auto_resume`` is off.
+        """
+        if workspace_id not in self._paused:
+            return
+        if not self._paused[workspace_id]:
+            msg = f"workspace {workspace_id!r} is paused (ResumeWorkspace resumes it; its auto_resume is off)"
+            raise FailedPreconditionError(msg)
+        async with self._id_lock(workspace_id):
+            if workspace_id not in self._paused:
+                return  # resumed by a call that went first
+            info = await self.backend.inspect_container(workspace_id)
+            if info.paused:
+                await self._thaw(info)
+                log.info("workspace.resumed", workspace_id=workspace_id, reason="auto_resume")
+            else:
+                self._paused.pop(workspace_id, None)
+
     async def _forget_context(self, workspace_id: str) -> None:
         context = self._contexts.pop(workspace_id, None)
         if context is not None:
@@ -657,6 +758,7 @@ class WorkspaceManager:
 
     async def _remove(self, workspace_id: str, why: str) -> None:
         self._activity.pop(workspace_id, None)
+        self._paused.pop(workspace_id, None)
         await self.processes.forget_workspace(workspace_id, why)
         await self._forget_context(workspace_id)
         if not await self.backend.remove_container(workspace_id):
@@ -664,10 +766,12 @@ class WorkspaceManager:
             raise WorkspaceNotFoundError(msg)
 
     async def reap_idle(self, audit: AuditLog | None = None) -> builtins.list[str]:
-        """Remove every workspace idle past its TTL (no call in flight, none for TTL, no running command).
+        """Remove or pause (its ``idle_action``) every workspace idle past its TTL.
+
+        Idle: no call in flight, none for its TTL, no running command.
 
         Returns:
-            The ids removed.
+            The ids removed or paused.
         """
         now = time.monotonic()
         removed = []
@@ -675,12 +779,18 @@ class WorkspaceManager:
         for workspace_id, labels in (await self.backend.container_labels()).items():
             if LABEL_SPEC not in labels or self._busy.get(workspace_id):
                 continue
-            ttl = spec_from_json(labels[LABEL_SPEC]).idle_ttl_s or 0
+            spec = spec_from_json(labels[LABEL_SPEC])
+            ttl = spec.idle_ttl_s or 0
             sessions = self.processes.list(workspace_id)
             if ttl <= 0 or any(s.running for s in sessions):
                 continue
             last = max([self._activity.get(workspace_id, self._started), *(s.last_used for s in sessions)])
             if now - last < ttl:
+                continue
+            if spec.idle_action is IdleAction.PAUSE:
+                if workspace_id in self._paused or not await self._pause_idle(workspace_id, ttl, audit):
+                    continue
+                removed.append(workspace_id)
                 continue
             try:
                 async with self._id_lock(workspace_id):
@@ -693,6 +803,24 @@ class WorkspaceManager:
             if audit is not None:
                 audit.event("workspace.reaped", workspace_id=workspace_id, tenant=tenant, reason=f"idle for {ttl:g} s")
         return removed
+
+    async def _pause_idle(self, workspace_id: str, ttl: float, audit: AuditLog | None) -> bool:
+        """Pause a workspace idle for ``ttl``; whether it was paused now."""
+        try:
+            async with self._id_lock(workspace_id):
+                info = await self.backend.inspect_container(workspace_id)
+                if not info.running:
+                    if info.paused:
+                        self._paused[workspace_id] = spec_from_json(info.labels[LABEL_SPEC]).auto_resume is not False
+                    return False
+                await self._pause(info)
+        except (WorkspaceNotFoundError, FailedPreconditionError):
+            return False  # deleted, paused or stopped meanwhile
+        tenant = info.labels.get(LABEL_TENANT, DEFAULT_TENANT)
+        log.info("workspace.paused", workspace_id=workspace_id, idle_ttl_s=ttl, tenant=tenant, reason="idle")
+        if audit is not None:
+            audit.event("workspace.paused", workspace_id=workspace_id, tenant=tenant, reason=f"idle for {ttl:g} s")
+        return True
 
     @contextlib.asynccontextmanager
     async def in_use(self, workspace_id: str) -> AsyncIterator[None]:
@@ -720,6 +848,8 @@ class WorkspaceManager:
         gate = asyncio.Semaphore(8)
 
         async def attach(info: ContainerInfo) -> None:
+            if info.paused:
+                self._paused[info.workspace_id] = spec_from_json(info.labels[LABEL_SPEC]).auto_resume is not False
             if not info.running or LABEL_AGENT not in info.labels:
                 return
             async with gate:
@@ -732,7 +862,15 @@ class WorkspaceManager:
         return [info.workspace_id for info in infos]
 
     def _adopt_sessions(self, context: ExecContext, welcome: Welcome) -> None:
-        """Every new connection: take over the sessions the agent holds that this daemon does not follow."""
+        """Every new connection: take over the sessions the agent holds that this daemon does not follow.
+
+        An agent still frozen in a workspace that is not paused (it was resumed while no daemon
+        was connected, or a thaw was lost) has its timers restarted.
+        """
+        if welcome.frozen and context.workspace_id not in self._paused:
+            task = asyncio.get_running_loop().create_task(self._restart_timers(context))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         for process_id in self.processes.adopt(context, welcome):
             if self.audit is not None:
                 self.audit.event(
@@ -743,25 +881,39 @@ class WorkspaceManager:
                     reason="the workspace's agent kept it while no daemon was connected",
                 )
 
+    async def _restart_timers(self, context: ExecContext) -> None:
+        try:
+            await context.link.freeze(False)
+        except SandboxdError as exc:
+            log.warning("workspace.thaw_failed", workspace_id=context.workspace_id, error=exc.message)
+        else:
+            log.info("workspace.timers_restarted", workspace_id=context.workspace_id)
+
     async def exec_context(self, workspace_id: str) -> ExecContext:
         """Return what a process needs to run in the workspace.
+
+        A paused workspace is resumed first (:meth:`awake`).
 
         Raises:
             WorkspaceNotFoundError: no such workspace.
             WorkspaceNotRunningError: its container is not running.
-            FailedPreconditionError: the workspace predates the agent (recreate it).
+            FailedPreconditionError: the workspace predates the agent (recreate it), or it is
+                paused with ``auto_resume`` off.
         """
         context = self._contexts.get(workspace_id)
         if context is None:
             check_workspace_id(workspace_id)
             info = self._owned(await self.backend.inspect_container(workspace_id))
-            if not info.running:
+            if info.paused:
+                self._paused[workspace_id] = spec_from_json(info.labels[LABEL_SPEC]).auto_resume is not False
+            elif not info.running:
                 msg = f"workspace {workspace_id!r} is not running"
                 raise WorkspaceNotRunningError(msg)
             context = self._context_for(info)
         if context.tenant != current_tenant():
             msg = f"workspace {workspace_id!r} not found"
             raise WorkspaceNotFoundError(msg)
+        await self.awake(workspace_id)
         self.touch(workspace_id)
         return context
 
@@ -809,10 +961,11 @@ class WorkspaceManager:
 
     def _workspace(self, info: ContainerInfo) -> Workspace:
         spec = spec_from_json(info.labels[LABEL_SPEC])
+        state = WorkspaceState.RUNNING if info.running else WorkspaceState.STOPPED
         return Workspace(
             workspace_id=info.workspace_id,
             spec=spec,
-            state=WorkspaceState.RUNNING if info.running else WorkspaceState.STOPPED,
+            state=WorkspaceState.PAUSED if info.paused else state,
             create_time=info.create_time,
             container_id=info.container_id,
             volume_name=info.volume_name,

@@ -199,6 +199,8 @@ def docker_client():  # type: ignore[no-untyped-def]
         leftovers += client.containers.list(all=True, filters=selector)
         volumes += client.volumes.list(filters=selector)
         for container in client.containers.list(all=True, filters=selector):
+            if container.status == "paused":
+                container.unpause()  # gVisor cannot remove a paused sandbox
             container.remove(force=True, v=True)
         for volume in client.volumes.list(filters=selector):
             volume.remove(force=True)
@@ -264,7 +266,9 @@ async def client(daemon: DaemonThread):  # type: ignore[no-untyped-def]
         yield connected
 
 
-RUNTIME_SUITES = frozenset({"test_agent", "test_any_image", "test_exec_basic", "test_exec_sessions", "test_files"})
+RUNTIME_SUITES = frozenset(
+    {"test_agent", "test_any_image", "test_exec_basic", "test_exec_sessions", "test_files", "test_pause"}
+)
 """Modules whose ``workspace`` tests run under every OCI runtime: runc and gVisor's runsc."""
 
 

@@ -29,9 +29,11 @@ __all__ = [
     "EditResult",
     "FileInfo",
     "ImageResult",
+    "PoolClassInfo",
     "ProcessInfo",
     "ReadResult",
     "SandboxClient",
+    "SnapshotInfo",
     "Workspace",
     "WorkspaceInfo",
     "WriteResult",
@@ -42,7 +44,12 @@ NetworkName = Literal["none", "bridge"]
 
 _NETWORK = {"": wpb.NETWORK_POLICY_UNSPECIFIED, "none": wpb.NETWORK_POLICY_NONE, "bridge": wpb.NETWORK_POLICY_BRIDGE}
 _RUNTIME = {"": wpb.RUNTIME_UNSPECIFIED, "runc": wpb.RUNTIME_RUNC, "runsc": wpb.RUNTIME_RUNSC}
-_STATE = {wpb.WORKSPACE_STATE_RUNNING: "running", wpb.WORKSPACE_STATE_STOPPED: "stopped"}
+_STATE = {
+    wpb.WORKSPACE_STATE_RUNNING: "running",
+    wpb.WORKSPACE_STATE_STOPPED: "stopped",
+    wpb.WORKSPACE_STATE_PAUSED: "paused",
+}
+_IDLE_ACTION = {"": wpb.IDLE_ACTION_UNSPECIFIED, "delete": wpb.IDLE_ACTION_DELETE, "pause": wpb.IDLE_ACTION_PAUSE}
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -57,7 +64,7 @@ class WorkspaceInfo:
 
     workspace_id: str
     state: str
-    """``running`` or ``stopped``."""
+    """``running``, ``paused`` or ``stopped``."""
     image: str
     user: str
     working_dir: str
@@ -71,11 +78,17 @@ class WorkspaceInfo:
     network: str
     runtime: str
     idle_ttl_s: float
-    """Seconds without calls before the daemon removes the workspace; 0 means never."""
+    """Seconds without calls before the daemon acts on it (``idle_action``); 0 means never."""
     read_only_root_filesystem: bool
     create_time: datetime.datetime
     container_id: str
     volume_name: str
+    idle_action: str = "delete"
+    """What the idle TTL does: ``delete`` or ``pause``."""
+    auto_resume: bool = True
+    """Whether a call that needs the paused workspace resumes it."""
+    from_snapshot: str = ""
+    """The snapshot it was forked from; empty for one created from an image."""
 
     @classmethod
     def from_proto(cls, message: wpb.Workspace) -> WorkspaceInfo:
@@ -100,6 +113,81 @@ class WorkspaceInfo:
             create_time=message.create_time.ToDatetime(tzinfo=datetime.UTC),
             container_id=message.container_id,
             volume_name=message.volume_name,
+            idle_action={v: k for k, v in _IDLE_ACTION.items() if k}.get(spec.idle_action, "delete"),
+            auto_resume=spec.auto_resume if spec.HasField("auto_resume") else True,
+            from_snapshot=message.from_snapshot,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotInfo:
+    """A snapshot of a workspace's files, to fork workspaces from."""
+
+    name: str
+    source_workspace_id: str
+    create_time: datetime.datetime
+    labels: Mapping[str, str]
+    size_bytes: int
+    """Its changed root filesystem and /workspace files."""
+    image: str
+    """The image its source was created from."""
+    user: str
+    working_dir: str
+
+    @classmethod
+    def from_proto(cls, message: wpb.Snapshot) -> SnapshotInfo:
+        """Return the client form of a ``Snapshot`` message."""
+        return cls(
+            name=message.name,
+            source_workspace_id=message.source_workspace_id,
+            create_time=message.create_time.ToDatetime(tzinfo=datetime.UTC),
+            labels=dict(message.labels),
+            size_bytes=message.size_bytes,
+            image=message.spec.image,
+            user=message.spec.security.user,
+            working_dir=message.spec.working_dir,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolClassInfo:
+    """One class of the daemon's warm pool: started, idle workspaces a matching create takes."""
+
+    name: str
+    image: str
+    memory_bytes: int
+    cpu_millis: int
+    pids: int
+    disk_bytes: int
+    network: str
+    runtime: str
+    size: int
+    """Members it keeps ready."""
+    ready: int
+    starting: int
+    claims: int
+    """Creates it served since the daemon started."""
+    misses: int
+    """Matching creates that found it empty (and started a container instead)."""
+
+    @classmethod
+    def from_proto(cls, message: wpb.PoolClass) -> PoolClassInfo:
+        """Return the client form of a ``PoolClass`` message."""
+        spec = message.spec
+        return cls(
+            name=message.name,
+            image=spec.image,
+            memory_bytes=spec.limits.memory_bytes,
+            cpu_millis=spec.limits.cpu_millis,
+            pids=spec.limits.pids,
+            disk_bytes=spec.limits.disk_bytes,
+            network={v: k for k, v in _NETWORK.items() if k}.get(spec.network, ""),
+            runtime={v: k for k, v in _RUNTIME.items() if k}.get(spec.runtime, ""),
+            size=message.size,
+            ready=message.ready,
+            starting=message.starting,
+            claims=message.claims,
+            misses=message.misses,
         )
 
 
@@ -309,13 +397,21 @@ class SandboxClient:
         allow_new_privileges: bool = False,
         read_only_root_filesystem: bool = False,
         workspace_id: str = "",
+        idle_action: Literal["", "delete", "pause"] = "",
+        auto_resume: bool | None = None,
+        from_snapshot: str = "",
     ) -> Workspace:
         """Create and start a workspace; zero/empty arguments take the daemon's defaults.
+
+        With ``from_snapshot`` the workspace starts with that snapshot's files, and every
+        argument left at its default takes the snapshot's source's value (``image`` must
+        stay empty). ``idle_action`` says what ``idle_ttl_s`` does (``delete``, the default,
+        or ``pause``); ``auto_resume`` (default true) whether a call resumes it when paused.
 
         Raises:
             InvalidArgumentError: a value is out of range.
             AlreadyExistsError: ``workspace_id`` is taken.
-            NotFoundError: the image is not present.
+            NotFoundError: the image, or the snapshot, is not there.
             UnavailableError: the daemon or Docker is down.
         """
         spec = wpb.WorkspaceSpec(
@@ -334,10 +430,13 @@ class SandboxClient:
                 user=user,
                 read_only_root_filesystem=read_only_root_filesystem,
             ),
+            idle_action=_IDLE_ACTION[idle_action],
         )
         if idle_ttl_s is not None:
             spec.idle_ttl.CopyFrom(_duration(idle_ttl_s))
-        request = wpb.CreateWorkspaceRequest(spec=spec, workspace_id=workspace_id)
+        if auto_resume is not None:
+            spec.auto_resume = auto_resume
+        request = wpb.CreateWorkspaceRequest(spec=spec, workspace_id=workspace_id, from_snapshot=from_snapshot)
         response = await self._unary(lambda: self._workspaces.CreateWorkspace(request))
         return Workspace(self, WorkspaceInfo.from_proto(response.workspace))
 
@@ -371,6 +470,65 @@ class SandboxClient:
         """Remove a workspace and its volume; NotFoundError when there is none."""
         request = wpb.DeleteWorkspaceRequest(workspace_id=workspace_id)
         await self._unary(lambda: self._workspaces.DeleteWorkspace(request))
+
+    async def pause_workspace(self, workspace_id: str) -> WorkspaceInfo:
+        """Freeze every process of a workspace (it then uses no CPU; no timeout runs meanwhile).
+
+        Raises:
+            NotFoundError: no such workspace.
+            FailedPreconditionError: it is paused already, or does not run.
+        """
+        request = wpb.PauseWorkspaceRequest(workspace_id=workspace_id)
+        response = await self._unary(lambda: self._workspaces.PauseWorkspace(request))
+        return WorkspaceInfo.from_proto(response.workspace)
+
+    async def resume_workspace(self, workspace_id: str) -> WorkspaceInfo:
+        """Thaw a paused workspace; its commands go on where they were.
+
+        Raises:
+            NotFoundError: no such workspace.
+            FailedPreconditionError: it is not paused.
+        """
+        request = wpb.ResumeWorkspaceRequest(workspace_id=workspace_id)
+        response = await self._unary(lambda: self._workspaces.ResumeWorkspace(request))
+        return WorkspaceInfo.from_proto(response.workspace)
+
+    # -- snapshots -------------------------------------------------------------------------------
+    async def snapshot_workspace(
+        self, workspace_id: str, name: str, *, labels: Mapping[str, str] | None = None
+    ) -> SnapshotInfo:
+        """Capture a workspace's files (/workspace and its changed root filesystem) as ``name``.
+
+        Raises:
+            InvalidArgumentError: a bad name (1-63 letters, digits, '.', '_', '-').
+            AlreadyExistsError: you have a snapshot of that name.
+            ResourceExhaustedError: your snapshot quota is used up.
+        """
+        request = wpb.SnapshotWorkspaceRequest(workspace_id=workspace_id, name=name, labels=dict(labels or {}))
+        response = await self._unary(lambda: self._workspaces.SnapshotWorkspace(request))
+        return SnapshotInfo.from_proto(response.snapshot)
+
+    async def get_snapshot(self, name: str) -> SnapshotInfo:
+        """Return one of your snapshots; NotFoundError when there is none."""
+        request = wpb.GetSnapshotRequest(name=name)
+        response = await self._unary(lambda: self._workspaces.GetSnapshot(request), idempotent=True)
+        return SnapshotInfo.from_proto(response.snapshot)
+
+    async def list_snapshots(self, labels: Mapping[str, str] | None = None) -> list[SnapshotInfo]:
+        """Return your snapshots carrying all of ``labels``, oldest first."""
+        request = wpb.ListSnapshotsRequest(label_selector=dict(labels or {}))
+        response = await self._unary(lambda: self._workspaces.ListSnapshots(request), idempotent=True)
+        return [SnapshotInfo.from_proto(s) for s in response.snapshots]
+
+    async def delete_snapshot(self, name: str) -> None:
+        """Remove a snapshot (workspaces forked from it keep their files); NotFoundError when there is none."""
+        request = wpb.DeleteSnapshotRequest(name=name)
+        await self._unary(lambda: self._workspaces.DeleteSnapshot(request))
+
+    async def get_pool(self) -> list[PoolClassInfo]:
+        """The daemon's warm pool, class by class."""
+        response = await self._unary(lambda: self._workspaces.GetPool(wpb.GetPoolRequest()), idempotent=True)
+        return [PoolClassInfo.from_proto(c) for c in response.classes]
 
     # -- processes -------------------------------------------------------------------------------
     def exec(
@@ -645,6 +803,20 @@ class Workspace:
     async def read_image(self, source: str) -> ImageResult:
         """See :meth:`SandboxClient.read_image`."""
         return await self.client.read_image(self.workspace_id, source)
+
+    async def pause(self) -> WorkspaceInfo:
+        """See :meth:`SandboxClient.pause_workspace`."""
+        self.info = await self.client.pause_workspace(self.workspace_id)
+        return self.info
+
+    async def resume(self) -> WorkspaceInfo:
+        """See :meth:`SandboxClient.resume_workspace`."""
+        self.info = await self.client.resume_workspace(self.workspace_id)
+        return self.info
+
+    async def snapshot(self, name: str, *, labels: Mapping[str, str] | None = None) -> SnapshotInfo:
+        """See :meth:`SandboxClient.snapshot_workspace`."""
+        return await self.client.snapshot_workspace(self.workspace_id, name, labels=labels)
 
     async def refresh(self) -> WorkspaceInfo:
         """Fetch the current state."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import ExecHandle, ExecResult, Output, SandboxClient, Started, TLSOptions
-from ._client import ProcessInfo, WorkspaceInfo
+from ._client import PoolClassInfo, ProcessInfo, SnapshotInfo, WorkspaceInfo
 from .errors import NotFoundError, SandboxError
 
 __all__ = ["main"]
@@ -72,6 +72,37 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
     create.add_argument(
         "--env", "-e", action="append", default=[], metavar="NAME=VALUE", help="environment; VALUE may be secret:NAME"
     )
+    create.add_argument(
+        "--idle-action", choices=["delete", "pause"], default="", help="what --ttl does (default delete)"
+    )
+    create.add_argument(
+        "--no-auto-resume", action="store_true", help="calls on the paused workspace fail instead of resuming it"
+    )
+    create.add_argument("--from-snapshot", default="", metavar="SNAPSHOT", help="start from this snapshot's files")
+
+    fork = commands.add_parser("fork", help="create a workspace from a snapshot and print its id")
+    fork.add_argument("snapshot")
+    fork.add_argument("--name", default="", help="workspace id to use instead of a generated one")
+    fork.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="add a label")
+    fork.add_argument("--env", "-e", action="append", default=[], metavar="NAME=VALUE", help="environment")
+    fork.add_argument("--ttl", type=float, default=None, metavar="SECONDS", help="idle TTL; 0 never")
+
+    pause = commands.add_parser("pause", help="freeze workspaces (no CPU, no timeouts running) until resumed")
+    pause.add_argument("workspaces", nargs="+")
+    resume = commands.add_parser("resume", help="thaw paused workspaces")
+    resume.add_argument("workspaces", nargs="+")
+
+    snapshot = commands.add_parser("snapshot", help="capture a workspace's files as a named snapshot")
+    snapshot.add_argument("workspace")
+    snapshot.add_argument("name")
+    snapshot.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="add a label")
+    snapshots = commands.add_parser("snapshots", help="list snapshots")
+    snapshots.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="filter by label")
+    snapshots.add_argument("-q", "--quiet", action="store_true", help="print names only")
+    rmsnapshot = commands.add_parser("rmsnapshot", help="delete snapshots")
+    rmsnapshot.add_argument("names", nargs="+")
+
+    commands.add_parser("pool", help="show the daemon's warm pool")
 
     run = commands.add_parser("exec", help="run a command, streaming its output; exits with its code")
     run.add_argument("workspace")
@@ -184,8 +215,44 @@ async def _run(opts: argparse.Namespace) -> int:
                 network=opts.network,
                 labels=_pairs(opts.label, "--label"),
                 workspace_id=opts.name,
+                idle_action=opts.idle_action,
+                auto_resume=False if opts.no_auto_resume else None,
+                from_snapshot=opts.from_snapshot,
             )
             print(workspace.workspace_id)
+            return 0
+        if opts.command == "fork":
+            workspace = await client.create_workspace(
+                from_snapshot=opts.snapshot,
+                workspace_id=opts.name,
+                labels=_pairs(opts.label, "--label"),
+                env=_pairs(opts.env, "--env"),
+                idle_ttl_s=opts.ttl,
+            )
+            print(workspace.workspace_id)
+            return 0
+        if opts.command in ("pause", "resume"):
+            for workspace_id in opts.workspaces:
+                if opts.command == "pause":
+                    await client.pause_workspace(workspace_id)
+                else:
+                    await client.resume_workspace(workspace_id)
+                print(workspace_id)
+            return 0
+        if opts.command == "snapshot":
+            taken = await client.snapshot_workspace(opts.workspace, opts.name, labels=_pairs(opts.label, "--label"))
+            print(taken.name)
+            return 0
+        if opts.command == "snapshots":
+            _print_snapshots(await client.list_snapshots(_pairs(opts.label, "--label")), quiet=opts.quiet)
+            return 0
+        if opts.command == "rmsnapshot":
+            for name in opts.names:
+                await client.delete_snapshot(name)
+                print(name)
+            return 0
+        if opts.command == "pool":
+            _print_pool(await client.get_pool())
             return 0
         if opts.command == "exec":
             return await _exec(client, opts)
@@ -643,6 +710,51 @@ def _print_workspaces(infos: Sequence[WorkspaceInfo], *, quiet: bool) -> None:
                 info.runtime,
                 f"{info.idle_ttl_s:g}s" if info.idle_ttl_s else "-",
                 info.create_time.strftime("%Y-%m-%d %H:%M:%S"),
+            )
+        )
+    _print_table(rows)
+
+
+def _print_snapshots(infos: Sequence[SnapshotInfo], *, quiet: bool) -> None:
+    if quiet:
+        for info in infos:
+            print(info.name)
+        return
+    rows: list[Sequence[str]] = [("SNAPSHOT", "SOURCE", "IMAGE", "SIZE", "CREATED")]
+    for info in infos:
+        rows.append(
+            (
+                info.name,
+                info.source_workspace_id,
+                info.image,
+                f"{info.size_bytes / 1024**2:.1f}MiB",
+                info.create_time.strftime("%Y-%m-%d %H:%M:%S"),
+            )
+        )
+    _print_table(rows)
+
+
+def _print_pool(classes: Sequence[PoolClassInfo]) -> None:
+    if not classes:
+        print("the daemon keeps no warm pool (SANDBOXD_POOL_SIZE=0 and no pool file)")
+        return
+    rows: list[Sequence[str]] = [
+        ("CLASS", "IMAGE", "MEMORY", "CPUS", "NETWORK", "RUNTIME", "READY", "STARTING", "SIZE", "CLAIMS", "MISSES")
+    ]
+    for info in classes:
+        rows.append(
+            (
+                info.name,
+                info.image,
+                f"{info.memory_bytes // 1024**2}MiB",
+                f"{info.cpu_millis / 1000:g}",
+                info.network,
+                info.runtime,
+                str(info.ready),
+                str(info.starting),
+                str(info.size),
+                str(info.claims),
+                str(info.misses),
             )
         )
     _print_table(rows)

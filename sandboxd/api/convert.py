@@ -15,12 +15,14 @@ from ..models import (
     ExecStarted,
     ExitStatus,
     Heartbeat,
+    IdleAction,
     NetworkPolicy,
     OutputChunk,
     OutputDropped,
     ResourceLimits,
     Runtime,
     SecurityOptions,
+    Snapshot,
     StopReason,
     Workspace,
     WorkspaceSpec,
@@ -34,6 +36,7 @@ __all__ = [
     "exec_spec",
     "exit_to_proto",
     "input_response",
+    "snapshot_to_proto",
     "workspace_spec",
     "workspace_to_proto",
 ]
@@ -49,6 +52,17 @@ _RUNTIME_TO_PB = {None: wpb.RUNTIME_UNSPECIFIED, Runtime.RUNC: wpb.RUNTIME_RUNC,
 _STATE_TO_PB = {
     WorkspaceState.RUNNING: wpb.WORKSPACE_STATE_RUNNING,
     WorkspaceState.STOPPED: wpb.WORKSPACE_STATE_STOPPED,
+    WorkspaceState.PAUSED: wpb.WORKSPACE_STATE_PAUSED,
+}
+_IDLE_FROM_PB = {
+    wpb.IDLE_ACTION_UNSPECIFIED: None,
+    wpb.IDLE_ACTION_DELETE: IdleAction.DELETE,
+    wpb.IDLE_ACTION_PAUSE: IdleAction.PAUSE,
+}
+_IDLE_TO_PB = {
+    None: wpb.IDLE_ACTION_UNSPECIFIED,
+    IdleAction.DELETE: wpb.IDLE_ACTION_DELETE,
+    IdleAction.PAUSE: wpb.IDLE_ACTION_PAUSE,
 }
 _STOP_TO_PB = {
     StopReason.EXITED: ppb.STOP_REASON_EXITED,
@@ -114,6 +128,8 @@ def workspace_spec(message: wpb.WorkspaceSpec) -> WorkspaceSpec:
             user=message.security.user,
             read_only_root_filesystem=message.security.read_only_root_filesystem,
         ),
+        idle_action=_enum(_IDLE_FROM_PB, message.idle_action, "idle_action"),  # type: ignore[arg-type]
+        auto_resume=message.auto_resume if message.HasField("auto_resume") else None,
     )
 
 
@@ -137,9 +153,12 @@ def _spec_to_proto(spec: WorkspaceSpec) -> wpb.WorkspaceSpec:
             user=spec.security.user,
             read_only_root_filesystem=spec.security.read_only_root_filesystem,
         ),
+        idle_action=_IDLE_TO_PB[spec.idle_action],
     )
     if spec.idle_ttl_s is not None:
         message.idle_ttl.CopyFrom(_duration(spec.idle_ttl_s))
+    if spec.auto_resume is not None:
+        message.auto_resume = spec.auto_resume
     return message
 
 
@@ -152,6 +171,19 @@ def workspace_to_proto(workspace: Workspace) -> wpb.Workspace:
         create_time=_timestamp(workspace.create_time),
         container_id=workspace.container_id,
         volume_name=workspace.volume_name,
+        from_snapshot=workspace.from_snapshot,
+    )
+
+
+def snapshot_to_proto(snapshot: Snapshot) -> wpb.Snapshot:
+    """Return the wire form of a snapshot."""
+    return wpb.Snapshot(
+        name=snapshot.name,
+        source_workspace_id=snapshot.source_workspace_id,
+        create_time=_timestamp(snapshot.create_time),
+        labels=dict(snapshot.labels),
+        size_bytes=snapshot.size_bytes,
+        spec=_spec_to_proto(snapshot.spec),
     )
 
 

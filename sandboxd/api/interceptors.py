@@ -249,6 +249,8 @@ def _begin(context: Context, call: _Call, request: Any) -> tuple[float, contextv
 
 _AUDITED_REQUEST_FIELDS = (
     "workspace_id",
+    "name",
+    "from_snapshot",
     "process_id",
     "command",
     "workdir",

@@ -79,6 +79,7 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
         """Write to stdin or deliver Ctrl-C, then stream output until exit or the window closes."""
         session = self.processes.get(request.process_id)
         audit_fields(workspace_id=session.context.workspace_id)
+        await self.workspaces.awake(session.context.workspace_id)
         requested = convert.duration_s(request.yield_after) if request.HasField("yield_after") else None
         if request.HasField("terminal_size"):
             size = request.terminal_size
@@ -93,6 +94,7 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
         """Send one signal to the command's process group."""
         session = self.processes.get(request.process_id)
         audit_fields(workspace_id=session.context.workspace_id)
+        await self.workspaces.awake(session.context.workspace_id)
         number = parse_signal(request.signal)
         if number == signal.SIGINT:
             await session.interrupt()
@@ -104,6 +106,7 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
         """End the command and everything it started: SIGTERM, grace, SIGKILL."""
         session = self.processes.get(request.process_id)
         audit_fields(workspace_id=session.context.workspace_id)
+        await self.workspaces.awake(session.context.workspace_id)
         grace = convert.duration_s(request.grace) if request.HasField("grace") else None
         status = await session.kill(reason=StopReason.KILLED, grace_s=grace)
         return ppb.KillResponse(exited=convert.exit_to_proto(status))

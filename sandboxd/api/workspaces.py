@@ -48,3 +48,15 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
         """Remove a workspace with its volume."""
         await self.workspaces.delete(request.workspace_id)
         return wpb.DeleteWorkspaceResponse(workspace_id=request.workspace_id)
+
+    async def PauseWorkspace(self, request: wpb.PauseWorkspaceRequest, context: Context) -> wpb.PauseWorkspaceResponse:
+        """Freeze a workspace."""
+        workspace = await self.workspaces.pause(request.workspace_id)
+        return wpb.PauseWorkspaceResponse(workspace=convert.workspace_to_proto(workspace))
+
+    async def ResumeWorkspace(
+        self, request: wpb.ResumeWorkspaceRequest, context: Context
+    ) -> wpb.ResumeWorkspaceResponse:
+        """Thaw a paused workspace."""
+        workspace = await self.workspaces.resume(request.workspace_id)
+        return wpb.ResumeWorkspaceResponse(workspace=convert.workspace_to_proto(workspace))

@@ -61,6 +61,7 @@ class ContainerInfo:
     volume_name: str
     labels: Mapping[str, str]
     running: bool
+    """Whether it runs and is not paused: it accepts commands."""
     create_time: datetime.datetime
     os: str = "linux"
     """The container's platform: ``linux`` or ``windows``."""
@@ -69,6 +70,8 @@ class ContainerInfo:
     mounts: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Host path of each volume mounted in the container, by its path inside: where the engine
     keeps it on its own machine (not necessarily this one)."""
+    paused: bool = False
+    """Frozen by :meth:`Backend.pause_container` (then ``running`` is false)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -215,7 +218,25 @@ class Backend(Protocol):
         ...
 
     async def remove_container(self, workspace_id: str) -> bool:
-        """Remove the container and its volume; return whether either existed."""
+        """Remove the container (paused or not) and its volume; return whether either existed."""
+        ...
+
+    async def pause_container(self, workspace_id: str) -> None:
+        """Freeze every process of the running container (the cgroup freezer).
+
+        Raises:
+            WorkspaceNotFoundError: no such container.
+            FailedPreconditionError: it is paused already, or does not run.
+        """
+        ...
+
+    async def resume_container(self, workspace_id: str) -> None:
+        """Thaw the paused container.
+
+        Raises:
+            WorkspaceNotFoundError: no such container.
+            FailedPreconditionError: it is not paused.
+        """
         ...
 
     async def exec_stream(

@@ -31,6 +31,7 @@ from docker.types import DriverConfig, Mount
 from ..errors import (
     BackendError,
     DockerUnavailableError,
+    FailedPreconditionError,
     ImageNotFoundError,
     InvalidSpecError,
     SandboxdError,
@@ -183,6 +184,7 @@ class DockerBackend:
             volume_name=volume,
             labels=labels,
             running=bool(attrs["State"].get("Running")) and not attrs["State"].get("Paused"),
+            paused=bool(attrs["State"].get("Paused")),
             create_time=_parse_time(attrs["Created"]),
             os=attrs.get("Platform") or "linux",
             runtime=(attrs.get("HostConfig") or {}).get("Runtime") or "",
@@ -499,6 +501,9 @@ class DockerBackend:
         api = self._api()
         name = self._name(workspace_id)
         found = False
+        # gVisor cannot kill a paused sandbox ("PID is zombie and can not be killed"): thaw it first.
+        with contextlib.suppress(docker.errors.NotFound, BackendError):
+            await self._call(api.unpause, name)
         try:
             await self._call(api.remove_container, name, force=True, v=True, idempotent=True)
             found = True
@@ -513,6 +518,25 @@ class DockerBackend:
             found = True
         await self._remove_private_volumes(workspace_id)
         return found
+
+    async def pause_container(self, workspace_id: str) -> None:
+        """Freeze the container's processes (``docker pause``: the cgroup freezer, or gVisor's own)."""
+        await self._pause_call(self._api().pause, workspace_id, "pause")
+
+    async def resume_container(self, workspace_id: str) -> None:
+        """Thaw the paused container (``docker unpause``)."""
+        await self._pause_call(self._api().unpause, workspace_id, "resume")
+
+    async def _pause_call(self, call: Callable[[str], Any], workspace_id: str, what: str) -> None:
+        try:
+            await self._call(call, self._name(workspace_id))
+        except docker.errors.NotFound as exc:
+            msg = f"workspace {workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg) from exc
+        except BackendError as exc:
+            # The engine's word for it ("is already paused", "is not paused", "is not running").
+            msg = f"cannot {what} workspace {workspace_id!r}: {exc.message}"
+            raise FailedPreconditionError(msg) from exc
 
     async def _remove_private_volumes(self, workspace_id: str) -> None:
         """Remove the workspace's anonymous volumes left by a container removed without them (``docker rm -f``)."""

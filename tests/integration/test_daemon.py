@@ -251,6 +251,16 @@ class TestCli:
         assert stray.returncode == 2
         assert "unexpected arguments before '--': oops" in stray.stderr
 
+    def test_pause_and_resume(self, daemon, workspace_id) -> None:
+        """`pause` then `ls` shows it paused; `resume` runs it again; a second resume is one error line."""
+        assert self._ctl(daemon, "pause", workspace_id, check=True).stdout == f"{workspace_id}\n"
+        row = self._ctl(daemon, "ls", "--label", "test=cli", check=True).stdout.splitlines()[1].split()
+        assert row[:2] == [workspace_id, "paused"]
+        assert self._ctl(daemon, "resume", workspace_id, check=True).stdout == f"{workspace_id}\n"
+        again = self._ctl(daemon, "resume", workspace_id)
+        assert (again.returncode, again.stderr) == (1, f"sandboxctl: workspace {workspace_id!r} is not paused\n")
+        assert self._ctl(daemon, "exec", workspace_id, "--", "echo", "on").stdout == "on\n"
+
     def test_error_is_one_line(self, daemon) -> None:
         """A refused call prints exactly one `sandboxctl: ...` line and exits 1."""
         run = self._ctl(daemon, "exec", "ws-nope", "--", "true")

@@ -83,8 +83,10 @@ class TestStyle:
                 need((4, i), message.name)
                 for j, field in enumerate(message.field):
                     need((4, i, 2, j), f"{message.name}.{field.name}")
+                synthetic = {field.oneof_index for field in message.field if field.proto3_optional}
                 for j, oneof in enumerate(message.oneof_decl):
-                    need((4, i, 8, j), f"{message.name}.{oneof.name}")
+                    if j not in synthetic:  # an `optional` field's own oneof: the field is commented
+                        need((4, i, 8, j), f"{message.name}.{oneof.name}")
             for i, enum in enumerate(f.enum_type):
                 need((5, i), enum.name)
                 for j, value in enumerate(enum.value):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from sandboxd.errors import InvalidSpecError
-from sandboxd.models import NetworkPolicy, ResourceLimits, Runtime, SecurityOptions, WorkspaceSpec
+from sandboxd.models import IdleAction, NetworkPolicy, ResourceLimits, Runtime, SecurityOptions, WorkspaceSpec
 from sandboxd.settings import Settings
 from sandboxd.workspaces import WorkspaceManager, spec_from_json, spec_to_json
 
@@ -27,6 +28,7 @@ class TestResolve:
         assert spec.runtime is Runtime.RUNC
         assert spec.working_dir == "/workspace"
         assert spec.security == SecurityOptions()
+        assert (spec.idle_action, spec.auto_resume) == (IdleAction.DELETE, True)
 
     def test_capabilities_are_normalised(self, manager: WorkspaceManager) -> None:
         """cap_net_raw and NET_RAW name the same capability; duplicates collapse."""
@@ -64,6 +66,16 @@ class TestResolve:
                 network=NetworkPolicy.BRIDGE,
                 idle_ttl_s=30.0,
                 security=SecurityOptions(added_capabilities=("NET_RAW",), user="sandbox"),
+                idle_action=IdleAction.PAUSE,
+                auto_resume=False,
             )
         )
+        assert (spec.idle_action, spec.auto_resume) == (IdleAction.PAUSE, False)
         assert spec_from_json(spec_to_json(spec)) == dataclasses.replace(spec)
+
+    def test_a_label_of_an_older_release_reads_with_the_defaults(self, manager: WorkspaceManager) -> None:
+        """A stored spec without idle_action or auto_resume (written before they existed) still reads."""
+        stored = json.loads(spec_to_json(manager.resolve(WorkspaceSpec())))
+        del stored["auto_resume"], stored["idle_action"]
+        spec = spec_from_json(json.dumps(stored))
+        assert (spec.idle_action, spec.auto_resume) == (None, None)

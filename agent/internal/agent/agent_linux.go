@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"sandboxd/agent/internal/clock"
 	"sandboxd/agent/internal/proto"
 	"sandboxd/agent/internal/session"
 	"sandboxd/agent/internal/spawn"
@@ -294,6 +295,21 @@ func (a *Agent) dispatch(c *conn, f proto.Frame) {
 		a.greet(c)
 		return
 	}
+	if f.Kind == proto.Freeze && f.Channel == 0 {
+		var msg proto.FreezeMsg
+		if err := decode(f.Payload, &msg); err != nil {
+			a.protocolError(c, 0, "freeze: %v", err)
+			return
+		}
+		if msg.Frozen {
+			clock.Freeze()
+		} else {
+			clock.Thaw()
+		}
+		body, _ := json.Marshal(proto.FreezeMsg{Frozen: clock.Frozen()})
+		c.enqueue(proto.Encode(proto.Frozen, 0, body))
+		return
+	}
 	if f.Channel == 0 {
 		a.protocolError(c, 0, "frame %q on channel 0", f.Kind)
 		return
@@ -410,7 +426,7 @@ func (a *Agent) welcome() []byte {
 		states = append(states, s.State())
 	}
 	a.mu.Unlock()
-	body, _ := json.Marshal(proto.WelcomeMsg{Protocol: proto.Version, Agent: Version, PID: os.Getpid(), Features: proto.Features, Sessions: states})
+	body, _ := json.Marshal(proto.WelcomeMsg{Protocol: proto.Version, Agent: Version, PID: os.Getpid(), Features: proto.Features, Sessions: states, Frozen: clock.Frozen()})
 	return body
 }
 

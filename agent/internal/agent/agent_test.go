@@ -806,3 +806,54 @@ func TestATailPullTellsTheEndOfWhatIsHeld(t *testing.T) {
 	}
 	d.send(proto.Discard, channel, nil)
 }
+
+// frozen sends Freeze and reads up to its answer (other channels' frames are dropped).
+func (d *daemon) freeze(frozen bool) {
+	d.t.Helper()
+	d.send(proto.Freeze, 0, proto.FreezeMsg{Frozen: frozen})
+	for {
+		frame := d.next()
+		if frame.Channel != 0 {
+			continue
+		}
+		var msg proto.FreezeMsg
+		if frame.Kind != proto.Frozen || json.Unmarshal(frame.Payload, &msg) != nil || msg.Frozen != frozen {
+			d.t.Fatalf("answer to freeze(%v): %q %s", frozen, frame.Kind, frame.Payload)
+		}
+		return
+	}
+}
+
+func TestAFrozenAgentsTimeoutsStandStill(t *testing.T) {
+	d, _ := connect(t)
+	r := start(d, "echo ready; sleep 100", func(m *proto.StartMsg) { m.TimeoutS = 1 })
+	r.waitFor(d, "ready")
+	d.freeze(true)
+	began := time.Now()
+	// Past its whole timeout, frozen: nothing of r's comes (the read times out).
+	_ = d.conn.SetReadDeadline(time.Now().Add(1500 * time.Millisecond))
+	for {
+		frame, err := d.reader.Read()
+		if err != nil {
+			break
+		}
+		if frame.Channel == r.channel && frame.Kind == proto.Exited {
+			t.Fatalf("exited while frozen: %s", frame.Payload)
+		}
+	}
+	// The reader is broken by the deadline: a new connection, whose welcome says frozen.
+	d, welcome := connect(t)
+	if !welcome.Frozen {
+		t.Fatal("the welcome of a frozen agent does not say so")
+	}
+	d.send(proto.Pull, r.channel, proto.PullMsg{Ack: uint64(len(r.output)), Until: 1 << 40, Reader: true})
+	d.freeze(false)
+	r.wait(d)
+	if !r.exit.TimedOut {
+		t.Fatalf("exit %+v, want the timeout once thawed", r.exit)
+	}
+	// 1.5 s frozen, then most of its second: a clock that counted the freeze fires at the thaw.
+	if elapsed := time.Since(began); elapsed < 2*time.Second {
+		t.Fatalf("timed out %s after the freeze: frozen time was counted", elapsed)
+	}
+}

@@ -34,6 +34,7 @@ const (
 	FileData   byte = 'B'
 	FileEnd    byte = 'E'
 	FileAck    byte = 'A'
+	Freeze     byte = 'Z'
 )
 
 // Kinds sent by the agent.
@@ -49,6 +50,7 @@ const (
 	FileTook byte = 'k'
 	Result   byte = 'r'
 	ErrorMsg byte = 'e'
+	Frozen   byte = 'z'
 )
 
 // Frame is one frame of either direction.

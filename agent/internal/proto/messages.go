@@ -14,13 +14,23 @@ type WelcomeMsg struct {
 	PID      int            `json:"pid"`
 	Features []string       `json:"features"`
 	Sessions []SessionState `json:"sessions"`
+	Frozen   bool           `json:"frozen"`
 }
 
 // Features are what this agent does beyond protocol 1 as first released (PROTOCOL.md).
-var Features = []string{FeatureTail}
+var Features = []string{FeatureTail, FeatureFreeze}
 
 // FeatureTail: a Pull may ask for the end of the held output (Tail answers it).
 const FeatureTail = "tail"
+
+// FeatureFreeze: Freeze stops the sessions' timers around a pause (Frozen answers it).
+const FeatureFreeze = "freeze"
+
+// FreezeMsg stops (true) or restarts (false) every timeout and kill grace (daemon -> agent);
+// Frozen echoes it once applied (agent -> daemon).
+type FreezeMsg struct {
+	Frozen bool `json:"frozen"`
+}
 
 // SessionState describes a session the agent holds, for a daemon that (re)connects.
 type SessionState struct {

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unsafe"
 
+	"sandboxd/agent/internal/clock"
 	"sandboxd/agent/internal/creds"
 	"sandboxd/agent/internal/output"
 	"sandboxd/agent/internal/proctree"
@@ -223,7 +224,7 @@ func (s *Session) Run() {
 	s.applyPending()
 	go s.writeInput()
 	if s.spec.TimeoutS > 0 {
-		time.AfterFunc(time.Duration(s.spec.TimeoutS*float64(time.Second)), s.onTimeout)
+		clock.AfterFunc(time.Duration(s.spec.TimeoutS*float64(time.Second)), s.onTimeout)
 	}
 	readers := s.startReaders(parentEnds)
 	go s.pump()
@@ -566,7 +567,7 @@ func (s *Session) startKill(grace time.Duration) {
 	s.killAt = time.Now().Add(grace)
 	s.mu.Unlock()
 	proctree.SignalAll(proctree.Tree(s.pid, s.marker, s.cred), syscall.SIGTERM)
-	time.AfterFunc(grace, func() {
+	clock.AfterFunc(grace, func() {
 		proctree.HardKill(s.pid, s.marker, s.cred)
 	})
 }

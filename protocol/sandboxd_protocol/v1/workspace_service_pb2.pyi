@@ -28,6 +28,13 @@ class WorkspaceState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKSPACE_STATE_UNSPECIFIED: _ClassVar[WorkspaceState]
     WORKSPACE_STATE_RUNNING: _ClassVar[WorkspaceState]
     WORKSPACE_STATE_STOPPED: _ClassVar[WorkspaceState]
+    WORKSPACE_STATE_PAUSED: _ClassVar[WorkspaceState]
+
+class IdleAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IDLE_ACTION_UNSPECIFIED: _ClassVar[IdleAction]
+    IDLE_ACTION_DELETE: _ClassVar[IdleAction]
+    IDLE_ACTION_PAUSE: _ClassVar[IdleAction]
 NETWORK_POLICY_UNSPECIFIED: NetworkPolicy
 NETWORK_POLICY_NONE: NetworkPolicy
 NETWORK_POLICY_BRIDGE: NetworkPolicy
@@ -37,6 +44,10 @@ RUNTIME_RUNSC: Runtime
 WORKSPACE_STATE_UNSPECIFIED: WorkspaceState
 WORKSPACE_STATE_RUNNING: WorkspaceState
 WORKSPACE_STATE_STOPPED: WorkspaceState
+WORKSPACE_STATE_PAUSED: WorkspaceState
+IDLE_ACTION_UNSPECIFIED: IdleAction
+IDLE_ACTION_DELETE: IdleAction
+IDLE_ACTION_PAUSE: IdleAction
 
 class ResourceLimits(_message.Message):
     __slots__ = ("memory_bytes", "cpu_millis", "pids", "disk_bytes")
@@ -63,7 +74,7 @@ class SecurityOptions(_message.Message):
     def __init__(self, added_capabilities: _Optional[_Iterable[str]] = ..., allow_new_privileges: _Optional[bool] = ..., user: _Optional[str] = ..., read_only_root_filesystem: _Optional[bool] = ...) -> None: ...
 
 class WorkspaceSpec(_message.Message):
-    __slots__ = ("image", "env", "working_dir", "labels", "limits", "network", "runtime", "idle_ttl", "security")
+    __slots__ = ("image", "env", "working_dir", "labels", "limits", "network", "runtime", "idle_ttl", "security", "idle_action", "auto_resume")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +98,8 @@ class WorkspaceSpec(_message.Message):
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     IDLE_TTL_FIELD_NUMBER: _ClassVar[int]
     SECURITY_FIELD_NUMBER: _ClassVar[int]
+    IDLE_ACTION_FIELD_NUMBER: _ClassVar[int]
+    AUTO_RESUME_FIELD_NUMBER: _ClassVar[int]
     image: str
     env: _containers.ScalarMap[str, str]
     working_dir: str
@@ -96,31 +109,37 @@ class WorkspaceSpec(_message.Message):
     runtime: Runtime
     idle_ttl: _duration_pb2.Duration
     security: SecurityOptions
-    def __init__(self, image: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., network: _Optional[_Union[NetworkPolicy, str]] = ..., runtime: _Optional[_Union[Runtime, str]] = ..., idle_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., security: _Optional[_Union[SecurityOptions, _Mapping]] = ...) -> None: ...
+    idle_action: IdleAction
+    auto_resume: bool
+    def __init__(self, image: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., network: _Optional[_Union[NetworkPolicy, str]] = ..., runtime: _Optional[_Union[Runtime, str]] = ..., idle_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., security: _Optional[_Union[SecurityOptions, _Mapping]] = ..., idle_action: _Optional[_Union[IdleAction, str]] = ..., auto_resume: _Optional[bool] = ...) -> None: ...
 
 class Workspace(_message.Message):
-    __slots__ = ("workspace_id", "spec", "state", "create_time", "container_id", "volume_name")
+    __slots__ = ("workspace_id", "spec", "state", "create_time", "container_id", "volume_name", "from_snapshot")
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     VOLUME_NAME_FIELD_NUMBER: _ClassVar[int]
+    FROM_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     spec: WorkspaceSpec
     state: WorkspaceState
     create_time: _timestamp_pb2.Timestamp
     container_id: str
     volume_name: str
-    def __init__(self, workspace_id: _Optional[str] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., state: _Optional[_Union[WorkspaceState, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., container_id: _Optional[str] = ..., volume_name: _Optional[str] = ...) -> None: ...
+    from_snapshot: str
+    def __init__(self, workspace_id: _Optional[str] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., state: _Optional[_Union[WorkspaceState, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., container_id: _Optional[str] = ..., volume_name: _Optional[str] = ..., from_snapshot: _Optional[str] = ...) -> None: ...
 
 class CreateWorkspaceRequest(_message.Message):
-    __slots__ = ("spec", "workspace_id")
+    __slots__ = ("spec", "workspace_id", "from_snapshot")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     spec: WorkspaceSpec
     workspace_id: str
-    def __init__(self, spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., workspace_id: _Optional[str] = ...) -> None: ...
+    from_snapshot: str
+    def __init__(self, spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., workspace_id: _Optional[str] = ..., from_snapshot: _Optional[str] = ...) -> None: ...
 
 class CreateWorkspaceResponse(_message.Message):
     __slots__ = ("workspace",)
@@ -176,3 +195,144 @@ class DeleteWorkspaceResponse(_message.Message):
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class PauseWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class PauseWorkspaceResponse(_message.Message):
+    __slots__ = ("workspace",)
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    workspace: Workspace
+    def __init__(self, workspace: _Optional[_Union[Workspace, _Mapping]] = ...) -> None: ...
+
+class ResumeWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id",)
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class ResumeWorkspaceResponse(_message.Message):
+    __slots__ = ("workspace",)
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    workspace: Workspace
+    def __init__(self, workspace: _Optional[_Union[Workspace, _Mapping]] = ...) -> None: ...
+
+class Snapshot(_message.Message):
+    __slots__ = ("name", "source_workspace_id", "create_time", "labels", "size_bytes", "spec")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    source_workspace_id: str
+    create_time: _timestamp_pb2.Timestamp
+    labels: _containers.ScalarMap[str, str]
+    size_bytes: int
+    spec: WorkspaceSpec
+    def __init__(self, name: _Optional[str] = ..., source_workspace_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., size_bytes: _Optional[int] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ...) -> None: ...
+
+class SnapshotWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id", "name", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    name: str
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, workspace_id: _Optional[str] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SnapshotWorkspaceResponse(_message.Message):
+    __slots__ = ("snapshot",)
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    snapshot: Snapshot
+    def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ...) -> None: ...
+
+class GetSnapshotRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetSnapshotResponse(_message.Message):
+    __slots__ = ("snapshot",)
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    snapshot: Snapshot
+    def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ...) -> None: ...
+
+class ListSnapshotsRequest(_message.Message):
+    __slots__ = ("label_selector",)
+    class LabelSelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    label_selector: _containers.ScalarMap[str, str]
+    def __init__(self, label_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListSnapshotsResponse(_message.Message):
+    __slots__ = ("snapshots",)
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    snapshots: _containers.RepeatedCompositeFieldContainer[Snapshot]
+    def __init__(self, snapshots: _Optional[_Iterable[_Union[Snapshot, _Mapping]]] = ...) -> None: ...
+
+class DeleteSnapshotRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteSnapshotResponse(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class GetPoolRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PoolClass(_message.Message):
+    __slots__ = ("name", "spec", "size", "ready", "starting", "claims", "misses")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    STARTING_FIELD_NUMBER: _ClassVar[int]
+    CLAIMS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    spec: WorkspaceSpec
+    size: int
+    ready: int
+    starting: int
+    claims: int
+    misses: int
+    def __init__(self, name: _Optional[str] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., size: _Optional[int] = ..., ready: _Optional[int] = ..., starting: _Optional[int] = ..., claims: _Optional[int] = ..., misses: _Optional[int] = ...) -> None: ...
+
+class GetPoolResponse(_message.Message):
+    __slots__ = ("classes",)
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    classes: _containers.RepeatedCompositeFieldContainer[PoolClass]
+    def __init__(self, classes: _Optional[_Iterable[_Union[PoolClass, _Mapping]]] = ...) -> None: ...

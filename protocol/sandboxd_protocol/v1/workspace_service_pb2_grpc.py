@@ -56,6 +56,41 @@ class WorkspaceServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceResponse.FromString,
                 _registered_method=True)
+        self.PauseWorkspace = channel.unary_unary(
+                '/sandboxd.v1.WorkspaceService/PauseWorkspace',
+                request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.PauseWorkspaceRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.PauseWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.ResumeWorkspace = channel.unary_unary(
+                '/sandboxd.v1.WorkspaceService/ResumeWorkspace',
+                request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.SnapshotWorkspace = channel.unary_unary(
+                '/sandboxd.v1.WorkspaceService/SnapshotWorkspace',
+                request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceResponse.FromString,
+                _registered_method=True)
+        self.GetSnapshot = channel.unary_unary(
+                '/sandboxd.v1.WorkspaceService/GetSnapshot',
+                request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.GetSnapshotRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.GetSnapshotResponse.FromString,
+                _registered_method=True)
+        self.ListSnapshots = channel.unary_unary(
+                '/sandboxd.v1.WorkspaceService/ListSnapshots',
+                request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.ListSnapshotsRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.ListSnapshotsResponse.FromString,
+                _registered_method=True)
+        self.DeleteSnapshot = channel.unary_unary(
+                '/sandboxd.v1.WorkspaceService/DeleteSnapshot',
+                request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotResponse.FromString,
+                _registered_method=True)
+        self.GetPool = channel.unary_unary(
+                '/sandboxd.v1.WorkspaceService/GetPool',
+                request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.GetPoolRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.GetPoolResponse.FromString,
+                _registered_method=True)
 
 
 class WorkspaceServiceServicer:
@@ -92,6 +127,61 @@ class WorkspaceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseWorkspace(self, request, context):
+        """PauseWorkspace freezes every process of a running workspace (the cgroup freezer): it uses
+        no CPU until resumed, and no command's timeout runs meanwhile. FAILED_PRECONDITION when it
+        is already paused or does not run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeWorkspace(self, request, context):
+        """ResumeWorkspace thaws a paused workspace: its commands go on where they were, their output
+        intact. FAILED_PRECONDITION when it is not paused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SnapshotWorkspace(self, request, context):
+        """SnapshotWorkspace captures a workspace's files (/workspace and what changed in its root
+        filesystem) as a named snapshot of the caller's; CreateWorkspace(from_snapshot) forks it.
+        ALREADY_EXISTS when the caller has a snapshot of that name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSnapshot(self, request, context):
+        """GetSnapshot returns one of the caller's snapshots, or NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSnapshots(self, request, context):
+        """ListSnapshots returns the caller's snapshots, oldest first, optionally filtered by labels.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSnapshot(self, request, context):
+        """DeleteSnapshot removes a snapshot; workspaces forked from it keep their files.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPool(self, request, context):
+        """GetPool describes the warm pool: started, idle workspaces per class that a matching
+        CreateWorkspace takes instead of starting a container.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkspaceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +204,41 @@ def add_WorkspaceServiceServicer_to_server(servicer, server):
                     servicer.DeleteWorkspace,
                     request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceResponse.SerializeToString,
+            ),
+            'PauseWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseWorkspace,
+                    request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.PauseWorkspaceRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.PauseWorkspaceResponse.SerializeToString,
+            ),
+            'ResumeWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeWorkspace,
+                    request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceResponse.SerializeToString,
+            ),
+            'SnapshotWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.SnapshotWorkspace,
+                    request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceResponse.SerializeToString,
+            ),
+            'GetSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSnapshot,
+                    request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.GetSnapshotRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.GetSnapshotResponse.SerializeToString,
+            ),
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.ListSnapshotsRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'DeleteSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSnapshot,
+                    request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotResponse.SerializeToString,
+            ),
+            'GetPool': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPool,
+                    request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.GetPoolRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.GetPoolResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -226,6 +351,195 @@ class WorkspaceService:
             '/sandboxd.v1.WorkspaceService/DeleteWorkspace',
             sandboxd_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceRequest.SerializeToString,
             sandboxd_dot_v1_dot_workspace__service__pb2.DeleteWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.WorkspaceService/PauseWorkspace',
+            sandboxd_dot_v1_dot_workspace__service__pb2.PauseWorkspaceRequest.SerializeToString,
+            sandboxd_dot_v1_dot_workspace__service__pb2.PauseWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.WorkspaceService/ResumeWorkspace',
+            sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceRequest.SerializeToString,
+            sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SnapshotWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.WorkspaceService/SnapshotWorkspace',
+            sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceRequest.SerializeToString,
+            sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.WorkspaceService/GetSnapshot',
+            sandboxd_dot_v1_dot_workspace__service__pb2.GetSnapshotRequest.SerializeToString,
+            sandboxd_dot_v1_dot_workspace__service__pb2.GetSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.WorkspaceService/ListSnapshots',
+            sandboxd_dot_v1_dot_workspace__service__pb2.ListSnapshotsRequest.SerializeToString,
+            sandboxd_dot_v1_dot_workspace__service__pb2.ListSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.WorkspaceService/DeleteSnapshot',
+            sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotRequest.SerializeToString,
+            sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.WorkspaceService/GetPool',
+            sandboxd_dot_v1_dot_workspace__service__pb2.GetPoolRequest.SerializeToString,
+            sandboxd_dot_v1_dot_workspace__service__pb2.GetPoolResponse.FromString,
             options,
             channel_credentials,
             insecure,
