@@ -55,9 +55,7 @@ async def until_counted(path: Path, past: int = 0) -> int:
         await asyncio.sleep(0.02)
 
 
-async def test_a_paused_workspace_stands_still_and_goes_on_where_it_was(
-    workspace, docker_client, runtime: str
-) -> None:
+async def test_a_paused_workspace_stands_still_and_goes_on_where_it_was(workspace, docker_client, runtime: str) -> None:
     """No count and no CPU while paused; the same command counts on after, its output unbroken.
 
     Under runc the cgroup freezer leaves not one time slice. gVisor's user-space kernel keeps
