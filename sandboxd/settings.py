@@ -132,6 +132,13 @@ class Settings:
     shows the container's sockets on the host: runc, or runsc with ``--host-uds=create``), else
     through one ``docker exec`` of the bridge; ``bridge``: always the bridge."""
 
+    pool_size: int = 2
+    """Started, idle workspaces of the default spec kept ready for CreateWorkspace (the warm pool's
+    ``default`` class); 0 keeps none."""
+
+    pool_file: str = ""
+    """YAML list of more warm-pool classes (``sandboxd.pool.read_pool_file``); empty: none."""
+
     default_idle_ttl_s: float = 0.0
     """Remove a workspace after this long without calls, in seconds; 0 means never."""
 

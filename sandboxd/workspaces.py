@@ -61,6 +61,7 @@ from .models import (
     WorkspaceSpec,
     WorkspaceState,
 )
+from .pool import LABEL_POOL, PoolClass, WarmPool, read_pool_file
 from .processes import ExecContext, ProcessTable, check_env
 from .secrets import SecretStore
 from .settings import Settings
@@ -332,6 +333,8 @@ class WorkspaceManager:
         """Workspaces this daemon knows are paused, with whether a call may resume them."""
         self._host_sockets: set[str] = set()
         """Runtimes whose agents answered on their host socket (:class:`AgentLink`)."""
+        self.pool: WarmPool | None = None
+        """The warm pool, once :meth:`start_pool` made it."""
 
     def touch(self, workspace_id: str) -> None:
         """Note a call on the workspace (its idle TTL starts again)."""
@@ -464,6 +467,7 @@ class WorkspaceManager:
             check_workspace_id(workspace_id)
         resolved = self.resolve(spec)
         tenant = current_tenant()
+        chosen_id = workspace_id
         workspace_id = workspace_id or f"ws-{secrets.token_hex(6)}"
         if workspace_id in self._creating_ids:
             # Two concurrent creates of one id: the second must neither wait nor undo the first.
@@ -478,6 +482,9 @@ class WorkspaceManager:
             try:
                 # In use from the start: the reaper must not count idleness from before it existed.
                 async with self._id_lock(workspace_id), self.in_use(workspace_id):
+                    claimed = await self._claim(resolved, workspace_id, tenant, chosen=bool(chosen_id))
+                    if claimed is not None:
+                        return claimed
                     return await self._create(resolved, workspace_id, tenant)
             except BaseException:
                 self._activity.pop(workspace_id, None)  # nothing was created: nothing to remember
@@ -496,7 +503,10 @@ class WorkspaceManager:
             lock = self._id_locks[workspace_id] = asyncio.Lock()
         return lock
 
-    async def _create(self, resolved: WorkspaceSpec, workspace_id: str, tenant: str) -> Workspace:
+    async def _create(
+        self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, *, pool_class: str = ""
+    ) -> Workspace:
+        """Start a container for ``resolved``; with ``pool_class`` a pool member of that class (no tenant)."""
         await self._forget_context(workspace_id)  # an earlier workspace of that id, removed behind our back
         if self.agent is None:
             async with self._agent_lock:
@@ -534,8 +544,8 @@ class WorkspaceManager:
                 labels={
                     **resolved.labels,
                     LABEL_SPEC: spec_to_json(resolved),
-                    LABEL_TENANT: tenant,
                     LABEL_AGENT: agent.tag,
+                    **({LABEL_POOL: pool_class} if pool_class else {LABEL_TENANT: tenant}),
                 },
                 memory_bytes=resolved.limits.memory_bytes,
                 cpu_millis=resolved.limits.cpu_millis,
@@ -562,9 +572,153 @@ class WorkspaceManager:
             await self.backend.remove_container(workspace_id)
             msg = f"the workspace's agent did not start in image {quoted(resolved.image)}: {exc.message}"
             raise FailedPreconditionError(msg) from None
+        if pool_class:
+            return workspace
         self.touch(workspace_id)
         log.info("workspace.created", workspace_id=workspace_id, image=resolved.image, user=user, tenant=tenant)
         return workspace
+
+    # -- the warm pool -------------------------------------------------------------------------------
+    async def _claim(
+        self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, *, chosen: bool
+    ) -> Workspace | None:
+        """Make a ready pool member of ``resolved``'s class this workspace; None when there is none.
+
+        What is the caller's alone is applied now: the id and tenant (recorded by the engine,
+        ``Backend.claim_container``), env, labels, secrets and idle TTL (in the recorded spec,
+        which every command reads), and the working directory (created as Docker creates a
+        container's, root's and 0755, when the class's is another). A member that cannot be
+        claimed is removed and the create goes on as a normal one.
+
+        Raises:
+            WorkspaceExistsError: ``chosen`` and a workspace of that id exists.
+        """
+        pool_class = self.pool.match(resolved) if self.pool is not None else None
+        if pool_class is None or self.pool is None:
+            return None
+        member = self.pool.take(pool_class)
+        if member is None:
+            return None
+        if chosen:
+            try:
+                await self.backend.inspect_container(workspace_id)
+            except WorkspaceNotFoundError:
+                pass
+            else:
+                self.pool.give_back(pool_class, member)
+                msg = f"workspace {workspace_id!r} already exists"
+                raise WorkspaceExistsError(msg)
+        began = time.monotonic()
+        member_spec = spec_from_json(member.labels[LABEL_SPEC])
+        final = dataclasses.replace(
+            resolved, security=dataclasses.replace(resolved.security, user=member_spec.security.user)
+        )
+        try:
+            if final.working_dir != member_spec.working_dir:
+                code, said = await self.backend.exec_run(
+                    member.workspace_id,
+                    ["mkdir", "-p", "--", final.working_dir],
+                    user="0:0",
+                    container_id=member.container_id,
+                )
+                if code != 0:
+                    msg = f"cannot make working directory {quoted(final.working_dir)}: {said[:200]!r}"
+                    raise FailedPreconditionError(msg)
+            labels = {
+                **final.labels,
+                LABEL_SPEC: spec_to_json(final),
+                LABEL_TENANT: tenant,
+                LABEL_AGENT: member.labels[LABEL_AGENT],
+            }
+            info = await self.backend.claim_container(member.workspace_id, workspace_id, labels)
+        except SandboxdError as exc:
+            log.warning("pool.claim_failed", member=member.workspace_id, workspace_id=workspace_id, error=exc.message)
+            await self.remove_member(member.workspace_id)
+            return None
+        old = self._contexts.pop(member.workspace_id, None)
+        link = old.link if old is not None and old.container_id == info.container_id else None
+        if link is not None:
+            link.workspace_id = workspace_id
+        self._context_for(info, link=link)
+        self.touch(workspace_id)
+        log.info(
+            "workspace.created",
+            workspace_id=workspace_id,
+            image=final.image,
+            user=final.security.user,
+            tenant=tenant,
+            pool_class=pool_class.name,
+            claim_s=round(time.monotonic() - began, 4),
+        )
+        return self._workspace(info)
+
+    async def create_member(self, pool_class: PoolClass, member_id: str) -> ContainerInfo:
+        """Start a pool member of ``pool_class``: a workspace of no tenant whose agent has answered.
+
+        Raises:
+            SandboxdError: as :meth:`create` does.
+        """
+        await self._create(pool_class.spec, member_id, "", pool_class=pool_class.name)
+        return await self.backend.inspect_container(member_id)
+
+    def pool_classes(self) -> builtins.list[PoolClass]:
+        """The pool's classes from the settings: ``default`` (``pool_size`` of the default spec), then the pool file's.
+
+        Raises:
+            InvalidSpecError: the pool file is bad, a class's spec is out of range, or two classes
+                share a name or a spec.
+        """
+        wanted = []
+        if self.settings.pool_size > 0:
+            wanted.append(("default", self.settings.pool_size, WorkspaceSpec(idle_ttl_s=0.0)))
+        if self.settings.pool_file:
+            wanted += read_pool_file(self.settings.pool_file)
+        classes: builtins.list[PoolClass] = []
+        for name, size, spec in wanted:
+            try:
+                resolved = self.resolve(spec)
+            except InvalidSpecError as exc:
+                msg = f"pool class {name!r}: {exc.message}"
+                raise InvalidSpecError(msg) from None
+            pool_class = PoolClass(name=name, size=size, spec=resolved)
+            for other in classes:
+                if other.name == name or other.key == pool_class.key:
+                    msg = f"pool class {name!r} has the {'name' if other.name == name else 'spec'} of {other.name!r}"
+                    raise InvalidSpecError(msg)
+            classes.append(pool_class)
+        return classes
+
+    async def member_is_fresh(self, info: ContainerInfo, pool_class: PoolClass) -> bool:
+        """Whether a member an earlier run left can be handed out: same spec, current agent and image, untouched.
+
+        Raises:
+            SandboxdError: its agent cannot be reached.
+        """
+        stored = spec_from_json(info.labels[LABEL_SPEC])
+        if not pool_class.spec.security.user:  # the member's was read from the image
+            stored = dataclasses.replace(stored, security=dataclasses.replace(stored.security, user=""))
+        if not info.running or stored != pool_class.spec:
+            return False
+        if self.agent is None or info.labels.get(LABEL_AGENT) != self.agent.tag:
+            return False
+        image = await self.backend.image_info(pool_class.spec.image)
+        if image is None or image.image_id != info.image_id:
+            return False
+        welcome = await self._context_for(info).link.connect()
+        return not welcome.sessions
+
+    def member_answers(self, member_id: str) -> bool:
+        """Whether a ready member's agent link is up."""
+        context = self._contexts.get(member_id)
+        return context is not None and context.link.connected
+
+    async def remove_member(self, member_id: str) -> None:
+        """Remove a pool member (nothing if it is gone)."""
+        await self._forget_context(member_id)
+        try:
+            await self.backend.remove_container(member_id)
+        except SandboxdError as exc:
+            log.warning("pool.remove_failed", member=member_id, error=exc.message)
 
     async def _check_quota(self, tenant: str, memory_bytes: int) -> None:
         """RESOURCE_EXHAUSTED when the tenant is at its workspace count or memory total."""
@@ -844,7 +998,9 @@ class WorkspaceManager:
         (``exec_context`` says to recreate it).
         """
         self.audit = audit
-        infos = [info for info in await self.backend.list_containers({}) if LABEL_SPEC in info.labels]
+        listed = [info for info in await self.backend.list_containers({}) if LABEL_SPEC in info.labels]
+        members = [info for info in listed if LABEL_POOL in info.labels]
+        infos = [info for info in listed if LABEL_POOL not in info.labels]
         gate = asyncio.Semaphore(8)
 
         async def attach(info: ContainerInfo) -> None:
@@ -859,6 +1015,11 @@ class WorkspaceManager:
                     log.warning("workspace.adopt_failed", workspace_id=info.workspace_id, error=exc.message)
 
         await asyncio.gather(*(attach(info) for info in infos))
+        if self.pool is not None:
+            await self.pool.adopt(members)
+        else:
+            for member in members:
+                await self.remove_member(member.workspace_id)
         return [info.workspace_id for info in infos]
 
     def _adopt_sessions(self, context: ExecContext, welcome: Welcome) -> None:
@@ -917,8 +1078,8 @@ class WorkspaceManager:
         self.touch(workspace_id)
         return context
 
-    def _context_for(self, info: ContainerInfo) -> ExecContext:
-        """The workspace's context and agent link, made once per container.
+    def _context_for(self, info: ContainerInfo, *, link: AgentLink | None = None) -> ExecContext:
+        """The workspace's context and agent link, made once per container (``link``: an open one to keep).
 
         Raises:
             FailedPreconditionError: the workspace predates the agent.
@@ -934,7 +1095,7 @@ class WorkspaceManager:
             raise FailedPreconditionError(msg)
         spec = spec_from_json(info.labels[LABEL_SPEC])
         socket_dir = info.mounts.get(AGENT_SOCKET_DIR, "") if self.settings.agent_transport == "auto" else ""
-        link = AgentLink(
+        link = link or AgentLink(
             self.backend,
             info.workspace_id,
             info.container_id,

@@ -29,6 +29,7 @@ from ..models import (
     WorkspaceState,
     Yielded,
 )
+from ..pool import PoolStatus
 
 __all__ = [
     "duration_s",
@@ -36,6 +37,7 @@ __all__ = [
     "exec_spec",
     "exit_to_proto",
     "input_response",
+    "pool_class_to_proto",
     "snapshot_to_proto",
     "workspace_spec",
     "workspace_to_proto",
@@ -264,3 +266,16 @@ def input_response(event: ExecEvent) -> ppb.InputResponse:
     result = ppb.InputResponse()
     getattr(result, str(kind)).CopyFrom(getattr(response, str(kind)))
     return result
+
+
+def pool_class_to_proto(status: PoolStatus) -> wpb.PoolClass:
+    """Return the wire form of a pool class and its counts."""
+    return wpb.PoolClass(
+        name=status.pool_class.name,
+        spec=_spec_to_proto(status.pool_class.spec),
+        size=status.pool_class.size,
+        ready=status.ready,
+        starting=status.starting,
+        claims=status.claims,
+        misses=status.misses,
+    )

@@ -33,6 +33,7 @@ from ..errors import InvalidSpecError, SandboxdError
 from ..files import FileManager
 from ..images import ensure_default_image
 from ..memory import HeapTrimmer
+from ..pool import WarmPool
 from ..processes import ProcessTable
 from ..secrets import SecretStore
 from ..settings import Settings
@@ -80,6 +81,8 @@ class Daemon:
                     await task
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
+        if self.workspaces.pool is not None:
+            await self.workspaces.pool.close()
         await self.processes.close()
         await self.workspaces.close()
         await self.files.close()
@@ -219,6 +222,7 @@ async def start(
         agent = await _find_agent(settings, backend, progress)
     processes = ProcessTable(backend, settings, tenants=authenticator.tenant_count)
     workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store, agent=agent)
+    workspaces.pool = WarmPool(workspaces, workspaces.pool_classes())  # a bad pool file stops the start
     try:
         orphans = await backend.remove_orphans()
         if orphans:
@@ -227,6 +231,7 @@ async def start(
     except SandboxdError as exc:
         # The engine may be down now and back later: serve anyway, calls get UNAVAILABLE meanwhile.
         log.error("daemon.adopt_failed", error=exc.message)  # noqa: TRY400
+    workspaces.pool.start()
     trimmer = HeapTrimmer()
     server = grpc.aio.server(
         interceptors=[ErrorInterceptor(authenticator, audit, trimmer)],

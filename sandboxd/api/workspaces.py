@@ -60,3 +60,8 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
         """Thaw a paused workspace."""
         workspace = await self.workspaces.resume(request.workspace_id)
         return wpb.ResumeWorkspaceResponse(workspace=convert.workspace_to_proto(workspace))
+
+    async def GetPool(self, request: wpb.GetPoolRequest, context: Context) -> wpb.GetPoolResponse:
+        """The warm pool's classes and what each holds."""
+        pool = self.workspaces.pool
+        return wpb.GetPoolResponse(classes=[convert.pool_class_to_proto(s) for s in (pool.status() if pool else [])])

@@ -72,6 +72,8 @@ class ContainerInfo:
     keeps it on its own machine (not necessarily this one)."""
     paused: bool = False
     """Frozen by :meth:`Backend.pause_container` (then ``running`` is false)."""
+    image_id: str = ""
+    """The id of the image it was created from."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -219,6 +221,18 @@ class Backend(Protocol):
 
     async def remove_container(self, workspace_id: str) -> bool:
         """Remove the container (paused or not) and its volume; return whether either existed."""
+        ...
+
+    async def claim_container(self, member_id: str, workspace_id: str, labels: Mapping[str, str]) -> ContainerInfo:
+        """Make the running container created as ``member_id`` (a warm pool's) workspace ``workspace_id``.
+
+        From then on, and across restarts of the daemon, every call names it ``workspace_id``
+        and reports ``labels`` as its own (the domain's ``sandboxd.*`` labels among them).
+
+        Raises:
+            WorkspaceExistsError: ``workspace_id`` is taken.
+            WorkspaceNotFoundError: no container of ``member_id``.
+        """
         ...
 
     async def pause_container(self, workspace_id: str) -> None:

@@ -41,7 +41,7 @@ from ..errors import (
 )
 from .base import ContainerInfo, ContainerSpec, ImageInfo
 
-__all__ = ["API_VERSION", "LABEL_INSTANCE", "LABEL_MANAGED", "LABEL_WORKSPACE", "DockerBackend"]
+__all__ = ["API_VERSION", "LABEL_INSTANCE", "LABEL_MANAGED", "LABEL_MEMBER", "LABEL_WORKSPACE", "DockerBackend"]
 
 API_VERSION = "1.41"
 """Docker Engine API version spoken (Docker 20.10 and every later engine accept it)."""
@@ -49,6 +49,14 @@ API_VERSION = "1.41"
 LABEL_MANAGED = "sandboxd.managed"
 LABEL_INSTANCE = "sandboxd.instance"
 LABEL_WORKSPACE = "sandboxd.workspace_id"
+LABEL_CLAIM_OF = "sandboxd.claim_of"
+"""On a claim record (a volume): the id the claimed container was created with."""
+LABEL_MEMBER = "sandboxd.pool_member"
+"""In a claimed container's labels as this backend reports them: the id it was created with."""
+CLAIM_SUFFIX = ".claim"
+"""A claim record's volume is the workspace's name plus this (a workspace id has no dot)."""
+HOSTNAME = "sandbox"
+"""Every workspace's host name: the same for a claimed pool member as for a fresh container."""
 WORKSPACE_MOUNT = "/workspace"
 MAIN_USER = "0:0"
 """The main process (PID 1 is Docker's init; this is its only child) runs as root, with only the
@@ -87,6 +95,11 @@ class DockerBackend:
         self._timeout_s = timeout_s
         self._retries = retries
         self._api_client: docker.APIClient | None = None
+        self._claims: dict[str, str] | None = None
+        """Workspace id -> the id its container was created with, for claimed containers
+        (:meth:`claim_container`); None until read from the claim records."""
+        self._claimed: dict[str, dict[str, str]] = {}
+        """Created-with id -> the labels the claimed container answers with."""
 
     # -- plumbing --------------------------------------------------------------
     def _api(self) -> docker.APIClient:
@@ -171,10 +184,33 @@ class DockerBackend:
         return await retrying(attempt)
 
     def _name(self, workspace_id: str) -> str:
-        return f"sandboxd-{self.instance}-{workspace_id}"
+        """The container's (and its volume's) name: a claimed workspace's is its pool member's."""
+        return f"sandboxd-{self.instance}-{(self._claims or {}).get(workspace_id, workspace_id)}"
+
+    def _labels(self, labels: Mapping[str, str]) -> Mapping[str, str]:
+        """A container's labels as callers see them: a claimed one's are its claim's."""
+        return self._claimed.get(labels.get(LABEL_WORKSPACE, ""), labels)
+
+    async def _load_claims(self, *, again: bool = False) -> None:
+        """Read the claim records (once, or ``again``)."""
+        if self._claims is not None and not again:
+            return
+        selector = {"label": [f"{LABEL_INSTANCE}={self.instance}", LABEL_CLAIM_OF]}
+        volumes = (await self._call(self._api().volumes, filters=selector, idempotent=True)).get("Volumes") or []
+        claims, claimed = {}, {}
+        for volume in volumes:
+            record = volume.get("Labels") or {}
+            member, workspace_id = record.get(LABEL_CLAIM_OF, ""), record.get(LABEL_WORKSPACE, "")
+            if member and workspace_id and volume["Name"] == self._claim_name(workspace_id):
+                claims[workspace_id] = member
+                claimed[member] = _claimed_labels(record, member)
+        self._claims, self._claimed = claims, claimed
+
+    def _claim_name(self, workspace_id: str) -> str:
+        return f"sandboxd-{self.instance}-{workspace_id}{CLAIM_SUFFIX}"
 
     def _info(self, attrs: Mapping[str, Any]) -> ContainerInfo:
-        labels = attrs["Config"]["Labels"] or {}
+        labels = self._labels(attrs["Config"]["Labels"] or {})
         volume = next(
             (m.get("Name", "") for m in attrs.get("Mounts", []) if m.get("Destination") == WORKSPACE_MOUNT), ""
         )
@@ -185,6 +221,7 @@ class DockerBackend:
             labels=labels,
             running=bool(attrs["State"].get("Running")) and not attrs["State"].get("Paused"),
             paused=bool(attrs["State"].get("Paused")),
+            image_id=attrs.get("Image") or "",
             create_time=_parse_time(attrs["Created"]),
             os=attrs.get("Platform") or "linux",
             runtime=(attrs.get("HostConfig") or {}).get("Runtime") or "",
@@ -402,7 +439,7 @@ class DockerBackend:
                 environment=dict(spec.env),
                 working_dir=spec.working_dir,
                 labels=labels,
-                hostname=spec.workspace_id[:63],
+                hostname=HOSTNAME,
                 host_config=host_config,
                 network_disabled=spec.network == "none",
             )
@@ -429,24 +466,36 @@ class DockerBackend:
 
     async def inspect_container(self, workspace_id: str) -> ContainerInfo:
         """Return one of this daemon's workspace containers, or WorkspaceNotFoundError."""
+        await self._load_claims()
         try:
             attrs = await self._call(self._api().inspect_container, self._name(workspace_id), idempotent=True)
         except docker.errors.NotFound as exc:
             msg = f"workspace {workspace_id!r} not found"
             raise WorkspaceNotFoundError(msg) from exc
-        labels = attrs["Config"]["Labels"] or {}
-        if labels.get(LABEL_MANAGED) != "true" or labels.get(LABEL_INSTANCE) != self.instance:
+        info = self._info(attrs)
+        labels = info.labels
+        if (
+            labels.get(LABEL_MANAGED) != "true"
+            or labels.get(LABEL_INSTANCE) != self.instance
+            or info.workspace_id != workspace_id  # a pool member claimed since, asked for by its old id
+        ):
             msg = f"workspace {workspace_id!r} not found"
             raise WorkspaceNotFoundError(msg)
-        return self._info(attrs)
+        return info
 
     async def list_containers(self, labels: Mapping[str, str]) -> list[ContainerInfo]:
-        """Return this daemon's workspace containers carrying every label in ``labels``."""
-        selector = {LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance, **labels}
-        filters = {"label": [f"{k}={v}" for k, v in selector.items()]}
+        """Return this daemon's workspace containers carrying every label in ``labels``.
+
+        The selector is matched here, not by the engine: a claimed container's labels are its claim's.
+        """
+        await self._load_claims()
+        filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
         listed = await self._call(self._api().containers, all=True, filters=filters, idempotent=True)
         infos = []
         for summary in listed:
+            seen = self._labels(summary.get("Labels") or {})
+            if any(seen.get(key) != value for key, value in labels.items()):
+                continue
             try:
                 attrs = await self._call(self._api().inspect_container, summary["Id"], idempotent=True)
             except docker.errors.NotFound:
@@ -456,23 +505,30 @@ class DockerBackend:
 
     async def container_labels(self) -> Mapping[str, Mapping[str, str]]:
         """Labels of each workspace container, by workspace id, from the listing alone (no inspects)."""
+        await self._load_claims()
         filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
         listed = await self._call(self._api().containers, all=True, filters=filters, idempotent=True)
-        labelled = ((summary.get("Labels") or {}) for summary in listed)
+        labelled = (self._labels(summary.get("Labels") or {}) for summary in listed)
         return {labels[LABEL_WORKSPACE]: labels for labels in labelled if labels.get(LABEL_WORKSPACE)}
 
     async def volume_labels(self, workspace_id: str) -> Mapping[str, str] | None:
-        """Labels of the workspace's volume, or None when there is none (or it is not ours)."""
+        """Labels of the workspace's volume (a claimed one's: its claim record), or None when there is none."""
+        await self._load_claims()
+        name = self._claim_name(workspace_id) if workspace_id in (self._claims or {}) else self._name(workspace_id)
         try:
-            attrs = await self._call(self._api().inspect_volume, self._name(workspace_id), idempotent=True)
+            attrs = await self._call(self._api().inspect_volume, name, idempotent=True)
         except docker.errors.NotFound:
             return None
         labels = attrs.get("Labels") or {}
         return labels if labels.get(LABEL_INSTANCE) == self.instance else None
 
     async def remove_orphans(self) -> list[str]:
-        """Remove half-created workspaces of this daemon: unstarted or spec-less containers, lone volumes."""
+        """Remove half-created workspaces of this daemon: unstarted or spec-less containers, lone volumes.
+
+        A claim record whose container is gone is a lone volume too.
+        """
         api = self._api()
+        await self._load_claims(again=True)
         selector = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
         removed = []
         containers = await self._call(api.containers, all=True, filters=selector, idempotent=True)
@@ -494,11 +550,17 @@ class DockerBackend:
                 with contextlib.suppress(docker.errors.NotFound, BackendError):
                     await self._call(api.remove_volume, volume["Name"], force=True)
                     removed.append(volume["Name"])
+        await self._load_claims(again=True)
         return removed
 
     async def remove_container(self, workspace_id: str) -> bool:
-        """Remove container and volume; return whether either existed (missing ones are no error)."""
+        """Remove container and volume; return whether either existed (missing ones are no error).
+
+        A claimed workspace's claim record goes last: a removal cut short leaves it to name what is left.
+        """
         api = self._api()
+        await self._load_claims()
+        member = (self._claims or {}).get(workspace_id, "")
         name = self._name(workspace_id)
         found = False
         # gVisor cannot kill a paused sandbox ("PID is zombie and can not be killed"): thaw it first.
@@ -516,8 +578,52 @@ class DockerBackend:
         with contextlib.suppress(docker.errors.NotFound):
             await self._call(api.remove_volume, name, force=True, idempotent=True)
             found = True
-        await self._remove_private_volumes(workspace_id)
+        if member:
+            await self._remove_private_volumes(member)
+        await self._remove_private_volumes(workspace_id)  # a claim record among them
+        if member and self._claims is not None:
+            self._claims.pop(workspace_id, None)
+            self._claimed.pop(member, None)
         return found
+
+    async def claim_container(self, member_id: str, workspace_id: str, labels: Mapping[str, str]) -> ContainerInfo:
+        """Give the running container created as ``member_id`` the id and labels of a new workspace.
+
+        A container's labels cannot change, so the claim is kept as a record of the engine's: a
+        volume named after the workspace, labelled with its labels and the member's id, which
+        nothing mounts. From then on the container answers as ``workspace_id`` with ``labels``
+        (here and after a restart, whoever reads the records); removing it removes the record.
+
+        Raises:
+            WorkspaceExistsError: ``workspace_id`` is taken.
+            WorkspaceNotFoundError: no container of ``member_id``.
+        """
+        api = self._api()
+        await self._load_claims()
+        claims = self._claims if self._claims is not None else {}
+        if workspace_id in claims:
+            msg = f"workspace {workspace_id!r} already exists"
+            raise WorkspaceExistsError(msg)
+        if member_id in self._claimed:
+            msg = f"{member_id!r} is claimed already"
+            raise WorkspaceExistsError(msg)
+        record = {
+            **labels,
+            LABEL_MANAGED: "true",
+            LABEL_INSTANCE: self.instance,
+            LABEL_WORKSPACE: workspace_id,
+            LABEL_CLAIM_OF: member_id,
+        }
+        created = await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
+        if (created.get("Labels") or {}) != record:
+            # The engine hands back a volume of that name as it is: an earlier claim's, whose
+            # container is gone (a removal cut short). It is replaced.
+            await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
+            await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
+        claims[workspace_id] = member_id
+        self._claims = claims
+        self._claimed[member_id] = _claimed_labels(record, member_id)
+        return await self.inspect_container(workspace_id)
 
     async def pause_container(self, workspace_id: str) -> None:
         """Freeze the container's processes (``docker pause``: the cgroup freezer, or gVisor's own)."""
@@ -763,6 +869,13 @@ class UnixSocketStream(_Connection):
     async def exit_code(self) -> int | None:
         """Always None: a socket has no exit code (its end is its end of stream)."""
         return None
+
+
+def _claimed_labels(record: Mapping[str, str], member_id: str) -> dict[str, str]:
+    """The labels a claimed container answers with: its claim record's, naming the member."""
+    labels = {key: value for key, value in record.items() if key != LABEL_CLAIM_OF}
+    labels[LABEL_MEMBER] = member_id
+    return labels
 
 
 def _in_container(pid: int, container_id: str) -> bool:

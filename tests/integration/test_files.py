@@ -7,6 +7,7 @@ import base64
 import io
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import tarfile
@@ -262,10 +263,11 @@ class TestIsolation:
         assert not os.path.exists(host_probe)
 
     async def test_symlink_to_etc_hostname_reads_the_containers(self, workspace) -> None:
-        """A link to /etc/hostname reads the container's hostname (its workspace id), not the host's."""
+        """A link to /etc/hostname reads the container's hostname (every workspace's: sandbox), not the host's."""
         await workspace.exec("ln -s /etc/hostname /workspace/hn").wait(check=True)
         page = await workspace.read_file("hn")
-        assert page.content == f"     1\t{workspace.workspace_id}"
+        assert page.content == "     1\tsandbox"
+        assert socket.gethostname() != "sandbox"
 
     async def test_root_owned_read_only_file(self, workspace, docker_client) -> None:
         """Editing a root-owned read-only file is PERMISSION_DENIED and the file is unchanged."""

@@ -1,0 +1,342 @@
+"""The warm pool: started, idle workspaces kept per class, taken by a matching CreateWorkspace.
+
+A *class* is everything fixed when a container is created: image, limits, network, runtime
+and security settings. A ``CreateWorkspace`` whose spec resolves to a class's takes one of
+its ready *members* instead of starting a container; what is the caller's alone (id,
+tenant, env, labels, working directory, secrets, idle TTL) is applied then, so the claimed
+workspace is indistinguishable from a fresh one (``WorkspaceManager._claim``). The pool
+refills in the background after every claim, and a claim never waits for it: an empty pool
+means a normal create.
+
+Members are containers of this daemon's instance labelled ``sandboxd.pool=<class>`` with an
+id no caller can name (``pool.<hex>``: workspace ids have no dot), so they are in no listing
+and count toward no quota. A claim is recorded by the engine (``Backend.claim_container``),
+so a claimed workspace survives a daemon restart with its id, tenant and spec. After a
+restart every unclaimed member whose agent holds no session, whose class is still
+configured and whose image is current is taken back; the rest are removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+import yaml
+
+from .backend.base import ContainerInfo
+from .errors import InvalidSpecError, SandboxdError
+from .models import NetworkPolicy, ResourceLimits, Runtime, SecurityOptions, WorkspaceSpec
+
+if TYPE_CHECKING:
+    from .workspaces import WorkspaceManager
+
+__all__ = ["LABEL_POOL", "MEMBER_PREFIX", "PoolClass", "PoolStatus", "WarmPool", "class_key", "read_pool_file"]
+
+log = structlog.get_logger(__name__)
+
+LABEL_POOL = "sandboxd.pool"
+"""On a member: the name of its class."""
+MEMBER_PREFIX = "pool."
+"""Members' ids start so: a workspace id has no dot, so no caller can name a member."""
+CHECK_INTERVAL_S = 10.0
+"""How often ready members are checked (agent still answering, image still current)."""
+RETRY_AFTER_S = 10.0
+"""Wait after a member failed to start before a class tries again (a missing image, an engine away)."""
+CONCURRENT_STARTS = 2
+"""Members started at once across all classes (the engine's work, not the daemon's, is the bound)."""
+MAX_CLASSES = 32
+MAX_CLASS_SIZE = 64
+_CLASS_FIELDS = frozenset(
+    {
+        "name",
+        "size",
+        "image",
+        "memory_bytes",
+        "cpu_millis",
+        "pids",
+        "disk_bytes",
+        "network",
+        "runtime",
+        "user",
+        "added_capabilities",
+        "allow_new_privileges",
+        "read_only_root_filesystem",
+    }
+)
+
+
+def class_key(spec: WorkspaceSpec) -> tuple[Any, ...]:
+    """What a resolved spec (before its user is read from the image) has in common with its class.
+
+    Everything Docker fixes at container create, and nothing a claim applies.
+    """
+    return (spec.image, spec.limits, spec.network, spec.runtime, spec.security)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PoolClass:
+    """One kind of member, and how many to keep ready."""
+
+    name: str
+    size: int
+    spec: WorkspaceSpec
+    """Resolved (every default filled in, the user as the request would give it)."""
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """:func:`class_key` of its spec."""
+        return class_key(self.spec)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PoolStatus:
+    """A class as ``GetPool`` reports it."""
+
+    pool_class: PoolClass
+    ready: int
+    starting: int
+    claims: int
+    misses: int
+
+
+def read_pool_file(path: str) -> list[tuple[str, int, WorkspaceSpec]]:
+    """The classes of a pool file: a YAML list of mappings, one per class.
+
+    Each has ``name`` and ``size``, and any of ``image``, ``memory_bytes``, ``cpu_millis``,
+    ``pids``, ``disk_bytes``, ``network`` (``none``/``bridge``), ``runtime`` (``runc``/``runsc``),
+    ``user``, ``added_capabilities``, ``allow_new_privileges``, ``read_only_root_filesystem``;
+    unset ones take the daemon's defaults, as in ``CreateWorkspace``.
+
+    Raises:
+        InvalidSpecError: the file cannot be read, is not such a list, or a value is out of range.
+    """
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        msg = f"pool file {path}: {exc}"
+        raise InvalidSpecError(msg) from None
+    if not isinstance(loaded, list) or len(loaded) > MAX_CLASSES:
+        msg = f"pool file {path}: must be a list of at most {MAX_CLASSES} classes"
+        raise InvalidSpecError(msg)
+    classes = []
+    for index, entry in enumerate(loaded):
+        where = f"pool file {path}, class {index + 1}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            msg = f"{where}: must be a mapping with a name"
+            raise InvalidSpecError(msg)
+        if unknown := sorted(set(entry) - _CLASS_FIELDS):
+            msg = f"{where}: unknown fields {unknown}"
+            raise InvalidSpecError(msg)
+        size = entry.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_CLASS_SIZE:
+            msg = f"{where}: size must be an integer from 0 to {MAX_CLASS_SIZE}"
+            raise InvalidSpecError(msg)
+        try:
+            spec = _spec(entry)
+        except (TypeError, ValueError) as exc:
+            msg = f"{where}: {exc}"
+            raise InvalidSpecError(msg) from None
+        classes.append((entry["name"], size, spec))
+    return classes
+
+
+def _spec(entry: Mapping[str, Any]) -> WorkspaceSpec:
+    def number(name: str) -> int:
+        value = entry.get(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool):
+            msg = f"{name} must be an integer"
+            raise TypeError(msg)
+        return value
+
+    capabilities = entry.get("added_capabilities", [])
+    if not isinstance(capabilities, list) or not all(isinstance(c, str) for c in capabilities):
+        msg = "added_capabilities must be a list of names"
+        raise TypeError(msg)
+    return WorkspaceSpec(
+        image=str(entry.get("image", "")),
+        limits=ResourceLimits(
+            memory_bytes=number("memory_bytes"),
+            cpu_millis=number("cpu_millis"),
+            pids=number("pids"),
+            disk_bytes=number("disk_bytes"),
+        ),
+        network=NetworkPolicy(entry.get("network", "none")),
+        runtime=Runtime(entry["runtime"]) if entry.get("runtime") else None,
+        idle_ttl_s=0.0,
+        security=SecurityOptions(
+            added_capabilities=tuple(capabilities),
+            allow_new_privileges=bool(entry.get("allow_new_privileges", False)),
+            user=str(entry.get("user", "")),
+            read_only_root_filesystem=bool(entry.get("read_only_root_filesystem", False)),
+        ),
+    )
+
+
+class WarmPool:
+    """Keeps each class's members ready, hands them out, and starts new ones in the background.
+
+    Args:
+        manager: makes members (``create_member``), claims and removes them.
+        classes: the classes to keep; names are unique.
+    """
+
+    def __init__(self, manager: WorkspaceManager, classes: Sequence[PoolClass]) -> None:
+        """Prepare the pool; :meth:`start` begins filling it."""
+        self.manager = manager
+        self.classes = {c.name: c for c in classes if c.size > 0}
+        self._by_key = {c.key: c for c in self.classes.values()}
+        self._ready: dict[str, collections.deque[ContainerInfo]] = {name: collections.deque() for name in self.classes}
+        self._starting: collections.Counter[str] = collections.Counter()
+        self._claims: collections.Counter[str] = collections.Counter()
+        self._misses: collections.Counter[str] = collections.Counter()
+        self._failed_at: dict[str, float] = {}
+        self._gate = asyncio.Semaphore(CONCURRENT_STARTS)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._starts: set[asyncio.Task[None]] = set()
+
+    def match(self, spec: WorkspaceSpec) -> PoolClass | None:
+        """The class a resolved spec belongs to, if any."""
+        return self._by_key.get(class_key(spec))
+
+    def take(self, pool_class: PoolClass) -> ContainerInfo | None:
+        """A ready member of the class, or None (counted as a miss); either way a refill is due."""
+        ready = self._ready[pool_class.name]
+        self._wake.set()
+        if not ready:
+            self._misses[pool_class.name] += 1
+            return None
+        self._claims[pool_class.name] += 1
+        return ready.popleft()
+
+    def give_back(self, pool_class: PoolClass, member: ContainerInfo) -> None:
+        """Return an untouched member a claim did not use (its caller's id was taken)."""
+        self._claims[pool_class.name] -= 1
+        self._ready[pool_class.name].appendleft(member)
+
+    def status(self) -> list[PoolStatus]:
+        """Every class, with what it holds now and its counts since the daemon started."""
+        return [
+            PoolStatus(
+                pool_class=c,
+                ready=len(self._ready[c.name]),
+                starting=self._starting[c.name],
+                claims=self._claims[c.name],
+                misses=self._misses[c.name],
+            )
+            for c in self.classes.values()
+        ]
+
+    async def adopt(self, members: Sequence[ContainerInfo]) -> None:
+        """Take back the members an earlier run left, or remove them.
+
+        A member is kept if its class is configured with the same spec, it runs the current
+        agent, and its agent holds no session (nothing ever ran in it).
+        """
+        kept = 0
+        for info in members:
+            pool_class = self.classes.get(info.labels.get(LABEL_POOL, ""))
+            try:
+                if (
+                    pool_class is not None
+                    and len(self._ready[pool_class.name]) < pool_class.size
+                    and await self.manager.member_is_fresh(info, pool_class)
+                ):
+                    self._ready[pool_class.name].append(info)
+                    kept += 1
+                    continue
+            except SandboxdError as exc:
+                log.info("pool.member_unusable", member=info.workspace_id, error=exc.message)
+            await self.manager.remove_member(info.workspace_id)
+        if members:
+            log.info("pool.adopted", kept=kept, removed=len(members) - kept)
+
+    def start(self) -> None:
+        """Begin keeping the classes full, for as long as the daemon runs."""
+        if self.classes and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="warm-pool")
+
+    async def close(self) -> None:
+        """Stop refilling; members being started are finished or removed, ready ones stay for the next run."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self._starts):
+            task.cancel()
+        if self._starts:
+            await asyncio.gather(*self._starts, return_exceptions=True)
+
+    async def _run(self) -> None:
+        checked = time.monotonic()
+        while True:
+            self._fill()
+            try:
+                async with asyncio.timeout(max(0.0, checked + CHECK_INTERVAL_S - time.monotonic())):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if time.monotonic() - checked >= CHECK_INTERVAL_S:
+                checked = time.monotonic()
+                try:
+                    await self._check()
+                except Exception:  # the pool must outlive any one failure (an engine away)
+                    log.exception("pool.check_failed")
+
+    def _fill(self) -> None:
+        for pool_class in self.classes.values():
+            failed = self._failed_at.get(pool_class.name)
+            if failed is not None and time.monotonic() - failed < RETRY_AFTER_S:
+                continue
+            missing = pool_class.size - len(self._ready[pool_class.name]) - self._starting[pool_class.name]
+            for _ in range(max(0, missing)):
+                self._starting[pool_class.name] += 1
+                task = asyncio.create_task(self._start_member(pool_class), name=f"pool-{pool_class.name}")
+                self._starts.add(task)
+                task.add_done_callback(self._starts.discard)
+
+    async def _start_member(self, pool_class: PoolClass) -> None:
+        member_id = f"{MEMBER_PREFIX}{secrets.token_hex(6)}"
+        try:
+            async with self._gate:
+                began = time.monotonic()
+                info = await self.manager.create_member(pool_class, member_id)
+        except SandboxdError as exc:
+            self._failed_at[pool_class.name] = time.monotonic()
+            log.warning("pool.member_failed", pool_class=pool_class.name, error=exc.message)
+            asyncio.get_running_loop().call_later(RETRY_AFTER_S, self._wake.set)
+            return
+        finally:
+            self._starting[pool_class.name] -= 1
+        self._failed_at.pop(pool_class.name, None)
+        self._ready[pool_class.name].append(info)
+        log.info(
+            "pool.member_ready",
+            pool_class=pool_class.name,
+            member=member_id,
+            start_s=round(time.monotonic() - began, 3),
+            ready=len(self._ready[pool_class.name]),
+        )
+
+    async def _check(self) -> None:
+        """Drop members whose agent stopped answering or whose image was rebuilt since."""
+        for pool_class in self.classes.values():
+            ready = self._ready[pool_class.name]
+            current = await self.manager.backend.image_info(pool_class.spec.image)
+            for info in list(ready):
+                fresh = current is not None and info.image_id == current.image_id
+                if (fresh and self.manager.member_answers(info.workspace_id)) or info not in ready:
+                    continue  # fine, or claimed while the image was looked up
+                ready.remove(info)
+                log.info("pool.member_dropped", member=info.workspace_id, stale_image=not fresh)
+                await self.manager.remove_member(info.workspace_id)
+        self._wake.set()

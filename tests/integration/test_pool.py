@@ -1,0 +1,221 @@
+"""The warm pool: a matching create takes a started member, and nobody can tell.
+
+Each test runs its own daemon with its own pool (the shared test daemon keeps none), on a
+private instance label, and looks at the engine itself to see what was claimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sandboxd_client import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    SandboxClient,
+)
+
+from tests.conftest import DaemonThread, make_settings, new_instance, spawned_daemon
+
+pytestmark = pytest.mark.docker
+
+
+async def until_ready(client: SandboxClient, ready: int, name: str = "default", timeout: float = 60) -> None:
+    """Wait until the class holds ``ready`` members."""
+    deadline = time.monotonic() + timeout
+    while True:
+        classes = {c.name: c for c in await client.get_pool()}
+        if classes[name].ready == ready:
+            return
+        assert time.monotonic() < deadline, f"the pool never held {ready}: {classes[name]}"
+        await asyncio.sleep(0.05)
+
+
+def containers(docker_client, instance: str) -> list:  # type: ignore[type-arg, no-untyped-def]
+    return docker_client.containers.list(all=True, filters={"label": f"sandboxd.instance={instance}"})
+
+
+def stop(thread: DaemonThread) -> None:
+    """Stop a pool's daemon, then remove its members: they stay for the next run of the daemon,
+    and must be all that stays (the suite's finalizer checks nothing else is left)."""
+    thread.stop()
+    remove_members(thread.settings.instance)
+
+
+def remove_members(instance: str) -> None:
+    import docker
+
+    client = docker.from_env()
+    try:
+        for container in containers(client, instance):
+            assert "sandboxd.pool" in container.labels, f"not a member: {container.labels}"
+            container.remove(force=True, v=True)
+        for volume in client.volumes.list(filters={"label": f"sandboxd.instance={instance}"}):
+            volume.remove(force=True)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+async def pooled(tmp_path: Path, default_image: str) -> AsyncIterator[tuple[SandboxClient, DaemonThread]]:
+    """A daemon keeping 2 members of the default class, with its client."""
+    thread = DaemonThread(make_settings(tmp_path, pool_size=2)).start()
+    try:
+        async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+            await until_ready(client, 2)
+            yield client, thread
+    finally:
+        stop(thread)
+
+
+async def test_a_claimed_member_is_a_fresh_workspace(pooled, docker_client) -> None:
+    """Its own id, its env, labels and spec, an empty /workspace, the same host name; the pool refills."""
+    client, thread = pooled
+    began = time.monotonic()
+    ws = await client.create_workspace(env={"GREETING": "hi"}, labels={"test": "pool"})
+    took = time.monotonic() - began
+    container = docker_client.containers.get(ws.info.container_id)
+    assert container.labels["sandboxd.pool"] == "default"  # it was a member
+    assert ws.workspace_id.startswith("ws-") and ws.info.state == "running"
+    assert (ws.info.labels, ws.info.env, ws.info.working_dir) == ({"test": "pool"}, {"GREETING": "hi"}, "/workspace")
+    got = await client.get_workspace(ws.workspace_id)
+    assert (got.info.labels, got.info.container_id) == ({"test": "pool"}, ws.info.container_id)
+    assert [w.workspace_id for w in await client.list_workspaces()] == [ws.workspace_id]  # no member listed
+    result = await ws.exec("echo $GREETING; hostname; ls -A /workspace; id -un; pwd").wait()
+    assert result.stdout == "hi\nsandbox\nsandbox\n/workspace\n"
+    (default,) = await client.get_pool()
+    assert (default.claims, default.misses, default.size) == (1, 0, 2)
+    refill = time.monotonic()
+    await until_ready(client, 2)
+    print(f"claim {took * 1000:.1f} ms, refill {time.monotonic() - refill:.2f} s")
+    await ws.delete()
+    with pytest.raises(NotFoundError):
+        await client.get_workspace(ws.workspace_id)
+    selector = {"label": f"sandboxd.instance={thread.settings.instance}"}
+    names = {v.name for v in docker_client.volumes.list(filters=selector)}
+    assert not [n for n in names if ws.workspace_id in n]  # its claim record went with it
+    assert len(containers(docker_client, thread.settings.instance)) == 2  # the members, nothing else
+
+
+async def test_what_a_claim_applies(pooled, docker_client) -> None:
+    """A working directory the member lacks is made; the idle TTL is the claimer's; a caller's id is kept."""
+    client, _thread = pooled
+    ws = await client.create_workspace(workspace_id="ws-claimed-here", working_dir="/srv/app", idle_ttl_s=2.0)
+    assert ws.workspace_id == "ws-claimed-here"
+    assert "sandboxd.pool" in docker_client.containers.get(ws.info.container_id).labels
+    assert (await ws.exec("pwd; stat -c '%U %a' /srv/app").wait()).stdout == "/srv/app\nroot 755\n"
+    with pytest.raises(AlreadyExistsError):
+        await client.create_workspace(workspace_id="ws-claimed-here")
+    await until_ready(client, 2)  # the member that create took back went back to the pool
+    deadline = time.monotonic() + 20
+    while docker_client.containers.list(all=True, filters={"id": ws.info.container_id}):
+        assert time.monotonic() < deadline, "the claimer's idle TTL did not remove it"
+        await asyncio.sleep(0.2)
+
+
+async def test_a_spec_of_no_class_and_an_empty_pool_are_normal_creates(tmp_path: Path, docker_client) -> None:
+    """Other limits start a container; so does a create that finds the class empty (a miss)."""
+    thread = DaemonThread(make_settings(tmp_path, pool_size=1)).start()
+    try:
+        async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+            await until_ready(client, 1)
+            other = await client.create_workspace(memory_bytes=512 * 1024**2)
+            assert "sandboxd.pool" not in docker_client.containers.get(other.info.container_id).labels
+            first = await client.create_workspace()
+            second = await client.create_workspace()  # the refill has had no time: a normal create
+            labels = [docker_client.containers.get(w.info.container_id).labels for w in (first, second)]
+            assert ["sandboxd.pool" in each for each in labels] == [True, False]
+            (default,) = await client.get_pool()
+            assert (default.claims, default.misses) == (1, 1)
+            for ws in (other, first, second):
+                assert (await ws.exec("echo ok").wait()).stdout == "ok\n"
+                await ws.delete()
+    finally:
+        stop(thread)
+
+
+async def test_members_count_toward_no_quota_and_cannot_be_named(tmp_path: Path) -> None:
+    """With a quota of one workspace and two members, the first create is fine and the second refused."""
+    thread = DaemonThread(make_settings(tmp_path, pool_size=2, tenant_max_workspaces=1)).start()
+    try:
+        async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+            await until_ready(client, 2)
+            ws = await client.create_workspace()
+            with pytest.raises(ResourceExhaustedError):
+                await client.create_workspace()
+            with pytest.raises(InvalidArgumentError):
+                await client.get_workspace("pool.0123456789ab")
+            await ws.delete()
+    finally:
+        stop(thread)
+
+
+async def test_a_runsc_class_from_the_pool_file(tmp_path: Path, runsc_available: bool, docker_client) -> None:
+    """A class of the pool file (gVisor, 256 MiB) serves the creates that ask for exactly that."""
+    if not runsc_available:
+        pytest.skip("the engine has no runsc runtime")
+    pool_file = tmp_path / "pool.yaml"
+    pool_file.write_text("- name: gvisor-small\n  size: 1\n  runtime: runsc\n  memory_bytes: 268435456\n")
+    thread = DaemonThread(make_settings(tmp_path, pool_file=str(pool_file))).start()
+    try:
+        async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+            await until_ready(client, 1, "gvisor-small", timeout=120)
+            ws = await client.create_workspace(runtime="runsc", memory_bytes=256 * 1024**2)
+            assert docker_client.containers.get(ws.info.container_id).labels["sandboxd.pool"] == "gvisor-small"
+            assert (await ws.exec("dmesg | head -1").wait()).stdout.startswith("[    0.000000] Starting gVisor")
+            await ws.delete()
+    finally:
+        stop(thread)
+
+
+def test_a_bad_pool_file_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    """An unknown field, a bad size or two classes of one spec: the daemon says which, and does not start."""
+    from sandboxd.errors import InvalidSpecError
+
+    for text, said in (
+        ("- name: a\n  size: 1\n  colour: red\n", "unknown fields ['colour']"),
+        ("- name: a\n  size: -1\n", "size must be an integer"),
+        ("- name: a\n  size: 1\n- name: b\n  size: 1\n", "has the spec of 'a'"),
+        ("- name: a\n  size: 1\n  memory_bytes: 12\n", "pool class 'a': limits.memory_bytes"),
+    ):
+        pool_file = tmp_path / "pool.yaml"
+        pool_file.write_text(text)
+        thread = DaemonThread(make_settings(tmp_path, pool_file=str(pool_file)))
+        with pytest.raises(InvalidSpecError, match=said.replace("[", r"\[").replace("]", r"\]")):
+            thread.start()
+        thread.loop.call_soon_threadsafe(thread.loop.stop)
+        thread.thread.join(10)
+        thread.loop.close()
+
+
+async def test_a_claimed_workspace_outlives_kill_9_and_no_member_leaks(tmp_path: Path, docker_client) -> None:
+    """kill -9 with a pool of 2 and one claimed: the claimed one answers with its id and files, the
+    members are taken back, and the engine holds exactly those three containers."""
+    instance = new_instance()
+    with spawned_daemon(tmp_path, instance, SANDBOXD_POOL_SIZE="2") as (process, socket_path, _log):
+        async with SandboxClient(socket_path=socket_path, retries=False) as client:
+            await until_ready(client, 2)
+            ws = await client.create_workspace(labels={"test": "pool-restart"})
+            await ws.write_file("/workspace/kept.txt", "kept\n")
+            await until_ready(client, 2)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    with spawned_daemon(tmp_path, instance, SANDBOXD_POOL_SIZE="2") as (_process, socket_path, _log):
+        async with SandboxClient(socket_path=socket_path, retries=False) as client:
+            again = await client.get_workspace(ws.workspace_id)
+            assert (again.info.labels, again.info.container_id) == ({"test": "pool-restart"}, ws.info.container_id)
+            assert (await again.exec("cat /workspace/kept.txt").wait()).stdout == "kept\n"
+            assert [w.workspace_id for w in await client.list_workspaces()] == [ws.workspace_id]
+            await until_ready(client, 2)
+            (default,) = await client.get_pool()
+            assert default.starting == 0
+            assert len(containers(docker_client, instance)) == 3  # pool size + claimed: no member leaked
+            await again.delete()
+    remove_members(instance)
