@@ -18,8 +18,12 @@ IMAGE = "sandboxd/base:bookworm"
 
 
 @contextlib.contextmanager
-def private_daemon() -> Iterator[str]:
-    """Start `sandboxd serve` on a temporary socket; yield the socket path; stop it on exit."""
+def private_daemon(*, pool_size: int = 0, pool_file: str = "") -> Iterator[str]:
+    """Start `sandboxd serve` on a temporary socket; yield the socket path; stop it on exit.
+
+    The warm pool is off unless ``pool_size`` (or ``pool_file``) says otherwise: a create is then
+    a container started, as the create figures mean.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         socket_path = str(Path(tmp) / "bench.sock")
         env = {
@@ -27,6 +31,8 @@ def private_daemon() -> Iterator[str]:
             "SANDBOXD_SOCKET": socket_path,
             "SANDBOXD_INSTANCE": INSTANCE,
             "SANDBOXD_LOG_LEVEL": "warning",
+            "SANDBOXD_POOL_SIZE": str(pool_size),
+            "SANDBOXD_POOL_FILE": pool_file,
         }
         daemon = subprocess.Popen([str(Path(sys.executable).with_name("sandboxd")), "serve", "--no-build"], env=env)
         try:
@@ -38,3 +44,20 @@ def private_daemon() -> Iterator[str]:
         finally:
             daemon.terminate()
             daemon.wait(30)
+            remove_everything()
+
+
+def remove_everything() -> None:
+    """Remove what the run left under its instance label (the pool's members stay after the daemon)."""
+    import docker
+
+    engine = docker.from_env()
+    try:
+        for leftover in engine.containers.list(all=True, filters={"label": f"sandboxd.instance={INSTANCE}"}):
+            if leftover.status == "paused":
+                leftover.unpause()
+            leftover.remove(force=True, v=True)
+        for volume in engine.volumes.list(filters={"label": f"sandboxd.instance={INSTANCE}"}):
+            volume.remove(force=True)
+    finally:
+        engine.close()

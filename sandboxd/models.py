@@ -111,7 +111,8 @@ class WorkspaceSpec:
     working_dir: str = ""
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     limits: ResourceLimits = dataclasses.field(default_factory=ResourceLimits)
-    network: NetworkPolicy = NetworkPolicy.NONE
+    network: NetworkPolicy | None = None
+    """None: the default (none), or a snapshot's source's."""
     runtime: Runtime | None = None
     idle_ttl_s: float | None = None
     """Seconds without calls before the idle action; None = daemon default, 0 = never."""

@@ -148,6 +148,9 @@ class Settings:
     tenant_max_memory_bytes: int = 0
     """Most memory, summed over one tenant's workspace limits, in bytes; 0 means no limit."""
 
+    tenant_max_snapshots: int = 0
+    """Most snapshots one tenant may keep; 0 means no limit."""
+
     tenant_max_sessions: int = 0
     """Live process sessions per tenant; 0 means a fair share: ``max_sessions`` divided by the
     number of tenants in the tokens file (all of it with one tenant), so that no tenant can take

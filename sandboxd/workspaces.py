@@ -39,7 +39,7 @@ from sandboxd_protocol.limits import (
 from .agent import AgentLink, Welcome
 from .agentbuild import AGENT_MOUNT, AGENT_PATH, AgentBuild, ensure_agent
 from .audit import AuditLog
-from .backend.base import Backend, ContainerInfo, ContainerSpec
+from .backend.base import Backend, ContainerInfo, ContainerSpec, ImageInfo
 from .errors import (
     FailedPreconditionError,
     ImageNotFoundError,
@@ -86,6 +86,8 @@ log = structlog.get_logger(__name__)
 RESERVED_LABEL_PREFIX = "sandboxd."
 LABEL_SPEC = "sandboxd.spec"
 LABEL_TENANT = "sandboxd.tenant"
+LABEL_SNAPSHOT = "sandboxd.snapshot"
+"""On a snapshot's image: its name; on a fork: the snapshot it was made from."""
 LABEL_AGENT = "sandboxd.agent"
 """The agent version a workspace was created with; a workspace without it predates the agent."""
 AGENT_CAPABILITIES = ("CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID")
@@ -250,6 +252,50 @@ def spec_from_json(text: str) -> WorkspaceSpec:
     )
 
 
+def inherit(request: WorkspaceSpec, source: WorkspaceSpec, *, image: str) -> WorkspaceSpec:
+    """A fork's spec: ``request``'s fields, each unset one (empty, zero, None) ``source``'s, on ``image``."""
+    limits, theirs = request.limits, source.limits
+    mine = request.security
+    return WorkspaceSpec(
+        image=image,
+        env=request.env or source.env,
+        working_dir=request.working_dir or source.working_dir,
+        labels=request.labels or source.labels,
+        limits=ResourceLimits(
+            memory_bytes=limits.memory_bytes or theirs.memory_bytes,
+            cpu_millis=limits.cpu_millis or theirs.cpu_millis,
+            pids=limits.pids or theirs.pids,
+            disk_bytes=limits.disk_bytes or theirs.disk_bytes,
+        ),
+        network=request.network or source.network,
+        runtime=request.runtime or source.runtime,
+        idle_ttl_s=request.idle_ttl_s if request.idle_ttl_s is not None else source.idle_ttl_s,
+        security=SecurityOptions(
+            added_capabilities=mine.added_capabilities or source.security.added_capabilities,
+            allow_new_privileges=mine.allow_new_privileges or source.security.allow_new_privileges,
+            user=mine.user or source.security.user,
+            read_only_root_filesystem=mine.read_only_root_filesystem or source.security.read_only_root_filesystem,
+        ),
+        idle_action=request.idle_action or source.idle_action,
+        auto_resume=request.auto_resume if request.auto_resume is not None else source.auto_resume,
+    )
+
+
+def _disinherited(snapshot: ImageInfo, labels: Mapping[str, str]) -> dict[str, str]:
+    """Blank values for what a fork's container would take from its snapshot's image.
+
+    Docker gives a container its image's labels, and the image has its source's (the source's
+    own labels, its ``sandboxd.*`` ones); a label cannot be dropped, only given another value.
+    """
+    source = spec_from_json(snapshot.labels[LABEL_SPEC]).labels
+    return {
+        key: ""
+        for key in snapshot.labels
+        if key not in labels
+        and (key in source or (key.startswith("sandboxd.") and not key.startswith("sandboxd.image.")))
+    }
+
+
 DEFAULT_PAGE_SIZE = 100
 """Workspaces per ListWorkspaces page when the caller sets no page size."""
 
@@ -400,7 +446,8 @@ class WorkspaceManager:
             msg = f"limits.disk_bytes must be between {MIN_DISK_BYTES} and the memory limit {memory}, got {disk}"
             raise InvalidSpecError(msg)
         runtime = spec.runtime or Runtime(s.default_runtime)
-        if runtime is Runtime.RUNSC and spec.network is NetworkPolicy.BRIDGE and not s.runsc_network:
+        network = spec.network or NetworkPolicy.NONE
+        if runtime is Runtime.RUNSC and network is NetworkPolicy.BRIDGE and not s.runsc_network:
             msg = (
                 "network 'bridge' is not available under runtime 'runsc' on this daemon (its gVisor runs "
                 "with --network=none; set SANDBOXD_RUNSC_NETWORK=true once the engine's runsc can network)"
@@ -442,6 +489,7 @@ class WorkspaceManager:
             labels=dict(spec.labels),
             working_dir=posixpath.normpath(working_dir),
             limits=ResourceLimits(memory_bytes=memory, cpu_millis=cpu, pids=pids, disk_bytes=disk),
+            network=network,
             runtime=runtime,
             idle_ttl_s=spec.idle_ttl_s if spec.idle_ttl_s is not None else s.default_idle_ttl_s,
             security=dataclasses.replace(spec.security, added_capabilities=tuple(sorted(set(capabilities)))),
@@ -450,12 +498,16 @@ class WorkspaceManager:
         )
 
     # -- life cycle ----------------------------------------------------------------------------------
-    async def create(self, spec: WorkspaceSpec, *, workspace_id: str = "") -> Workspace:
+    async def create(
+        self, spec: WorkspaceSpec, *, workspace_id: str = "", snapshot: ImageInfo | None = None
+    ) -> Workspace:
         """Create and start a workspace.
 
         Args:
             spec: the caller's spec; defaults are filled in.
             workspace_id: optional caller-chosen id; empty generates ``ws-<12 hex>``.
+            snapshot: a snapshot's image to fork (``SnapshotStore.find``): the workspace starts
+                with its files, and every field ``spec`` leaves unset is the snapshot's source's.
 
         Raises:
             InvalidSpecError: a field is out of range or malformed.
@@ -465,6 +517,11 @@ class WorkspaceManager:
         """
         if workspace_id:
             check_workspace_id(workspace_id)
+        if snapshot is not None:
+            if spec.image:
+                msg = "spec.image must be empty when forking a snapshot: the snapshot is the image"
+                raise InvalidSpecError(msg)
+            spec = inherit(spec, spec_from_json(snapshot.labels[LABEL_SPEC]), image=snapshot.ref)
         resolved = self.resolve(spec)
         tenant = current_tenant()
         chosen_id = workspace_id
@@ -482,10 +539,11 @@ class WorkspaceManager:
             try:
                 # In use from the start: the reaper must not count idleness from before it existed.
                 async with self._id_lock(workspace_id), self.in_use(workspace_id):
-                    claimed = await self._claim(resolved, workspace_id, tenant, chosen=bool(chosen_id))
-                    if claimed is not None:
-                        return claimed
-                    return await self._create(resolved, workspace_id, tenant)
+                    if snapshot is None:
+                        claimed = await self._claim(resolved, workspace_id, tenant, chosen=bool(chosen_id))
+                        if claimed is not None:
+                            return claimed
+                    return await self._create(resolved, workspace_id, tenant, snapshot=snapshot)
             except BaseException:
                 self._activity.pop(workspace_id, None)  # nothing was created: nothing to remember
                 raise
@@ -504,9 +562,15 @@ class WorkspaceManager:
         return lock
 
     async def _create(
-        self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, *, pool_class: str = ""
+        self,
+        resolved: WorkspaceSpec,
+        workspace_id: str,
+        tenant: str,
+        *,
+        pool_class: str = "",
+        snapshot: ImageInfo | None = None,
     ) -> Workspace:
-        """Start a container for ``resolved``; with ``pool_class`` a pool member of that class (no tenant)."""
+        """Start a container for ``resolved``: a member of ``pool_class`` (no tenant), or a fork of ``snapshot``."""
         await self._forget_context(workspace_id)  # an earlier workspace of that id, removed behind our back
         if self.agent is None:
             async with self._agent_lock:
@@ -542,10 +606,12 @@ class WorkspaceManager:
                 env={},
                 working_dir=resolved.working_dir,
                 labels={
+                    **(_disinherited(snapshot, resolved.labels) if snapshot is not None else {}),
                     **resolved.labels,
                     LABEL_SPEC: spec_to_json(resolved),
                     LABEL_AGENT: agent.tag,
                     **({LABEL_POOL: pool_class} if pool_class else {LABEL_TENANT: tenant}),
+                    **({LABEL_SNAPSHOT: snapshot.labels[LABEL_SNAPSHOT]} if snapshot is not None else {}),
                 },
                 memory_bytes=resolved.limits.memory_bytes,
                 cpu_millis=resolved.limits.cpu_millis,
@@ -577,6 +643,17 @@ class WorkspaceManager:
         self.touch(workspace_id)
         log.info("workspace.created", workspace_id=workspace_id, image=resolved.image, user=user, tenant=tenant)
         return workspace
+
+    async def owned_info(self, workspace_id: str) -> ContainerInfo:
+        """The caller's workspace ``workspace_id`` as the engine reports it.
+
+        Raises:
+            WorkspaceNotFoundError: none of the caller's has that id.
+        """
+        check_workspace_id(workspace_id)
+        info = self._owned(await self.backend.inspect_container(workspace_id))
+        self.touch(workspace_id)
+        return info
 
     # -- the warm pool -------------------------------------------------------------------------------
     async def _claim(
@@ -805,6 +882,8 @@ class WorkspaceManager:
                     msg = f"workspace {workspace_id!r} not found"
                     raise WorkspaceNotFoundError(msg)
             await self._remove(workspace_id, "its workspace was deleted")
+        if info is not None and info.labels.get(LABEL_SNAPSHOT):
+            await self.backend.remove_unused_images()  # its snapshot's image, if deleted, was kept for it
         log.info("workspace.deleted", workspace_id=workspace_id)
 
     async def pause(self, workspace_id: str) -> Workspace:
@@ -931,7 +1010,7 @@ class WorkspaceManager:
         removed = []
         # Every second: one listing, no per-container inspect.
         for workspace_id, labels in (await self.backend.container_labels()).items():
-            if LABEL_SPEC not in labels or self._busy.get(workspace_id):
+            if not labels.get(LABEL_SPEC) or self._busy.get(workspace_id):
                 continue
             spec = spec_from_json(labels[LABEL_SPEC])
             ttl = spec.idle_ttl_s or 0
@@ -998,9 +1077,10 @@ class WorkspaceManager:
         (``exec_context`` says to recreate it).
         """
         self.audit = audit
-        listed = [info for info in await self.backend.list_containers({}) if LABEL_SPEC in info.labels]
-        members = [info for info in listed if LABEL_POOL in info.labels]
-        infos = [info for info in listed if LABEL_POOL not in info.labels]
+        # Blank labels are a snapshot's inheritance (an image's labels stay on its containers).
+        listed = [info for info in await self.backend.list_containers({}) if info.labels.get(LABEL_SPEC)]
+        members = [info for info in listed if info.labels.get(LABEL_POOL)]
+        infos = [info for info in listed if not info.labels.get(LABEL_POOL)]
         gate = asyncio.Semaphore(8)
 
         async def attach(info: ContainerInfo) -> None:
@@ -1126,6 +1206,7 @@ class WorkspaceManager:
         return Workspace(
             workspace_id=info.workspace_id,
             spec=spec,
+            from_snapshot=info.labels.get(LABEL_SNAPSHOT, ""),
             state=WorkspaceState.PAUSED if info.paused else state,
             create_time=info.create_time,
             container_id=info.container_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 from sandboxd_protocol.v1 import workspace_service_pb2_grpc as wgrpc
 
+from ..snapshots import SnapshotStore
 from ..workspaces import WorkspaceManager
 from . import convert
 from ._types import Context
@@ -15,17 +16,18 @@ __all__ = ["WorkspaceServicer"]
 class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
     """Serves ``sandboxd.v1.WorkspaceService``."""
 
-    def __init__(self, workspaces: WorkspaceManager) -> None:
-        """Serve ``workspaces``."""
+    def __init__(self, workspaces: WorkspaceManager, snapshots: SnapshotStore | None = None) -> None:
+        """Serve ``workspaces`` and their ``snapshots``."""
         self.workspaces = workspaces
+        self.snapshots = snapshots or SnapshotStore(workspaces)
 
     async def CreateWorkspace(
         self, request: wpb.CreateWorkspaceRequest, context: Context
     ) -> wpb.CreateWorkspaceResponse:
-        """Create and start a workspace."""
-        workspace = await self.workspaces.create(
-            convert.workspace_spec(request.spec), workspace_id=request.workspace_id
-        )
+        """Create and start a workspace (a fork of a snapshot, with ``from_snapshot``)."""
+        spec = convert.workspace_spec(request.spec)
+        snapshot = await self.snapshots.find(request.from_snapshot) if request.from_snapshot else None
+        workspace = await self.workspaces.create(spec, workspace_id=request.workspace_id, snapshot=snapshot)
         return wpb.CreateWorkspaceResponse(workspace=convert.workspace_to_proto(workspace))
 
     async def GetWorkspace(self, request: wpb.GetWorkspaceRequest, context: Context) -> wpb.GetWorkspaceResponse:
@@ -65,3 +67,24 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
         """The warm pool's classes and what each holds."""
         pool = self.workspaces.pool
         return wpb.GetPoolResponse(classes=[convert.pool_class_to_proto(s) for s in (pool.status() if pool else [])])
+
+    async def SnapshotWorkspace(
+        self, request: wpb.SnapshotWorkspaceRequest, context: Context
+    ) -> wpb.SnapshotWorkspaceResponse:
+        """Capture a workspace's files as a named snapshot."""
+        snapshot = await self.snapshots.take(request.workspace_id, request.name, dict(request.labels))
+        return wpb.SnapshotWorkspaceResponse(snapshot=convert.snapshot_to_proto(snapshot))
+
+    async def GetSnapshot(self, request: wpb.GetSnapshotRequest, context: Context) -> wpb.GetSnapshotResponse:
+        """Return one of the caller's snapshots."""
+        return wpb.GetSnapshotResponse(snapshot=convert.snapshot_to_proto(await self.snapshots.get(request.name)))
+
+    async def ListSnapshots(self, request: wpb.ListSnapshotsRequest, context: Context) -> wpb.ListSnapshotsResponse:
+        """The caller's snapshots, optionally by label."""
+        found = await self.snapshots.list(dict(request.label_selector))
+        return wpb.ListSnapshotsResponse(snapshots=[convert.snapshot_to_proto(s) for s in found])
+
+    async def DeleteSnapshot(self, request: wpb.DeleteSnapshotRequest, context: Context) -> wpb.DeleteSnapshotResponse:
+        """Remove one of the caller's snapshots."""
+        await self.snapshots.delete(request.name)
+        return wpb.DeleteSnapshotResponse(name=request.name)

@@ -86,6 +86,11 @@ class ImageInfo:
     os: str
     """``"linux"`` or ``"windows"``."""
     labels: Mapping[str, str]
+    ref: str = ""
+    """The reference it was asked by or listed under."""
+    size_bytes: int = 0
+    """Bytes of all its layers."""
+    created: datetime.datetime | None = None
 
 
 class ExecStream(Protocol):
@@ -165,8 +170,11 @@ class Backend(Protocol):
         """
         ...
 
-    async def remove_image(self, ref: str) -> None:
-        """Untag ``ref``, keeping its layers as build cache (nothing if it is missing)."""
+    async def remove_image(self, ref: str, *, prune: bool = False) -> None:
+        """Untag ``ref``, keeping its layers as build cache unless ``prune`` (nothing if it is missing).
+
+        Layers containers still use stay until the last of them is removed.
+        """
         ...
 
     async def architecture(self) -> str:
@@ -221,6 +229,30 @@ class Backend(Protocol):
 
     async def remove_container(self, workspace_id: str) -> bool:
         """Remove the container (paused or not) and its volume; return whether either existed."""
+        ...
+
+    async def snapshot_container(self, workspace_id: str, ref: str, labels: Mapping[str, str]) -> ImageInfo:
+        """Make image ``ref`` (labelled ``labels``) of the container's files.
+
+        Its changed root filesystem and its /workspace, which a container of the image starts with.
+
+        The container goes on running (frozen for the moment its root filesystem is taken);
+        its files are streamed, never held whole.
+
+        Raises:
+            WorkspaceNotFoundError: no such container.
+        """
+        ...
+
+    async def remove_unused_images(self) -> list[str]:
+        """Remove this daemon's images nothing needs any more; return their ids.
+
+        Deleted snapshots no workspace runs from, and debris of a snapshot cut short.
+        """
+        ...
+
+    async def list_images(self, labels: Mapping[str, str]) -> list[ImageInfo]:
+        """This daemon's snapshot images carrying every label in ``labels``, oldest first."""
         ...
 
     async def claim_container(self, member_id: str, workspace_id: str, labels: Mapping[str, str]) -> ContainerInfo:

@@ -55,6 +55,9 @@ LABEL_MEMBER = "sandboxd.pool_member"
 """In a claimed container's labels as this backend reports them: the id it was created with."""
 CLAIM_SUFFIX = ".claim"
 """A claim record's volume is the workspace's name plus this (a workspace id has no dot)."""
+LABEL_SNAPSHOT_PART = "sandboxd.snapshot_part"
+"""On the intermediate image and container of a snapshot being taken (debris if the daemon dies)."""
+SNAPSHOT_REPOSITORY = "sandboxd/snapshot"
 HOSTNAME = "sandbox"
 """Every workspace's host name: the same for a claimed pool member as for a fresh container."""
 WORKSPACE_MOUNT = "/workspace"
@@ -254,6 +257,9 @@ class DockerBackend:
             user=config.get("User") or "",
             os=attrs.get("Os") or "linux",
             labels=config.get("Labels") or {},
+            ref=ref,
+            size_bytes=int(attrs.get("Size") or 0),
+            created=_parse_time(attrs["Created"]) if attrs.get("Created") else None,
         )
 
     async def pull_image(self, ref: str) -> ImageInfo:
@@ -311,10 +317,13 @@ class DockerBackend:
 
         await self._call(build)
 
-    async def remove_image(self, ref: str) -> None:
-        """Untag ``ref`` (its layers stay as build cache); nothing happens if it is not there."""
+    async def remove_image(self, ref: str, *, prune: bool = False) -> None:
+        """Untag ``ref`` (its layers stay as build cache, unless ``prune``); nothing happens if it is not there.
+
+        An image containers still use loses its tag only; its layers go with the last of them.
+        """
         with contextlib.suppress(docker.errors.NotFound, docker.errors.ImageNotFound):
-            await self._call(self._api().remove_image, ref, noprune=True)
+            await self._call(self._api().remove_image, ref, force=prune, noprune=not prune)
 
     async def architecture(self) -> str:
         """The engine's CPU architecture, as it reports it (``x86_64``, ``aarch64``)."""
@@ -536,7 +545,7 @@ class DockerBackend:
         for summary in containers:
             labels = summary.get("Labels") or {}
             name = summary["Names"][0].lstrip("/") if summary.get("Names") else summary["Id"]
-            if summary.get("State") == "created" or "sandboxd.spec" not in labels:
+            if summary.get("State") == "created" or not labels.get("sandboxd.spec"):
                 with contextlib.suppress(docker.errors.NotFound):
                     await self._call(api.remove_container, summary["Id"], force=True, v=True)
                     removed.append(name)
@@ -551,6 +560,24 @@ class DockerBackend:
                     await self._call(api.remove_volume, volume["Name"], force=True)
                     removed.append(volume["Name"])
         await self._load_claims(again=True)
+        return removed + await self.remove_unused_images()
+
+    async def remove_unused_images(self) -> list[str]:
+        """Remove this daemon's images nothing needs; return their ids.
+
+        A deleted snapshot's once no workspace runs from it, and the intermediate image of a
+        snapshot cut short.
+        """
+        api = self._api()
+        removed = []
+        for filters in (
+            {"label": [f"{LABEL_INSTANCE}={self.instance}", f"{LABEL_SNAPSHOT_PART}=true"]},
+            {"label": [f"{LABEL_INSTANCE}={self.instance}"], "dangling": True},
+        ):
+            for image in await self._call(api.images, filters=filters, idempotent=True):
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.ImageNotFound, BackendError):
+                    await self._call(api.remove_image, image["Id"])  # refused while a container uses it
+                    removed.append(image["Id"])
         return removed
 
     async def remove_container(self, workspace_id: str) -> bool:
@@ -585,6 +612,87 @@ class DockerBackend:
             self._claims.pop(workspace_id, None)
             self._claimed.pop(member, None)
         return found
+
+    async def snapshot_container(self, workspace_id: str, ref: str, labels: Mapping[str, str]) -> ImageInfo:
+        """Make image ``ref`` of the container's root filesystem and its /workspace (see Backend).
+
+        ``docker commit`` takes the root filesystem (the container frozen meanwhile) but never a
+        volume, so a second step copies /workspace in: a container of the commit, never
+        started, is given the volume's files as a tar stream read from the workspace (a few
+        MiB at a time, whatever its size), and is committed as ``ref``.
+        """
+        api = self._api()
+        await self._load_claims()
+        part = {LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance, LABEL_SNAPSHOT_PART: "true"}
+        name = self._name(workspace_id)
+        try:
+            first = await self._call(api.commit, name, conf={"Labels": part})
+        except docker.errors.NotFound as exc:
+            msg = f"workspace {workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg) from exc
+        holder = None
+        try:
+            # An image takes its container's labels, and a container its image's, for good: the
+            # workspace's own (its id, spec, tenant...) are blanked on the holder, so that it is
+            # no workspace (a start after a crash removes it, as a container never started).
+            inherited = (await self._call(api.inspect_image, first["Id"], idempotent=True))["Config"]["Labels"] or {}
+            blanked = {key: "" for key in inherited if key.startswith("sandboxd.")}
+            holder = await self._call(
+                api.create_container,
+                first["Id"],
+                entrypoint=["/.sandboxd/none"],
+                command=[],
+                labels={**blanked, **part},
+                network_disabled=True,
+                host_config=api.create_host_config(network_mode="none"),
+            )
+
+            def copy() -> None:
+                stream, _stat = api.get_archive(name, WORKSPACE_MOUNT, chunk_size=1024 * 1024)
+                api.put_archive(holder["Id"], "/", stream)
+
+            try:
+                await self._call(copy)
+            except docker.errors.NotFound as exc:
+                msg = f"workspace {workspace_id!r} not found"
+                raise WorkspaceNotFoundError(msg) from exc
+            repository, _, tag = ref.rpartition(":")
+            final = {**labels, LABEL_SNAPSHOT_PART: ""}
+            await self._call(api.commit, holder["Id"], repository=repository, tag=tag, conf={"Labels": final})
+        finally:
+            if holder is not None:
+                with contextlib.suppress(docker.errors.NotFound, BackendError):
+                    await self._call(api.remove_container, holder["Id"], force=True, v=True)
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.ImageNotFound, BackendError):
+                await self._call(api.remove_image, first["Id"], noprune=False)
+        info = await self.image_info(ref)
+        if info is None:
+            msg = f"the snapshot image {ref} vanished as it was made"
+            raise BackendError(msg)
+        return info
+
+    async def list_images(self, labels: Mapping[str, str]) -> list[ImageInfo]:
+        """This daemon's images carrying every label in ``labels`` (snapshots), oldest first."""
+        selector = {LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance, **labels}
+        filters = {"label": [f"{k}={v}" for k, v in selector.items()]}
+        listed = await self._call(self._api().images, filters=filters, idempotent=True)
+        found = []
+        for summary in listed:
+            tags = [t for t in summary.get("RepoTags") or [] if t.startswith(f"{SNAPSHOT_REPOSITORY}:")]
+            if tags:
+                found.append((summary.get("Created", 0), summary, tags[0]))
+        return [
+            ImageInfo(
+                image_id=summary["Id"],
+                user="",
+                os="linux",
+                labels=summary.get("Labels") or {},
+                ref=tag,
+                size_bytes=int(summary.get("Size") or 0),
+                created=datetime.datetime.fromtimestamp(created, datetime.UTC),
+            )
+            for created, summary, tag in sorted(found, key=lambda item: item[0])
+        ]
 
     async def claim_container(self, member_id: str, workspace_id: str, labels: Mapping[str, str]) -> ContainerInfo:
         """Give the running container created as ``member_id`` the id and labels of a new workspace.

@@ -1,0 +1,187 @@
+"""Snapshots: a workspace's files kept as an image of the engine's, to fork workspaces from.
+
+A snapshot is one image (``sandboxd/snapshot:<digest>``): the workspace's root filesystem as
+``docker commit`` takes it, with its /workspace files added as a last layer (the backend
+streams them, so no size is held in the daemon's memory). Its labels say whose it is
+(``sandboxd.tenant``), its name, the workspace it was taken of and that workspace's resolved
+spec. The tag is a digest of the daemon's instance, the tenant and the name, so a name is
+unique per tenant and no name, however chosen, can reach another tenant's snapshot or any
+other image. A fork is a workspace created from the image: its root filesystem is the
+image's layers, copy-on-write, and Docker copies the image's /workspace into the fork's new
+volume, so every fork has its own files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import weakref
+from collections.abc import Mapping
+
+import structlog
+
+from .backend.base import ImageInfo
+from .errors import AlreadyExistsError, InvalidSpecError, NotFoundError, QuotaExceededError
+from .models import Snapshot
+from .tenancy import current_tenant
+from .workspaces import (
+    LABEL_SNAPSHOT,
+    LABEL_SPEC,
+    LABEL_TENANT,
+    WorkspaceManager,
+    check_labels,
+    spec_from_json,
+    spec_to_json,
+)
+
+__all__ = ["LABEL_SNAPSHOT", "SnapshotStore", "check_snapshot_name"]
+
+log = structlog.get_logger(__name__)
+
+LABEL_SNAPSHOT_OF = "sandboxd.snapshot_of"
+"""On a snapshot's image: the workspace it was taken of."""
+LABEL_SNAPSHOT_LABELS = "sandboxd.snapshot_labels"
+"""On a snapshot's image: the caller's labels, as JSON (the image also carries its source's)."""
+REPOSITORY = "sandboxd/snapshot"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def check_snapshot_name(name: str) -> None:
+    """Refuse a name that is not 1-63 letters, digits, '.', '_' or '-' from a letter or digit, or has '..'.
+
+    Raises:
+        InvalidSpecError: naming what is wrong.
+    """
+    if len(name) > 63:
+        msg = f"snapshot name is {len(name)} characters; the limit is 63"
+        raise InvalidSpecError(msg)
+    if not _NAME_RE.match(name) or ".." in name:
+        shown = name if len(name) <= 80 else name[:80] + "..."
+        msg = (
+            f"snapshot name {shown!r} is not valid: 1-63 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit, without '..' or '/'"
+        )
+        raise InvalidSpecError(msg)
+
+
+class SnapshotStore:
+    """Takes, finds and deletes the current tenant's snapshots.
+
+    Args:
+        manager: the workspaces (sources are theirs; forks are created through it).
+    """
+
+    def __init__(self, manager: WorkspaceManager) -> None:
+        """Serve snapshots of ``manager``'s workspaces."""
+        self.manager = manager
+        self.backend = manager.backend
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    def ref(self, name: str, tenant: str) -> str:
+        """The image reference of ``tenant``'s snapshot ``name``."""
+        digest = hashlib.sha256(f"{self.backend.instance}\0{tenant}\0{name}".encode()).hexdigest()
+        return f"{REPOSITORY}:{digest[:40]}"
+
+    def _lock(self, ref: str) -> asyncio.Lock:
+        lock = self._locks.get(ref)
+        if lock is None:
+            lock = self._locks[ref] = asyncio.Lock()
+        return lock
+
+    async def take(self, workspace_id: str, name: str, labels: Mapping[str, str]) -> Snapshot:
+        """Capture a workspace's files as the caller's snapshot ``name`` (it goes on running).
+
+        Raises:
+            InvalidSpecError: a bad name or labels.
+            WorkspaceNotFoundError: no such workspace of the caller's.
+            AlreadyExistsError: the caller has a snapshot of that name.
+            QuotaExceededError: the caller has ``tenant_max_snapshots`` already.
+        """
+        check_snapshot_name(name)
+        check_labels(labels, "labels")
+        tenant = current_tenant()
+        info = await self.manager.owned_info(workspace_id)
+        ref = self.ref(name, tenant)
+        async with self._lock(ref):
+            if await self.backend.image_info(ref) is not None:
+                msg = f"snapshot {name!r} already exists"
+                raise AlreadyExistsError(msg)
+            limit = self.manager.settings.tenant_max_snapshots
+            if limit and len(await self.list({})) >= limit:
+                msg = f"tenant {tenant!r} already has {limit} snapshots, its limit"
+                raise QuotaExceededError(msg)
+            spec = spec_from_json(info.labels[LABEL_SPEC])
+            image = await self.backend.snapshot_container(
+                workspace_id,
+                ref,
+                {
+                    LABEL_TENANT: tenant,
+                    LABEL_SNAPSHOT: name,
+                    LABEL_SNAPSHOT_OF: workspace_id,
+                    LABEL_SNAPSHOT_LABELS: json.dumps(dict(labels), sort_keys=True),
+                    LABEL_SPEC: spec_to_json(spec),
+                },
+            )
+        self.manager.touch(workspace_id)
+        log.info("snapshot.taken", snapshot=name, workspace_id=workspace_id, size_bytes=image.size_bytes)
+        return self._snapshot(image)
+
+    async def find(self, name: str) -> ImageInfo:
+        """The caller's snapshot ``name`` as its image.
+
+        Raises:
+            NotFoundError: the caller has none of that name (another tenant's is none of its).
+        """
+        check_snapshot_name(name)
+        image = await self.backend.image_info(self.ref(name, current_tenant()))
+        if (
+            image is None
+            or image.labels.get(LABEL_TENANT) != current_tenant()
+            or image.labels.get(LABEL_SNAPSHOT) != name
+        ):
+            msg = f"snapshot {name!r} not found"
+            raise NotFoundError(msg)
+        return image
+
+    async def get(self, name: str) -> Snapshot:
+        """The caller's snapshot ``name``; NotFoundError when there is none."""
+        return self._snapshot(await self.find(name))
+
+    async def list(self, label_selector: Mapping[str, str]) -> list[Snapshot]:
+        """The caller's snapshots carrying every label in ``label_selector``, oldest first."""
+        check_labels(label_selector, "label_selector")
+        images = await self.backend.list_images({LABEL_TENANT: current_tenant()})
+        found = [self._snapshot(i) for i in images if i.labels.get(LABEL_SNAPSHOT)]
+        return [s for s in found if all(s.labels.get(k) == v for k, v in label_selector.items())]
+
+    async def delete(self, name: str) -> None:
+        """Remove the caller's snapshot ``name``; forks keep their files (its layers stay while they run).
+
+        Raises:
+            NotFoundError: the caller has none of that name.
+        """
+        image = await self.find(name)
+        async with self._lock(image.ref):
+            await self.backend.remove_image(image.ref, prune=True)
+        await self.backend.remove_unused_images()
+        log.info("snapshot.deleted", snapshot=name)
+
+    def _snapshot(self, image: ImageInfo) -> Snapshot:
+
+        try:
+            labels = json.loads(image.labels.get(LABEL_SNAPSHOT_LABELS, "{}"))
+        except ValueError:
+            labels = {}
+        if image.created is None:
+            msg = f"snapshot image {image.ref} has no creation time"
+            raise NotFoundError(msg)
+        return Snapshot(
+            name=image.labels[LABEL_SNAPSHOT],
+            source_workspace_id=image.labels.get(LABEL_SNAPSHOT_OF, ""),
+            create_time=image.created,
+            labels=labels if isinstance(labels, dict) else {},
+            size_bytes=image.size_bytes,
+            spec=spec_from_json(image.labels[LABEL_SPEC]),
+        )

@@ -1,0 +1,228 @@
+"""Snapshots and forks: a workspace's files kept, forked into workspaces that each have their own copy.
+
+Under runc and gVisor: /workspace and what changed in the root filesystem are in every
+fork; a write in one fork is nowhere else. Bad names, other tenants' snapshots and deleted
+ones are clean errors that leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sandboxd_client import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    SandboxClient,
+)
+
+from sandboxd.tenancy import create_token
+from tests.conftest import DaemonThread, make_settings, rss_bytes, spawned_daemon
+
+pytestmark = pytest.mark.docker
+
+RUNTIMES = ["runc", pytest.param("runsc", marks=pytest.mark.runsc)]
+
+
+def skip_without(runtime: str, request: pytest.FixtureRequest) -> None:
+    if runtime == "runsc" and not request.getfixturevalue("runsc_available"):
+        pytest.skip("the engine has no runsc runtime (scripts/install-runsc registers it)")
+
+
+def snapshot_images(docker_client, instance: str) -> list:  # type: ignore[type-arg, no-untyped-def]
+    return docker_client.images.list(filters={"label": f"sandboxd.instance={instance}"})
+
+
+@pytest.fixture
+async def own(tmp_path: Path, default_image: str):  # type: ignore[no-untyped-def]
+    """A daemon of its own (its images are counted), with its client."""
+    thread = DaemonThread(make_settings(tmp_path, tenant_max_snapshots=3)).start()
+    try:
+        async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+            yield client, thread.settings.instance
+    finally:
+        thread.stop()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_forks_have_every_file_and_their_own_copy(
+    own, docker_client, runtime: str, request: pytest.FixtureRequest
+) -> None:
+    """1,000 files and a root-filesystem change, snapshot, 3 forks: each sees all; a write in one is in no other."""
+    skip_without(runtime, request)
+    client, instance = own
+    source = await client.create_workspace(runtime=runtime, env={"STAGE": "one"}, labels={"team": "a"})
+    made = await source.exec(
+        "for i in $(seq 1000); do echo $i > /workspace/f$i; done; mkdir -p ~/.cache && echo home > ~/.cache/x"
+        " && echo rootfs > /var/tmp/marker && echo done"
+    ).wait()
+    assert made.stdout == "done\n", made
+    snapshot = await source.snapshot("deps", labels={"stage": "deps"})
+    assert (snapshot.name, snapshot.source_workspace_id) == ("deps", source.workspace_id)
+    assert snapshot.labels == {"stage": "deps"}
+    assert snapshot.size_bytes > 0 and snapshot.user == "sandbox"
+    forks = [await client.create_workspace(from_snapshot="deps") for _ in range(3)]
+    for number, fork in enumerate(forks):
+        assert fork.info.from_snapshot == "deps"
+        assert (fork.info.runtime, fork.info.env, fork.info.user) == (runtime, {"STAGE": "one"}, "sandbox")
+        assert fork.info.labels == {"team": "a"}  # unset: the source's
+        seen = await fork.exec(
+            "ls /workspace | wc -l; cat /workspace/f1000 ~/.cache/x /var/tmp/marker;"
+            " stat -c %U /workspace/f1; echo $STAGE"
+        ).wait()
+        assert seen.stdout == "1000\n1000\nhome\nrootfs\nsandbox\none\n", seen
+        await fork.write_file(f"/workspace/mine-{number}", f"{number}\n")
+    for number, other in enumerate([source, *forks]):
+        mine = (await other.exec("ls /workspace | grep mine-").wait()).stdout.split()
+        assert mine == ([] if number == 0 else [f"mine-{number - 1}"]), (number, mine)
+    # A fork with labels of its own has none of the source's (its image has them: they are blanked).
+    relabelled = await client.create_workspace(from_snapshot="deps", labels={"role": "x"})
+    assert relabelled.info.labels == {"role": "x"}
+    teams = {w.workspace_id for w in await client.list_workspaces({"team": "a"})}
+    assert teams == {source.workspace_id, *(f.workspace_id for f in forks)}
+    assert [w.workspace_id for w in await client.list_workspaces({"role": "x"})] == [relabelled.workspace_id]
+    for fork in [*forks, relabelled]:
+        await fork.delete()
+    await source.delete()
+    await client.delete_snapshot("deps")
+    assert snapshot_images(docker_client, instance) == []  # nothing of it is left
+
+
+async def test_a_100_mib_workspace_is_streamed(tmp_path: Path, docker_client) -> None:
+    """Snapshot and fork of 100 MiB of /workspace: the same bytes in the fork, the daemon's memory flat."""
+    with spawned_daemon(tmp_path) as (process, socket_path, _log):
+        async with SandboxClient(socket_path=socket_path, retries=False) as client:
+            source = await client.create_workspace()
+            made = await source.exec("head -c 100M /dev/urandom > /workspace/big && sha256sum /workspace/big").wait()
+            digest = made.stdout.split()[0]
+            before = rss_bytes(process.pid)
+            peak = [before]
+            done = threading.Event()
+
+            def sample() -> None:
+                while not done.wait(0.02):
+                    peak[0] = max(peak[0], rss_bytes(process.pid))
+
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            try:
+                await source.snapshot("big")
+            finally:
+                done.set()
+                sampler.join()
+            assert peak[0] - before < 40 * 1024**2, f"the daemon grew by {(peak[0] - before) / 1024**2:.0f} MiB"
+            fork = await client.create_workspace(from_snapshot="big")
+            assert (await fork.exec("sha256sum /workspace/big").wait()).stdout.split()[0] == digest
+            for ws in (fork, source):
+                await ws.delete()
+            await client.delete_snapshot("big")
+
+
+async def test_bad_names_and_missing_snapshots_are_clean_errors(own, docker_client) -> None:
+    """'/', '..', 300 characters, a name taken, a deleted snapshot, an image beside a snapshot: each a
+    status and a message, and nothing half-made stays."""
+    client, instance = own
+    ws = await client.create_workspace()
+    for name in ("a/b", "..", "a..b", "x" * 300, "", "-lead", "sp ace"):
+        with pytest.raises(InvalidArgumentError, match="snapshot name"):
+            await ws.snapshot(name)
+    await ws.snapshot("taken")
+    with pytest.raises(AlreadyExistsError, match="snapshot 'taken' already exists"):
+        await ws.snapshot("taken")
+    with pytest.raises(InvalidArgumentError, match=r"spec\.image must be empty"):
+        await client.create_workspace(from_snapshot="taken", image="sandboxd/base:bookworm")
+    await client.delete_snapshot("taken")
+    for call in (
+        lambda: client.create_workspace(from_snapshot="taken"),
+        lambda: client.get_snapshot("taken"),
+        lambda: client.delete_snapshot("taken"),
+    ):
+        with pytest.raises(NotFoundError, match="snapshot 'taken' not found"):
+            await call()
+    with pytest.raises(NotFoundError):
+        await client.snapshot_workspace("ws-nosuchthing", "x")
+    for index in range(3):  # the quota is 3
+        await ws.snapshot(f"q{index}")
+    with pytest.raises(ResourceExhaustedError, match="3 snapshots"):
+        await ws.snapshot("q3")
+    assert [s.name for s in await client.list_snapshots()] == ["q0", "q1", "q2"]
+    for index in range(3):
+        await client.delete_snapshot(f"q{index}")
+    assert [w.workspace_id for w in await client.list_workspaces()] == [ws.workspace_id]
+    assert not docker_client.containers.list(all=True, filters={"label": "sandboxd.snapshot_part=true"})
+    await ws.delete()
+    assert snapshot_images(docker_client, instance) == []
+
+
+async def test_a_snapshot_is_its_tenants_alone(tmp_path: Path, default_image: str) -> None:
+    """Team B can neither see, fork, nor delete team A's snapshot, and may have one of the same name."""
+    tokens = tmp_path / "tokens.json"
+    token_a, token_b = create_token(tokens, "team-a"), create_token(tokens, "team-b")
+    thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens))).start()
+    try:
+        async with (
+            SandboxClient(socket_path=thread.socket_path, retries=False, token=token_a) as a,
+            SandboxClient(socket_path=thread.socket_path, retries=False, token=token_b) as b,
+        ):
+            ws_a = await a.create_workspace()
+            await ws_a.write_file("/workspace/secret.txt", "a's\n")
+            await ws_a.snapshot("shared-name")
+            assert await b.list_snapshots() == []
+            for call in (
+                lambda: b.get_snapshot("shared-name"),
+                lambda: b.create_workspace(from_snapshot="shared-name"),
+                lambda: b.delete_snapshot("shared-name"),
+                lambda: b.snapshot_workspace(ws_a.workspace_id, "stolen"),
+            ):
+                with pytest.raises(NotFoundError):
+                    await call()
+            ws_b = await b.create_workspace()
+            await ws_b.snapshot("shared-name")  # B's own, of the same name
+            fork_b = await b.create_workspace(from_snapshot="shared-name")
+            assert (await fork_b.exec("ls /workspace").wait()).stdout == ""
+            fork_a = await a.create_workspace(from_snapshot="shared-name")
+            assert (await fork_a.exec("cat /workspace/secret.txt").wait()).stdout == "a's\n"
+            for client, workspace in ((b, fork_b), (b, ws_b), (a, fork_a), (a, ws_a)):
+                await client.delete_workspace(workspace.workspace_id)
+            await a.delete_snapshot("shared-name")
+            await b.delete_snapshot("shared-name")
+    finally:
+        thread.stop()
+
+
+async def test_a_paused_workspace_can_be_snapshotted_and_stays_paused(own) -> None:
+    """Its commands go on after the resume; the fork has its files."""
+    client, _instance = own
+    ws = await client.create_workspace()
+    await ws.write_file("/workspace/a.txt", "one\n")
+    await ws.pause()
+    await ws.snapshot("while-paused")
+    assert (await ws.refresh()).state == "paused"
+    fork = await client.create_workspace(from_snapshot="while-paused")
+    assert (await fork.exec("cat /workspace/a.txt").wait()).stdout == "one\n"
+    for each in (fork, ws):
+        await each.delete()
+    await client.delete_snapshot("while-paused")
+
+
+async def test_a_fork_survives_its_snapshots_deletion(own, docker_client) -> None:
+    """Deleting the snapshot leaves forks working; their image goes with the last of them."""
+    client, instance = own
+    ws = await client.create_workspace()
+    await ws.write_file("/workspace/a.txt", "one\n")
+    await ws.snapshot("gone-soon")
+    fork = await client.create_workspace(from_snapshot="gone-soon")
+    await client.delete_snapshot("gone-soon")
+    assert (await fork.exec("cat /workspace/a.txt").wait()).stdout == "one\n"
+    assert (await client.get_workspace(fork.workspace_id)).info.from_snapshot == "gone-soon"
+    await fork.delete()
+    await ws.delete()
+    deadline = time.monotonic() + 10
+    while snapshot_images(docker_client, instance):
+        assert time.monotonic() < deadline, "the deleted snapshot's image stayed after its last fork"
+        await asyncio.sleep(0.2)
