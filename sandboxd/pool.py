@@ -217,11 +217,6 @@ class WarmPool:
         self._claims[pool_class.name] += 1
         return ready.popleft()
 
-    def give_back(self, pool_class: PoolClass, member: ContainerInfo) -> None:
-        """Return an untouched member a claim did not use (its caller's id was taken)."""
-        self._claims[pool_class.name] -= 1
-        self._ready[pool_class.name].appendleft(member)
-
     def status(self) -> list[PoolStatus]:
         """Every class, with what it holds now and its counts since the daemon started."""
         return [

@@ -1201,6 +1201,11 @@ class ProcessTable:
         while len(self._evicted) > 4096:
             self._evicted.popitem(last=False)
 
+    def drop(self, session: ProcessSession) -> None:
+        """Take a session of the daemon's own out of the table, leaving no trace of it."""
+        if self._sessions.get(session.process_id) is session:
+            del self._sessions[session.process_id]
+
     async def forget_workspace(self, workspace_id: str, why: str) -> None:
         """Drop every session of a workspace (its container is going away)."""
         for session in self.list(workspace_id):

@@ -52,6 +52,7 @@ from .errors import (
     quoted,
 )
 from .models import (
+    ExecSpec,
     IdleAction,
     NetworkPolicy,
     ResourceLimits,
@@ -673,18 +674,17 @@ class WorkspaceManager:
         pool_class = self.pool.match(resolved) if self.pool is not None else None
         if pool_class is None or self.pool is None:
             return None
-        member = self.pool.take(pool_class)
-        if member is None:
-            return None
         if chosen:
             try:
                 await self.backend.inspect_container(workspace_id)
             except WorkspaceNotFoundError:
                 pass
             else:
-                self.pool.give_back(pool_class, member)
                 msg = f"workspace {workspace_id!r} already exists"
                 raise WorkspaceExistsError(msg)
+        member = self.pool.take(pool_class)
+        if member is None:
+            return None
         began = time.monotonic()
         member_spec = spec_from_json(member.labels[LABEL_SPEC])
         final = dataclasses.replace(
@@ -707,7 +707,7 @@ class WorkspaceManager:
                 LABEL_TENANT: tenant,
                 LABEL_AGENT: member.labels[LABEL_AGENT],
             }
-            info = await self.backend.claim_container(member.workspace_id, workspace_id, labels)
+            info = await self.backend.claim_container(member, workspace_id, labels)
         except SandboxdError as exc:
             log.warning("pool.claim_failed", member=member.workspace_id, workspace_id=workspace_id, error=exc.message)
             await self.remove_member(member.workspace_id)
@@ -736,7 +736,28 @@ class WorkspaceManager:
             SandboxdError: as :meth:`create` does.
         """
         await self._create(pool_class.spec, member_id, "", pool_class=pool_class.name)
-        return await self.backend.inspect_container(member_id)
+        info = await self.backend.inspect_container(member_id)
+        await self._warm_up(info)
+        return info
+
+    async def _warm_up(self, info: ContainerInfo) -> None:
+        """Run one ``true`` in a new member, and forget it (the agent keeps no session of it).
+
+        Its claimer's first command then costs what a second one does: the agent's first session
+        and the login shell's first run in the container cost about 10 ms more here.
+        """
+        context = self._context_for(info)
+        try:
+            session, _started = await self.processes.start(context, ExecSpec(command="true", timeout_s=30.0))
+        except SandboxdError as exc:
+            log.info("pool.warm_up_failed", member=info.workspace_id, error=exc.message)
+            return
+        try:
+            async for _event in session.events(yield_after_s=30.0):
+                pass
+        finally:
+            self.processes.drop(session)
+            await session.discard()
 
     def pool_classes(self) -> builtins.list[PoolClass]:
         """The pool's classes from the settings: ``default`` (``pool_size`` of the default spec), then the pool file's.

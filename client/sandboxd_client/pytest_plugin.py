@@ -15,6 +15,14 @@ Fixtures:
     memory_bytes=..., network="bridge", ...)`` passes options to
     ``create_workspace``.
 
+    ``@pytest.mark.sandboxd(snapshot="deps", setup="pip install -r requirements.txt")``
+    starts each test's workspace from a snapshot instead: the first test that asks
+    for it in the session creates a workspace (with the marker's other options),
+    runs ``setup`` in it (it must exit 0), snapshots it and deletes it; every test
+    of that snapshot and set-up then forks it, so the set-up runs once per session
+    (per xdist worker). The plugin deletes the snapshots it made at the session's
+    end. ``snapshot`` without ``setup`` names a snapshot that exists already.
+
 A failing test's report gains a section naming its workspace and the last
 commands run in it. Workspaces a crashed earlier run left behind (its pytest
 process is gone) are removed when the plugin first connects.
@@ -31,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +57,8 @@ _INSTANCE = "pytest"
 """Instance label of daemons the plugin starts: shared, so a later run can see a crashed run's leftovers."""
 _HISTORY_SHOWN = 10
 _WORKSPACE_KEY = pytest.StashKey[SyncWorkspace]()
+_SNAPSHOTS_KEY = pytest.StashKey[dict[tuple[str, str], str]]()
+"""The snapshots this session made: ``(snapshot, setup)`` of the marker -> the snapshot's real name."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -112,20 +122,29 @@ def _alive(pid: int) -> bool:
 
 
 def _reap(client: SyncSandboxClient) -> list[str]:
-    """Delete workspaces of earlier runs of this project on this host whose pytest is gone."""
+    """Delete workspaces and snapshots of earlier runs of this project on this host whose pytest is gone."""
     removed = []
-    for info in client.list_workspaces({PLUGIN_LABEL: "sandboxd", "pytest.owner": _owner()}):
-        labels = info.labels
-        if labels.get("pytest.host") != socket.gethostname():
-            continue  # another machine's run: not ours to judge
-        pid = int(labels.get("pytest.pid", "0") or 0)
-        same_boot = labels.get("pytest.boot") == _boot_id()
-        if pid == os.getpid() or (same_boot and pid and _alive(pid)):
-            continue
-        with contextlib.suppress(NotFoundError):
-            client.delete_workspace(info.workspace_id)
-            removed.append(info.workspace_id)
+    mine = {PLUGIN_LABEL: "sandboxd", "pytest.owner": _owner()}
+    for info in client.list_workspaces(mine):
+        if _stale(info.labels):
+            with contextlib.suppress(NotFoundError):
+                client.delete_workspace(info.workspace_id)
+                removed.append(info.workspace_id)
+    for snapshot in client.list_snapshots(mine):
+        if _stale(snapshot.labels):
+            with contextlib.suppress(NotFoundError):
+                client.delete_snapshot(snapshot.name)
+                removed.append(snapshot.name)
     return removed
+
+
+def _stale(labels: Mapping[str, str]) -> bool:
+    """Whether what a run labelled so was left by a pytest of this host that is gone."""
+    if labels.get("pytest.host") != socket.gethostname():
+        return False  # another machine's run: not ours to judge
+    pid = int(labels.get("pytest.pid", "0") or 0)
+    same_boot = labels.get("pytest.boot") == _boot_id()
+    return not (pid == os.getpid() or (same_boot and pid and _alive(pid)))
 
 
 def _answers(socket_path: str) -> bool:
@@ -198,7 +217,40 @@ def sandboxd_client(request: pytest.FixtureRequest) -> Iterator[SyncSandboxClien
             socket_path = default if _answers(default) else stack.enter_context(_own_daemon())
         client = stack.enter_context(SyncSandboxClient(address, socket_path=socket_path))
         _reap(client)
-        yield client
+        made = config.stash.setdefault(_SNAPSHOTS_KEY, {})
+        try:
+            yield client
+        finally:
+            for name in made.values():
+                with contextlib.suppress(NotFoundError):
+                    client.delete_snapshot(name)
+            made.clear()
+
+
+def _session_snapshot(
+    request: pytest.FixtureRequest, client: SyncSandboxClient, name: str, setup: str, options: dict[str, Any]
+) -> str:
+    """The snapshot ``name`` made by running ``setup`` once this session; its real name."""
+    made = request.config.stash.setdefault(_SNAPSHOTS_KEY, {})
+    key = (name, setup)
+    if key not in made:
+        digest = hashlib.sha256(f"{name}\0{setup}\0{os.getpid()}\0{_boot_id()}".encode()).hexdigest()[:12]
+        real = f"{name[:40]}-{digest}"
+        builder = client.create_workspace(labels={**_run_labels(), "pytest.snapshot": real}, **options)
+        try:
+            result = builder.exec(setup)
+            if result.exit_code != 0:
+                pytest.fail(
+                    f"@pytest.mark.sandboxd(snapshot={name!r}): the set-up exited {result.exit_code}:\n"
+                    f"{(result.stdout + result.stderr)[-2000:]}",
+                    pytrace=False,
+                )
+            builder.snapshot(real, labels=_run_labels())
+        finally:
+            with contextlib.suppress(NotFoundError):
+                builder.delete()
+        made[key] = real
+    return made[key]
 
 
 @pytest.fixture
@@ -209,8 +261,15 @@ def workspace(request: pytest.FixtureRequest, sandboxd_client: SyncSandboxClient
         pytest.fail(f"@pytest.mark.sandboxd takes keyword options only, got {marker.args!r}", pytrace=False)
     options: dict[str, Any] = dict(marker.kwargs) if marker else {}
     labels = {**options.pop("labels", {}), **_run_labels(), "pytest.nodeid": request.node.nodeid[:1024]}
+    snapshot, setup = options.pop("snapshot", ""), options.pop("setup", "")
+    if setup and not snapshot:
+        pytest.fail("@pytest.mark.sandboxd(setup=...) needs snapshot=NAME too", pytrace=False)
+    if snapshot:
+        if setup:
+            snapshot = _session_snapshot(request, sandboxd_client, snapshot, setup, options)
+        options = {k: v for k, v in options.items() if k != "image"}  # the snapshot is the image
     try:
-        created = sandboxd_client.create_workspace(labels=labels, **options)
+        created = sandboxd_client.create_workspace(labels=labels, from_snapshot=snapshot, **options)
     except (TypeError, KeyError, ValueError) as exc:  # a bad option; the daemon's refusals say so themselves
         pytest.fail(f"@pytest.mark.sandboxd{tuple(options.items())!r}: {type(exc).__name__}: {exc}", pytrace=False)
     request.node.stash[_WORKSPACE_KEY] = created

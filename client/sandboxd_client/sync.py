@@ -11,7 +11,7 @@ import threading
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
-from ._client import EditResult, FileInfo, ReadResult, SandboxClient, WorkspaceInfo, WriteResult
+from ._client import EditResult, FileInfo, ReadResult, SandboxClient, SnapshotInfo, WorkspaceInfo, WriteResult
 from ._exec import ExecResult
 
 __all__ = ["SyncSandboxClient", "SyncWorkspace"]
@@ -71,6 +71,32 @@ class SyncSandboxClient:
     def delete_workspace(self, workspace_id: str) -> None:
         """See :meth:`SandboxClient.delete_workspace`."""
         self._run(self._client.delete_workspace(workspace_id))
+
+    def pause_workspace(self, workspace_id: str) -> WorkspaceInfo:
+        """See :meth:`SandboxClient.pause_workspace`."""
+        return self._run(self._client.pause_workspace(workspace_id))
+
+    def resume_workspace(self, workspace_id: str) -> WorkspaceInfo:
+        """See :meth:`SandboxClient.resume_workspace`."""
+        return self._run(self._client.resume_workspace(workspace_id))
+
+    def snapshot_workspace(
+        self, workspace_id: str, name: str, *, labels: Mapping[str, str] | None = None
+    ) -> SnapshotInfo:
+        """See :meth:`SandboxClient.snapshot_workspace`."""
+        return self._run(self._client.snapshot_workspace(workspace_id, name, labels=labels))
+
+    def get_snapshot(self, name: str) -> SnapshotInfo:
+        """See :meth:`SandboxClient.get_snapshot`."""
+        return self._run(self._client.get_snapshot(name))
+
+    def list_snapshots(self, labels: Mapping[str, str] | None = None) -> list[SnapshotInfo]:
+        """See :meth:`SandboxClient.list_snapshots`."""
+        return self._run(self._client.list_snapshots(labels))
+
+    def delete_snapshot(self, name: str) -> None:
+        """See :meth:`SandboxClient.delete_snapshot`."""
+        self._run(self._client.delete_snapshot(name))
 
     def exec(self, workspace_id: str, command: str, *, check: bool = False, **options: Any) -> ExecResult:
         """Run a command to completion (following yields) and return its result."""
@@ -134,6 +160,20 @@ class SyncWorkspace:
     def edit_file(self, path: str, old_string: str, new_string: str, **options: Any) -> EditResult:
         """See :meth:`SandboxClient.edit_file`."""
         return self.client.edit_file(self.workspace_id, path, old_string, new_string, **options)
+
+    def pause(self) -> WorkspaceInfo:
+        """See :meth:`SandboxClient.pause_workspace`."""
+        self.info = self.client.pause_workspace(self.workspace_id)
+        return self.info
+
+    def resume(self) -> WorkspaceInfo:
+        """See :meth:`SandboxClient.resume_workspace`."""
+        self.info = self.client.resume_workspace(self.workspace_id)
+        return self.info
+
+    def snapshot(self, name: str, *, labels: Mapping[str, str] | None = None) -> SnapshotInfo:
+        """See :meth:`SandboxClient.snapshot_workspace`."""
+        return self.client.snapshot_workspace(self.workspace_id, name, labels=labels)
 
     def delete(self) -> None:
         """Remove the workspace and its volume."""

@@ -255,15 +255,16 @@ class Backend(Protocol):
         """This daemon's snapshot images carrying every label in ``labels``, oldest first."""
         ...
 
-    async def claim_container(self, member_id: str, workspace_id: str, labels: Mapping[str, str]) -> ContainerInfo:
-        """Make the running container created as ``member_id`` (a warm pool's) workspace ``workspace_id``.
+    async def claim_container(
+        self, member: ContainerInfo, workspace_id: str, labels: Mapping[str, str]
+    ) -> ContainerInfo:
+        """Make the running container ``member`` (a warm pool's) workspace ``workspace_id``; return it so.
 
         From then on, and across restarts of the daemon, every call names it ``workspace_id``
         and reports ``labels`` as its own (the domain's ``sandboxd.*`` labels among them).
 
         Raises:
             WorkspaceExistsError: ``workspace_id`` is taken.
-            WorkspaceNotFoundError: no container of ``member_id``.
         """
         ...
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import functools
 import json
@@ -694,8 +695,10 @@ class DockerBackend:
             for created, summary, tag in sorted(found, key=lambda item: item[0])
         ]
 
-    async def claim_container(self, member_id: str, workspace_id: str, labels: Mapping[str, str]) -> ContainerInfo:
-        """Give the running container created as ``member_id`` the id and labels of a new workspace.
+    async def claim_container(
+        self, member: ContainerInfo, workspace_id: str, labels: Mapping[str, str]
+    ) -> ContainerInfo:
+        """Give the running container ``member`` (a pool's) the id and labels of a new workspace.
 
         A container's labels cannot change, so the claim is kept as a record of the engine's: a
         volume named after the workspace, labelled with its labels and the member's id, which
@@ -704,9 +707,9 @@ class DockerBackend:
 
         Raises:
             WorkspaceExistsError: ``workspace_id`` is taken.
-            WorkspaceNotFoundError: no container of ``member_id``.
         """
         api = self._api()
+        member_id = member.workspace_id
         await self._load_claims()
         claims = self._claims if self._claims is not None else {}
         if workspace_id in claims:
@@ -730,8 +733,8 @@ class DockerBackend:
             await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
         claims[workspace_id] = member_id
         self._claims = claims
-        self._claimed[member_id] = _claimed_labels(record, member_id)
-        return await self.inspect_container(workspace_id)
+        self._claimed[member_id] = effective = _claimed_labels(record, member_id)
+        return dataclasses.replace(member, workspace_id=workspace_id, labels=effective)
 
     async def pause_container(self, workspace_id: str) -> None:
         """Freeze the container's processes (``docker pause``: the cgroup freezer, or gVisor's own)."""
