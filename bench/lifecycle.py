@@ -19,6 +19,13 @@ What is compared, the two sides' samples taken in turns (which goes first altern
   resume -> first exec
       sandboxd: ResumeWorkspace + Exec("true") of a paused workspace;
       docker-py: unpause + exec_run("true") of a paused container.
+  snapshot, 1,000 files
+      sandboxd: SnapshotWorkspace of a workspace with 1,000 small files in /workspace (its root
+      filesystem and its volume); docker-py: commit of a container with the same files in its
+      root filesystem (a volume a commit would not take).
+  fork -> first exec
+      sandboxd: CreateWorkspace(from_snapshot) + Exec("true"), the 1,000 files copied into the
+      fork's volume; docker-py: containers.run of the committed image + exec_run("true").
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ async def until_full(client: SandboxClient) -> float:
 async def run(socket_path: str, runs: int, runtime: str) -> dict[str, Any]:
     engine = docker.from_env()
     options = {**DOCKER_OPTIONS, "runtime": runtime}
-    results: dict[str, Any] = {key: ([], []) for key in ("claim", "refill", "burst", "resume")}
+    results: dict[str, Any] = {key: ([], []) for key in ("claim", "refill", "burst", "resume", "snapshot", "fork")}
     results["kinds"] = []
 
     def raw_create() -> Any:
@@ -131,6 +138,32 @@ async def run(socket_path: str, runs: int, runtime: str) -> dict[str, Any]:
                         await asyncio.to_thread(container.unpause)
                         assert (await asyncio.to_thread(container.exec_run, ["true"])).exit_code == 0
                         results["resume"][1].append(time.perf_counter() - began)
+            many = "for i in $(seq 1000); do echo $i > /workspace/f$i; done"
+            await live.exec(many).wait(check=True)
+            assert (
+                await asyncio.to_thread(container.exec_run, ["sh", "-c", many.replace("/workspace", "/tmp")])
+            ).exit_code == 0
+            for index in range(max(3, runs // 3)):
+                for side in ("ours", "theirs") if index % 2 == 0 else ("theirs", "ours"):
+                    began = time.perf_counter()
+                    if side == "ours":
+                        await live.snapshot(f"bench-{index}")
+                        results["snapshot"][0].append(time.perf_counter() - began)
+                        began = time.perf_counter()
+                        fork = await client.create_workspace(from_snapshot=f"bench-{index}")
+                        await fork.exec("true").wait(check=True)
+                        results["fork"][0].append(time.perf_counter() - began)
+                        await fork.delete()
+                        await client.delete_snapshot(f"bench-{index}")
+                    else:
+                        image = await asyncio.to_thread(container.commit, f"sandboxd-bench/commit:{index}")
+                        results["snapshot"][1].append(time.perf_counter() - began)
+                        began = time.perf_counter()
+                        forked = await asyncio.to_thread(engine.containers.run, image.id, **options)
+                        assert (await asyncio.to_thread(forked.exec_run, ["true"])).exit_code == 0
+                        results["fork"][1].append(time.perf_counter() - began)
+                        await asyncio.to_thread(forked.remove, force=True, v=True)
+                        await asyncio.to_thread(engine.images.remove, image.id, force=True)
             await live.delete()
             await asyncio.to_thread(container.remove, force=True, v=True)
     finally:
@@ -159,6 +192,8 @@ def main() -> int:
             ("refill | cold create", "refill", ""),
             ("20 back-to-back creates", "burst", ""),
             ("resume -> first exec", "resume", "unpause + exec_run"),
+            ("snapshot, 1,000 files", "snapshot", "commit"),
+            ("fork -> first exec", "fork", "containers.run + exec_run"),
         )
         for name, key, _ in rows:
             ours, theirs = results[key]

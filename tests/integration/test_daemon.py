@@ -261,6 +261,25 @@ class TestCli:
         assert (again.returncode, again.stderr) == (1, f"sandboxctl: workspace {workspace_id!r} is not paused\n")
         assert self._ctl(daemon, "exec", workspace_id, "--", "echo", "on").stdout == "on\n"
 
+    def test_snapshot_fork_and_pool(self, daemon, workspace_id) -> None:
+        """`snapshot` prints its name and `snapshots` lists it; `fork` prints a new workspace that has the
+        files; `rmsnapshot` removes it; `pool` says there is none on a daemon that keeps none."""
+        self._ctl(daemon, "exec", workspace_id, "--", "sh", "-c", "echo kept > /workspace/k", check=True)
+        name = f"cli-{workspace_id}"
+        assert self._ctl(daemon, "snapshot", workspace_id, name, "--label", "by=cli", check=True).stdout == f"{name}\n"
+        rows = self._ctl(daemon, "snapshots", "--label", "by=cli", check=True).stdout.splitlines()
+        assert rows[0].split() == ["SNAPSHOT", "SOURCE", "IMAGE", "SIZE", "CREATED"]
+        assert rows[1].split()[:3] == [name, workspace_id, "sandboxd/base:bookworm"]
+        fork = self._ctl(daemon, "fork", name, check=True).stdout.strip()
+        try:
+            assert self._ctl(daemon, "exec", fork, "--", "cat", "/workspace/k").stdout == "kept\n"
+        finally:
+            self._ctl(daemon, "rm", fork, check=True)
+        assert self._ctl(daemon, "rmsnapshot", name, check=True).stdout == f"{name}\n"
+        gone = self._ctl(daemon, "fork", name)
+        assert (gone.returncode, gone.stderr) == (1, f"sandboxctl: snapshot {name!r} not found\n")
+        assert "keeps no warm pool" in self._ctl(daemon, "pool", check=True).stdout
+
     def test_error_is_one_line(self, daemon) -> None:
         """A refused call prints exactly one `sandboxctl: ...` line and exits 1."""
         run = self._ctl(daemon, "exec", "ws-nope", "--", "true")

@@ -92,6 +92,38 @@ class TestFixtures:
         assert "2 passed" in run.stdout
         assert _labelled(docker_client, project) == ([], [])
 
+    def test_a_snapshot_set_up_runs_once_per_session(self, daemon, project: Path, docker_client) -> None:
+        """Three tests of one snapshot and set-up: the set-up ran once, each test forks it, and each
+        has its own copy; the snapshot is gone after the session."""
+        (project / "test_snap.py").write_text(
+            textwrap.dedent(
+                """
+                import pytest
+
+                SETUP = "echo ran >> /workspace/setup-runs; mkdir -p ~/.deps && echo installed > ~/.deps/lib"
+                mark = pytest.mark.sandboxd(snapshot="deps", setup=SETUP)
+
+                @pytest.mark.parametrize("n", [1, 2, 3])
+                @mark
+                def test_fork(workspace, n):
+                    assert workspace.info.from_snapshot.startswith("deps-")
+                    out = workspace.exec("cat /workspace/setup-runs ~/.deps/lib; ls /workspace").stdout
+                    assert out == "ran\\ninstalled\\nsetup-runs\\n"
+                    workspace.write_file(f"/workspace/mine-{n}", "x")
+
+                @pytest.mark.sandboxd(snapshot="broken", setup="echo no; exit 4")
+                def test_failing_setup(workspace):
+                    pass
+                """
+            )
+        )
+        run = _pytest(project, _env(daemon))
+        assert run.returncode == 1, run.stdout + run.stderr
+        assert "3 passed" in run.stdout and "1 error" in run.stdout, run.stdout
+        assert "the set-up exited 4" in run.stdout and "no" in run.stdout
+        assert _labelled(docker_client, project) == ([], [])
+        assert not docker_client.images.list(filters={"label": f"pytest.owner={_owner(project)}"})
+
     def test_failure_report_names_workspace_and_commands(self, daemon, project: Path) -> None:
         """A failing test's report shows its workspace id and the last commands run in it."""
         (project / "test_fails.py").write_text(
