@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import structlog
 
-from .backend.base import ImageInfo
+from .backend.base import Backend, ImageInfo
 from .errors import AlreadyExistsError, InvalidSpecError, NotFoundError, QuotaExceededError
 from .models import Snapshot
 from .tenancy import current_tenant
@@ -76,8 +76,12 @@ class SnapshotStore:
     def __init__(self, manager: WorkspaceManager) -> None:
         """Serve snapshots of ``manager``'s workspaces."""
         self.manager = manager
-        self.backend = manager.backend
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    @property
+    def backend(self) -> Backend:
+        """The manager's engine."""
+        return self.manager.backend
 
     def ref(self, name: str, tenant: str) -> str:
         """The image reference of ``tenant``'s snapshot ``name``."""

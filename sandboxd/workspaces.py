@@ -239,7 +239,7 @@ def spec_from_json(text: str) -> WorkspaceSpec:
         working_dir=data["working_dir"],
         labels=dict(data["labels"]),
         limits=ResourceLimits(**data["limits"]),
-        network=NetworkPolicy(data["network"]),
+        network=NetworkPolicy(data.get("network") or "none"),
         runtime=Runtime(data["runtime"]) if data.get("runtime") else None,
         idle_ttl_s=data.get("idle_ttl_s"),
         security=SecurityOptions(
@@ -683,6 +683,13 @@ class WorkspaceManager:
                 msg = f"workspace {workspace_id!r} already exists"
                 raise WorkspaceExistsError(msg)
         member = self.pool.take(pool_class)
+        while member is not None and not self.member_answers(member.workspace_id):
+            # Its agent's link dropped since the last check (removed or killed behind our back).
+            log.info("pool.member_dropped", member=member.workspace_id, reason="its agent does not answer")
+            task = asyncio.get_running_loop().create_task(self.remove_member(member.workspace_id))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            member = self.pool.take(pool_class)
         if member is None:
             return None
         began = time.monotonic()

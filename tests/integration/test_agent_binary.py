@@ -58,11 +58,15 @@ def _user() -> tuple[int, int]:
 UID, GID = _user()
 
 
-def _as_agent_user() -> None:
-    if os.geteuid() == 0:
-        os.setgroups([])
-        os.setgid(GID)
-        os.setuid(UID)
+def _as_agent_user() -> dict[str, object]:
+    """Popen's arguments that start a process as the agent's user (when the suite is root).
+
+    Not a ``preexec_fn``: Python code between fork and exec in a process whose gRPC threads
+    run can abort the child (gRPC's fork handler, seen as a SIGABRT of the agent).
+    """
+    if os.geteuid() != 0:
+        return {}
+    return {"user": UID, "group": GID, "extra_groups": []}
 
 
 @contextlib.contextmanager
@@ -156,7 +160,7 @@ class LocalBackend:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=self.env,
-            preexec_fn=_as_agent_user if self.as_agent_user else None,
+            **(_as_agent_user() if self.as_agent_user else {}),  # type: ignore[arg-type]
         )
         return LocalStream(process)
 
@@ -175,7 +179,10 @@ class Agent:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [str(self.binary), "serve"], env=self.env, preexec_fn=_as_agent_user, stderr=subprocess.PIPE
+            [str(self.binary), "serve"],
+            env=self.env,
+            stderr=subprocess.PIPE,
+            **_as_agent_user(),  # type: ignore[arg-type]
         )
         deadline = time.monotonic() + 10
         while not self.socket.exists():

@@ -142,6 +142,18 @@ async def test_a_spec_of_no_class_and_an_empty_pool_are_normal_creates(tmp_path:
         stop(thread)
 
 
+async def test_a_member_removed_behind_the_daemons_back_is_never_handed_out(pooled, docker_client) -> None:
+    """`docker rm -f` of a ready member: the next create gets the other member (or a fresh container)."""
+    client, thread = pooled
+    (victim, *_rest) = [c for c in containers(docker_client, thread.settings.instance) if "sandboxd.pool" in c.labels]
+    victim.remove(force=True, v=True)
+    for _ in range(2):
+        ws = await client.create_workspace()
+        assert ws.info.container_id != victim.id
+        assert (await ws.exec("echo alive").wait()).stdout == "alive\n"
+        await ws.delete()
+
+
 async def test_members_count_toward_no_quota_and_cannot_be_named(tmp_path: Path) -> None:
     """With a quota of one workspace and two members, the first create is fine and the second refused."""
     thread = DaemonThread(make_settings(tmp_path, pool_size=2, tenant_max_workspaces=1)).start()
