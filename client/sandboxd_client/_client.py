@@ -50,6 +50,9 @@ _STATE = {
     wpb.WORKSPACE_STATE_PAUSED: "paused",
 }
 _IDLE_ACTION = {"": wpb.IDLE_ACTION_UNSPECIFIED, "delete": wpb.IDLE_ACTION_DELETE, "pause": wpb.IDLE_ACTION_PAUSE}
+_NETWORK_NAME = {value: name for name, value in _NETWORK.items() if name}
+_RUNTIME_NAME = {value: name for name, value in _RUNTIME.items() if name}
+_IDLE_ACTION_NAME = {value: name for name, value in _IDLE_ACTION.items() if name}
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -106,14 +109,14 @@ class WorkspaceInfo:
             cpu_millis=spec.limits.cpu_millis,
             pids=spec.limits.pids,
             disk_bytes=spec.limits.disk_bytes,
-            network={v: k for k, v in _NETWORK.items() if k}.get(spec.network, ""),
-            runtime={v: k for k, v in _RUNTIME.items() if k}.get(spec.runtime, ""),
+            network=_NETWORK_NAME.get(spec.network, ""),
+            runtime=_RUNTIME_NAME.get(spec.runtime, ""),
             idle_ttl_s=spec.idle_ttl.ToNanoseconds() / 1e9,
             read_only_root_filesystem=spec.security.read_only_root_filesystem,
             create_time=message.create_time.ToDatetime(tzinfo=datetime.UTC),
             container_id=message.container_id,
             volume_name=message.volume_name,
-            idle_action={v: k for k, v in _IDLE_ACTION.items() if k}.get(spec.idle_action, "delete"),
+            idle_action=_IDLE_ACTION_NAME.get(spec.idle_action, "delete"),
             auto_resume=spec.auto_resume if spec.HasField("auto_resume") else True,
             from_snapshot=message.from_snapshot,
         )
@@ -181,8 +184,8 @@ class PoolClassInfo:
             cpu_millis=spec.limits.cpu_millis,
             pids=spec.limits.pids,
             disk_bytes=spec.limits.disk_bytes,
-            network={v: k for k, v in _NETWORK.items() if k}.get(spec.network, ""),
-            runtime={v: k for k, v in _RUNTIME.items() if k}.get(spec.runtime, ""),
+            network=_NETWORK_NAME.get(spec.network, ""),
+            runtime=_RUNTIME_NAME.get(spec.runtime, ""),
             size=message.size,
             ready=message.ready,
             starting=message.starting,

@@ -17,7 +17,7 @@ from sandboxd_client import Exited, FailedPreconditionError, NotFoundError, Yiel
 
 from tests.conftest import DaemonThread, make_settings
 
-from .helpers import collect, start_ready
+from .helpers import collect, skip_without, start_ready
 
 pytestmark = pytest.mark.docker
 
@@ -25,11 +25,6 @@ RUNTIMES = ["runc", pytest.param("runsc", marks=pytest.mark.runsc)]
 
 COUNTER = "i=0; while :; do i=$((i+1)); echo $i; echo $i > /workspace/count; sleep 0.02; done"
 """Counts for as long as it runs, to stdout and to a file (ready: the file's first number)."""
-
-
-def skip_without(runtime: str, request: pytest.FixtureRequest) -> None:
-    if runtime == "runsc" and not request.getfixturevalue("runsc_available"):
-        pytest.skip("the engine has no runsc runtime (scripts/install-runsc registers it)")
 
 
 def volume_file(docker_client, workspace, name: str) -> Path:  # type: ignore[no-untyped-def]

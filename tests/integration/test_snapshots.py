@@ -24,14 +24,11 @@ from sandboxd_client import (
 from sandboxd.tenancy import create_token
 from tests.conftest import DaemonThread, make_settings, rss_bytes, spawned_daemon
 
+from .helpers import skip_without
+
 pytestmark = pytest.mark.docker
 
 RUNTIMES = ["runc", pytest.param("runsc", marks=pytest.mark.runsc)]
-
-
-def skip_without(runtime: str, request: pytest.FixtureRequest) -> None:
-    if runtime == "runsc" and not request.getfixturevalue("runsc_available"):
-        pytest.skip("the engine has no runsc runtime (scripts/install-runsc registers it)")
 
 
 def snapshot_images(docker_client, instance: str) -> list:  # type: ignore[type-arg, no-untyped-def]

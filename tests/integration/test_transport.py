@@ -26,7 +26,7 @@ from sandboxd.agent import AgentLink
 from sandboxd.backend.docker import DockerBackend
 from tests.conftest import DaemonThread, make_settings
 
-from .helpers import collect, start_ready
+from .helpers import collect, skip_without, start_ready
 
 pytestmark = pytest.mark.docker
 
@@ -36,11 +36,6 @@ BRIDGES = (
     " | grep -c '^/.sandboxd/sandboxd-agent bridge'"
 )
 """Bridges running in the workspace (from /proc: busybox has no full ps)."""
-
-
-def skip_without(runtime: str, request: pytest.FixtureRequest) -> None:
-    if runtime == "runsc" and not request.getfixturevalue("runsc_available"):
-        pytest.skip("the engine has no runsc runtime (scripts/install-runsc registers it)")
 
 
 @pytest.fixture(scope="module")
