@@ -256,7 +256,7 @@ def check_env(env: Mapping[str, str], field: str, *, max_bytes: int = MAX_ENV_BY
         msg = f"{field} is {size} bytes (names and values); the limit is {max_bytes}"
         raise InvalidSpecError(msg)
     for key, value in env.items():
-        if not _ENV_NAME_RE.match(key):
+        if not _ENV_NAME_RE.fullmatch(key):
             msg = f"{field} name {quoted(key)} is not a valid environment variable name"
             raise InvalidSpecError(msg)
         if "\0" in value:
@@ -1226,7 +1226,7 @@ class ProcessTable:
         adopted = []
         for state in welcome.sessions:
             saved = state.daemon_state
-            if not _PROCESS_ID_RE.match(state.process_id) or state.process_id in self._sessions:
+            if not _PROCESS_ID_RE.fullmatch(state.process_id) or state.process_id in self._sessions:
                 continue
             if saved.get("workspace_id") != context.workspace_id or saved.get("container_id") != context.container_id:
                 continue

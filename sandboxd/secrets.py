@@ -64,7 +64,7 @@ class SecretStore:
             for name, entry in data.items():
                 self._load_entry(secrets_file, str(name), entry)
         for name, value in self.values.items():
-            if not _NAME_RE.match(name):
+            if not _NAME_RE.fullmatch(name):
                 msg = f"secret name {name!r} must be letters, digits, '_', '.' or '-', starting with a letter or '_'"
                 raise InvalidSpecError(msg)
             if len(value) < MIN_SECRET_CHARS:
@@ -106,8 +106,9 @@ class SecretStore:
         for key, value in env.items():
             if value.startswith(REFERENCE_PREFIX):
                 name = value[len(REFERENCE_PREFIX) :]
-                if not _NAME_RE.match(name) or not self.allowed(name, tenant):
-                    hint = f" (set it in the secrets file or SANDBOXD_SECRET_{name})" if _NAME_RE.match(name) else ""
+                named = _NAME_RE.fullmatch(name) is not None
+                if not named or not self.allowed(name, tenant):
+                    hint = f" (set it in the secrets file or SANDBOXD_SECRET_{name})" if named else ""
                     msg = f"{field} {key}: unknown secret {quoted(name)}{hint}"
                     raise InvalidSpecError(msg)
 

@@ -14,6 +14,7 @@ volume, so every fork has its own files.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import json
 import re
@@ -44,6 +45,8 @@ LABEL_SNAPSHOT_OF = "sandboxd.snapshot_of"
 """On a snapshot's image: the workspace it was taken of."""
 LABEL_SNAPSHOT_LABELS = "sandboxd.snapshot_labels"
 """On a snapshot's image: the caller's labels, as JSON (the image also carries its source's)."""
+LABEL_SNAPSHOT_TIME = "sandboxd.snapshot_time"
+"""On a snapshot's image: when it was taken, to the microsecond (the engine's image times are to the second)."""
 REPOSITORY = "sandboxd/snapshot"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -57,7 +60,7 @@ def check_snapshot_name(name: str) -> None:
     if len(name) > 63:
         msg = f"snapshot name is {len(name)} characters; the limit is 63"
         raise InvalidSpecError(msg)
-    if not _NAME_RE.match(name) or ".." in name:
+    if not _NAME_RE.fullmatch(name) or ".." in name:
         shown = name if len(name) <= 80 else name[:80] + "..."
         msg = (
             f"snapshot name {shown!r} is not valid: 1-63 letters, digits, '.', '_' or '-', starting with a "
@@ -88,10 +91,10 @@ class SnapshotStore:
         digest = hashlib.sha256(f"{self.backend.instance}\0{tenant}\0{name}".encode()).hexdigest()
         return f"{REPOSITORY}:{digest[:40]}"
 
-    def _lock(self, ref: str) -> asyncio.Lock:
-        lock = self._locks.get(ref)
+    def _lock(self, tenant: str) -> asyncio.Lock:
+        lock = self._locks.get(tenant)
         if lock is None:
-            lock = self._locks[ref] = asyncio.Lock()
+            lock = self._locks[tenant] = asyncio.Lock()
         return lock
 
     async def take(self, workspace_id: str, name: str, labels: Mapping[str, str]) -> Snapshot:
@@ -108,7 +111,9 @@ class SnapshotStore:
         tenant = current_tenant()
         info = await self.manager.owned_info(workspace_id)
         ref = self.ref(name, tenant)
-        async with self._lock(ref):
+        # One at a time per tenant (its quota counts what exists), and per workspace: a pause or
+        # resume must not come between a commit's own freeze and thaw.
+        async with self._lock(tenant), self.manager.id_lock(workspace_id):
             if await self.backend.image_info(ref) is not None:
                 msg = f"snapshot {name!r} already exists"
                 raise AlreadyExistsError(msg)
@@ -126,6 +131,7 @@ class SnapshotStore:
                     LABEL_SNAPSHOT_OF: workspace_id,
                     LABEL_SNAPSHOT_LABELS: json.dumps(dict(labels), sort_keys=True),
                     LABEL_SPEC: spec_to_json(spec),
+                    LABEL_SNAPSHOT_TIME: datetime.datetime.now(datetime.UTC).isoformat(),
                 },
             )
         self.manager.touch(workspace_id)
@@ -157,7 +163,7 @@ class SnapshotStore:
         """The caller's snapshots carrying every label in ``label_selector``, oldest first."""
         check_labels(label_selector, "label_selector")
         images = await self.backend.list_images({LABEL_TENANT: current_tenant()})
-        found = [self._snapshot(i) for i in images if i.labels.get(LABEL_SNAPSHOT)]
+        found = sorted((self._snapshot(i) for i in images if i.labels.get(LABEL_SNAPSHOT)), key=_order)
         return [s for s in found if all(s.labels.get(k) == v for k, v in label_selector.items())]
 
     async def delete(self, name: str) -> None:
@@ -167,7 +173,7 @@ class SnapshotStore:
             NotFoundError: the caller has none of that name.
         """
         image = await self.find(name)
-        async with self._lock(image.ref):
+        async with self._lock(current_tenant()):
             await self.backend.remove_image(image.ref, prune=True)
         await self.backend.remove_unused_images()
         log.info("snapshot.deleted", snapshot=name)
@@ -178,14 +184,19 @@ class SnapshotStore:
             labels = json.loads(image.labels.get(LABEL_SNAPSHOT_LABELS, "{}"))
         except ValueError:
             labels = {}
-        if image.created is None:
-            msg = f"snapshot image {image.ref} has no creation time"
-            raise NotFoundError(msg)
+        try:
+            created = datetime.datetime.fromisoformat(image.labels[LABEL_SNAPSHOT_TIME])
+        except (KeyError, ValueError):
+            created = image.created or datetime.datetime.fromtimestamp(0, datetime.UTC)
         return Snapshot(
             name=image.labels[LABEL_SNAPSHOT],
             source_workspace_id=image.labels.get(LABEL_SNAPSHOT_OF, ""),
-            create_time=image.created,
+            create_time=created,
             labels=labels if isinstance(labels, dict) else {},
             size_bytes=image.size_bytes,
             spec=spec_from_json(image.labels[LABEL_SPEC]),
         )
+
+
+def _order(snapshot: Snapshot) -> tuple[datetime.datetime, str]:
+    return (snapshot.create_time, snapshot.name)

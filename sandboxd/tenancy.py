@@ -88,7 +88,7 @@ def create_token(tokens_file: str | Path, tenant: str) -> str:
     Raises:
         InvalidSpecError: the tenant name is not lowercase letters, digits, ``.``, ``_`` or ``-``.
     """
-    if not _TENANT_RE.match(tenant):
+    if not _TENANT_RE.fullmatch(tenant):
         msg = f"tenant {tenant!r} must be 1-63 lowercase letters, digits, '.', '_' or '-'"
         raise InvalidSpecError(msg)
     path = Path(tokens_file)

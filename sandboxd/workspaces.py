@@ -44,6 +44,7 @@ from .errors import (
     FailedPreconditionError,
     ImageNotFoundError,
     InvalidSpecError,
+    NotFoundError,
     QuotaExceededError,
     SandboxdError,
     WorkspaceExistsError,
@@ -89,6 +90,8 @@ LABEL_SPEC = "sandboxd.spec"
 LABEL_TENANT = "sandboxd.tenant"
 LABEL_SNAPSHOT = "sandboxd.snapshot"
 """On a snapshot's image: its name; on a fork: the snapshot it was made from."""
+LABEL_SNAPSHOT_PART = "sandboxd.snapshot_part"
+"""On the intermediate image and container of a snapshot being taken."""
 LABEL_AGENT = "sandboxd.agent"
 """The agent version a workspace was created with; a workspace without it predates the agent."""
 AGENT_CAPABILITIES = ("CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID")
@@ -190,7 +193,7 @@ def check_workspace_id(workspace_id: str) -> None:
     Raises:
         InvalidSpecError: not 1-40 lowercase letters, digits or dashes.
     """
-    if not _ID_RE.match(workspace_id):
+    if not _ID_RE.fullmatch(workspace_id):
         msg = f"workspace_id {quoted(workspace_id)} must be 1-40 lowercase letters, digits or dashes"
         raise InvalidSpecError(msg)
 
@@ -213,7 +216,7 @@ def check_labels(labels: Mapping[str, str], field: str) -> None:
         if key.lower().startswith(RESERVED_LABEL_PREFIX):
             msg = f"{field} key {quoted(key)} is in the reserved 'sandboxd.' namespace"
             raise InvalidSpecError(msg)
-        if not _LABEL_KEY_RE.match(key):
+        if not _LABEL_KEY_RE.fullmatch(key):
             msg = f"{field} key {quoted(key)} is not valid (letters, digits, '.', '_', '/', '-'; at most 128)"
             raise InvalidSpecError(msg)
         if utf8_size(value) > MAX_LABEL_VALUE_BYTES:
@@ -282,19 +285,25 @@ def inherit(request: WorkspaceSpec, source: WorkspaceSpec, *, image: str) -> Wor
     )
 
 
-def _disinherited(snapshot: ImageInfo, labels: Mapping[str, str]) -> dict[str, str]:
-    """Blank values for what a fork's container would take from its snapshot's image.
+def _disinherited(image: ImageInfo, labels: Mapping[str, str], snapshot: ImageInfo | None) -> dict[str, str]:
+    """Blank values for the labels a new container would take from its image that are not its own.
 
-    Docker gives a container its image's labels, and the image has its source's (the source's
-    own labels, its ``sandboxd.*`` ones); a label cannot be dropped, only given another value.
+    Docker gives a container its image's labels, and a label cannot be dropped, only given
+    another value: an image's ``sandboxd.*`` labels (a snapshot's, or any image's that carries
+    them, ``sandboxd.pool`` among them) must not make the workspace something else, nor, for a
+    fork, its source's own labels be its. The image's own description (``sandboxd.image.*``) stays.
     """
-    source = spec_from_json(snapshot.labels[LABEL_SPEC]).labels
-    return {
-        key: ""
-        for key in snapshot.labels
-        if key not in labels
-        and (key in source or (key.startswith("sandboxd.") and not key.startswith("sandboxd.image.")))
-    }
+    source = spec_from_json(snapshot.labels[LABEL_SPEC]).labels if snapshot is not None else {}
+
+    def foreign(key: str) -> bool:
+        return key in source or (key.startswith(RESERVED_LABEL_PREFIX) and not key.startswith("sandboxd.image."))
+
+    return {key: "" for key in image.labels if key not in labels and foreign(key)}
+
+
+def _is_snapshot(image: ImageInfo) -> bool:
+    """Whether an image is a snapshot (or a part of one being taken)."""
+    return bool(image.labels.get(LABEL_SNAPSHOT)) or image.labels.get(LABEL_SNAPSHOT_PART) == "true"
 
 
 DEFAULT_PAGE_SIZE = 100
@@ -465,13 +474,13 @@ class WorkspaceManager:
                 msg = f"unknown capability {quoted(cap)}"
                 raise InvalidSpecError(msg)
             capabilities.append(name)
-        if spec.security.user and not _USER_RE.match(spec.security.user):
+        if spec.security.user and not _USER_RE.fullmatch(spec.security.user):
             msg = f"security.user {quoted(spec.security.user)} is not a user name, uid or uid:gid"
             raise InvalidSpecError(msg)
         if spec.idle_ttl_s is not None and spec.idle_ttl_s < 0:
             msg = "idle_ttl must not be negative"
             raise InvalidSpecError(msg)
-        if spec.image and not _IMAGE_RE.match(spec.image):
+        if spec.image and not _IMAGE_RE.fullmatch(spec.image):
             msg = (
                 f"image {quoted(spec.image)} is not a valid image reference (lowercase repository, optional :tag or "
                 "@digest)"
@@ -532,6 +541,34 @@ class WorkspaceManager:
             msg = f"workspace {workspace_id!r} already exists"
             raise WorkspaceExistsError(msg)
         self._creating_ids.add(workspace_id)  # before any await: that is what makes it exclusive
+        # The engine's calls run in threads a cancel cannot stop: a create the caller gives up on
+        # runs to its end, and what it made is removed then (nobody has its id).
+        making = asyncio.ensure_future(self._create_exclusive(resolved, workspace_id, tenant, chosen_id, snapshot))
+        try:
+            return await asyncio.shield(making)
+        except asyncio.CancelledError:
+            making.add_done_callback(self._forsaken)
+            raise
+
+    def _forsaken(self, making: asyncio.Future[Workspace]) -> None:
+        """A create whose caller went away has ended: remove what it made."""
+        if making.cancelled() or making.exception() is not None:
+            return
+        workspace_id = making.result().workspace_id
+        log.info("workspace.create_abandoned", workspace_id=workspace_id)
+        task = asyncio.get_running_loop().create_task(self._remove_forsaken(workspace_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _remove_forsaken(self, workspace_id: str) -> None:
+        async with self._id_lock(workspace_id):
+            with contextlib.suppress(WorkspaceNotFoundError):
+                await self._remove(workspace_id, "its create was cancelled")
+
+    async def _create_exclusive(
+        self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, chosen_id: str, snapshot: ImageInfo | None
+    ) -> Workspace:
+        """The rest of :meth:`create`, once the id is this create's."""
         memory = resolved.limits.memory_bytes
         try:
             async with self._quota_lock:  # concurrent creates must not all pass one quota
@@ -554,6 +591,10 @@ class WorkspaceManager:
                     del self._reserved[tenant]
         finally:
             self._creating_ids.discard(workspace_id)
+
+    def id_lock(self, workspace_id: str) -> asyncio.Lock:
+        """The lock that serialises creating, deleting, pausing, resuming and snapshotting one id."""
+        return self._id_lock(workspace_id)
 
     def _id_lock(self, workspace_id: str) -> asyncio.Lock:
         """Serialises creating and deleting one id (concurrent deletes: one removes, the rest find nothing)."""
@@ -583,6 +624,14 @@ class WorkspaceManager:
                     )
         agent = self.agent
         image = await self.backend.image_info(resolved.image)
+        if image is None and snapshot is not None:
+            msg = f"snapshot {snapshot.labels.get(LABEL_SNAPSHOT, '')!r} not found"  # deleted meanwhile
+            raise NotFoundError(msg)
+        if image is not None and _is_snapshot(image) and (snapshot is None or image.image_id != snapshot.image_id):
+            # A snapshot is its tenant's: forked by name (from_snapshot), never named as an image,
+            # by its tag or by a prefix of its id. Said as of any image that is not there.
+            msg = f"image {quoted(resolved.image)} is not present on the Docker engine"
+            raise ImageNotFoundError(msg)
         if image is None:
             if resolved.image == self.settings.default_image:
                 msg = (
@@ -607,7 +656,7 @@ class WorkspaceManager:
                 env={},
                 working_dir=resolved.working_dir,
                 labels={
-                    **(_disinherited(snapshot, resolved.labels) if snapshot is not None else {}),
+                    **_disinherited(image, resolved.labels, snapshot),
                     **resolved.labels,
                     LABEL_SPEC: spec_to_json(resolved),
                     LABEL_AGENT: agent.tag,
@@ -628,6 +677,7 @@ class WorkspaceManager:
                 agent_mount=AGENT_MOUNT,
                 agent_capabilities=AGENT_CAPABILITIES,
                 private_dirs=(AGENT_SOCKET_DIR,),
+                seed_workspace=snapshot is not None,
             )
         )
         workspace = self._workspace(info)
@@ -639,6 +689,10 @@ class WorkspaceManager:
             await self.backend.remove_container(workspace_id)
             msg = f"the workspace's agent did not start in image {quoted(resolved.image)}: {exc.message}"
             raise FailedPreconditionError(msg) from None
+        except BaseException:
+            # Cancelled (the caller went away): nobody will ever have this workspace's id.
+            await asyncio.shield(self._discard(workspace_id))
+            raise
         if pool_class:
             return workspace
         self.touch(workspace_id)
@@ -707,7 +761,7 @@ class WorkspaceManager:
                 )
                 if code != 0:
                     msg = f"cannot make working directory {quoted(final.working_dir)}: {said[:200]!r}"
-                    raise FailedPreconditionError(msg)
+                    raise FailedPreconditionError(msg)  # noqa: TRY301 - one clean-up for every failure
             labels = {
                 **final.labels,
                 LABEL_SPEC: spec_to_json(final),
@@ -719,6 +773,10 @@ class WorkspaceManager:
             log.warning("pool.claim_failed", member=member.workspace_id, workspace_id=workspace_id, error=exc.message)
             await self.remove_member(member.workspace_id)
             return None
+        except BaseException:
+            # Cancelled (the caller went away): the member, claimed or half claimed, is nobody's now.
+            await asyncio.shield(self._discard(workspace_id, member.workspace_id))
+            raise
         old = self._contexts.pop(member.workspace_id, None)
         link = old.link if old is not None and old.container_id == info.container_id else None
         if link is not None:
@@ -735,6 +793,14 @@ class WorkspaceManager:
             claim_s=round(time.monotonic() - began, 4),
         )
         return self._workspace(info)
+
+    async def _discard(self, workspace_id: str, member_id: str = "") -> None:
+        """Remove a workspace whose create was cut short (and the member it was claiming)."""
+        with contextlib.suppress(SandboxdError):
+            await self._forget_context(workspace_id)
+            await self.backend.remove_container(workspace_id)  # its claim record too, if written
+        if member_id:
+            await self.remove_member(member_id)
 
     async def create_member(self, pool_class: PoolClass, member_id: str) -> ContainerInfo:
         """Start a pool member of ``pool_class``: a workspace of no tenant whose agent has answered.

@@ -47,6 +47,9 @@ class ContainerSpec:
     agent_capabilities: Sequence[str] = ()
     """Capabilities the main process needs on top of ``added_capabilities`` (it drops them
     from everything it starts)."""
+    seed_workspace: bool = False
+    """Start /workspace with the image's /workspace even when it is capped (a snapshot's fork): a
+    plain volume is filled so by the engine, a capped one is not."""
     private_dirs: Sequence[str] = ()
     """Directories made a small tmpfs only root may enter (the agent's socket); where the engine
     runs on this machine, the daemon reaches them from the host (``ContainerInfo.mounts``)."""

@@ -50,6 +50,8 @@ API_VERSION = "1.41"
 LABEL_MANAGED = "sandboxd.managed"
 LABEL_INSTANCE = "sandboxd.instance"
 LABEL_WORKSPACE = "sandboxd.workspace_id"
+LABEL_POOL = "sandboxd.pool"
+"""On a warm pool's member: its class (``sandboxd.pool``)."""
 LABEL_CLAIM_OF = "sandboxd.claim_of"
 """On a claim record (a volume): the id the claimed container was created with."""
 LABEL_MEMBER = "sandboxd.pool_member"
@@ -188,8 +190,12 @@ class DockerBackend:
         return await retrying(attempt)
 
     def _name(self, workspace_id: str) -> str:
-        """The container's (and its volume's) name: a claimed workspace's is its pool member's."""
-        return f"sandboxd-{self.instance}-{(self._claims or {}).get(workspace_id, workspace_id)}"
+        """The workspace's container's name (a claimed member is renamed so), and a fresh one's volume's."""
+        return f"sandboxd-{self.instance}-{workspace_id}"
+
+    def _volume_name(self, workspace_id: str) -> str:
+        """The name of the workspace's /workspace volume: a claimed workspace's keeps its member's."""
+        return self._name((self._claims or {}).get(workspace_id, workspace_id))
 
     def _labels(self, labels: Mapping[str, str]) -> Mapping[str, str]:
         """A container's labels as callers see them: a claimed one's are its claim's."""
@@ -454,6 +460,8 @@ class DockerBackend:
                 network_disabled=spec.network == "none",
             )
             await self._call(api.start, created["Id"])
+            if spec.disk_bytes and spec.seed_workspace:
+                await self._seed_workspace(created["Id"], spec.image)
         except docker.errors.ImageNotFound as exc:
             await self.remove_container(spec.workspace_id)
             msg = f"image {spec.image!r} is not present on the Docker engine"
@@ -485,7 +493,8 @@ class DockerBackend:
         info = self._info(attrs)
         labels = info.labels
         if (
-            labels.get(LABEL_MANAGED) != "true"
+            attrs.get("Name", "").lstrip("/") != self._name(workspace_id)  # an id's prefix, not its name
+            or labels.get(LABEL_MANAGED) != "true"
             or labels.get(LABEL_INSTANCE) != self.instance
             or info.workspace_id != workspace_id  # a pool member claimed since, asked for by its old id
         ):
@@ -542,10 +551,25 @@ class DockerBackend:
         selector = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
         removed = []
         containers = await self._call(api.containers, all=True, filters=selector, idempotent=True)
+        claimed_as = {member: workspace for workspace, member in (self._claims or {}).items()}
         live = set()
         for summary in containers:
             labels = summary.get("Labels") or {}
             name = summary["Names"][0].lstrip("/") if summary.get("Names") else summary["Id"]
+            created_as = labels.get(LABEL_WORKSPACE, "")
+            if created_as in claimed_as and name == self._name(created_as):
+                # Claimed, and cut short before its rename: the claim is on record, so it is done now.
+                name = self._name(claimed_as[created_as])
+                await self._call(api.rename, summary["Id"], name)
+            elif labels.get(LABEL_POOL) and name != self._name(created_as) and created_as not in claimed_as:
+                # A member that was claimed (it bears its workspace's name) whose claim record is gone
+                # (a `docker volume prune`): whose it is cannot be known, and it must never be handed
+                # out again with what its workspace left in it.
+                log.warning("workspace.claim_record_lost", name=name)
+                with contextlib.suppress(docker.errors.NotFound):
+                    await self._call(api.remove_container, summary["Id"], force=True, v=True)
+                    removed.append(name)
+                continue
             if summary.get("State") == "created" or not labels.get("sandboxd.spec"):
                 with contextlib.suppress(docker.errors.NotFound):
                     await self._call(api.remove_container, summary["Id"], force=True, v=True)
@@ -556,7 +580,8 @@ class DockerBackend:
         for volume in volumes:
             # A workspace's private volumes are anonymous: their workspace label names their container.
             workspace = (volume.get("Labels") or {}).get(LABEL_WORKSPACE)
-            if (self._name(workspace) if workspace else volume["Name"]) not in live:
+            owner = self._name(claimed_as.get(workspace, workspace)) if workspace else volume["Name"]
+            if owner not in live:
                 with contextlib.suppress(docker.errors.NotFound, BackendError):
                     await self._call(api.remove_volume, volume["Name"], force=True)
                     removed.append(volume["Name"])
@@ -589,22 +614,23 @@ class DockerBackend:
         api = self._api()
         await self._load_claims()
         member = (self._claims or {}).get(workspace_id, "")
-        name = self._name(workspace_id)
         found = False
-        # gVisor cannot kill a paused sandbox ("PID is zombie and can not be killed"): thaw it first.
-        with contextlib.suppress(docker.errors.NotFound, BackendError):
-            await self._call(api.unpause, name)
-        try:
-            await self._call(api.remove_container, name, force=True, v=True, idempotent=True)
-            found = True
-        except docker.errors.NotFound:
-            pass
-        except BackendError as exc:
-            if "already in progress" not in exc.message:
-                raise
-            found = True  # someone else is removing it right now: it is going either way
+        # A claimed member not yet renamed (a claim cut short) still bears the member's name.
+        for name in [self._name(workspace_id), *([self._name(member)] if member else [])]:
+            # gVisor cannot kill a paused sandbox ("PID is zombie and can not be killed"): thaw it first.
+            with contextlib.suppress(docker.errors.NotFound, BackendError):
+                await self._call(api.unpause, name)
+            try:
+                await self._call(api.remove_container, name, force=True, v=True, idempotent=True)
+                found = True
+            except docker.errors.NotFound:
+                pass
+            except BackendError as exc:
+                if "already in progress" not in exc.message:
+                    raise
+                found = True  # someone else is removing it right now: it is going either way
         with contextlib.suppress(docker.errors.NotFound):
-            await self._call(api.remove_volume, name, force=True, idempotent=True)
+            await self._call(api.remove_volume, self._volume_name(workspace_id), force=True, idempotent=True)
             found = True
         if member:
             await self._remove_private_volumes(member)
@@ -633,20 +659,7 @@ class DockerBackend:
             raise WorkspaceNotFoundError(msg) from exc
         holder = None
         try:
-            # An image takes its container's labels, and a container its image's, for good: the
-            # workspace's own (its id, spec, tenant...) are blanked on the holder, so that it is
-            # no workspace (a start after a crash removes it, as a container never started).
-            inherited = (await self._call(api.inspect_image, first["Id"], idempotent=True))["Config"]["Labels"] or {}
-            blanked = {key: "" for key in inherited if key.startswith("sandboxd.")}
-            holder = await self._call(
-                api.create_container,
-                first["Id"],
-                entrypoint=["/.sandboxd/none"],
-                command=[],
-                labels={**blanked, **part},
-                network_disabled=True,
-                host_config=api.create_host_config(network_mode="none"),
-            )
+            holder = await self._holder(first["Id"])
 
             def copy() -> None:
                 stream, _stat = api.get_archive(name, WORKSPACE_MOUNT, chunk_size=1024 * 1024)
@@ -671,6 +684,47 @@ class DockerBackend:
             msg = f"the snapshot image {ref} vanished as it was made"
             raise BackendError(msg)
         return info
+
+    async def _holder(self, image: str) -> dict[str, Any]:
+        """A container of ``image`` that never starts, to read or write its files through the engine.
+
+        An image takes its container's labels, and a container its image's, for good: a
+        workspace's own (its id, spec, tenant...) are blanked on the holder, so that it is no
+        workspace (a start after a crash removes it, as a container never started).
+        """
+        api = self._api()
+        inherited = (await self._call(api.inspect_image, image, idempotent=True))["Config"]["Labels"] or {}
+        blanked = {key: "" for key in inherited if key.startswith("sandboxd.")}
+        part = {LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance, LABEL_SNAPSHOT_PART: "true"}
+        holder: dict[str, Any] = await self._call(
+            api.create_container,
+            image,
+            entrypoint=["/.sandboxd/none"],
+            command=[],
+            labels={**blanked, **part},
+            network_disabled=True,
+            host_config=api.create_host_config(network_mode="none"),
+        )
+        return holder
+
+    async def _seed_workspace(self, container_id: str, image: str) -> None:
+        """Copy ``image``'s /workspace into the running container's.
+
+        A capped /workspace is a tmpfs volume, which the engine does not fill from the image as
+        it fills a plain one.
+        """
+        api = self._api()
+        holder = await self._holder(image)
+        try:
+
+            def copy() -> None:
+                stream, _stat = api.get_archive(holder["Id"], WORKSPACE_MOUNT, chunk_size=1024 * 1024)
+                api.put_archive(container_id, "/", stream)
+
+            await self._call(copy)
+        finally:
+            with contextlib.suppress(docker.errors.NotFound, BackendError):
+                await self._call(api.remove_container, holder["Id"], force=True, v=True)
 
     async def list_images(self, labels: Mapping[str, str]) -> list[ImageInfo]:
         """This daemon's images carrying every label in ``labels`` (snapshots), oldest first."""
@@ -731,6 +785,16 @@ class DockerBackend:
             # container is gone (a removal cut short). It is replaced.
             await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
             await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
+        # Renamed after the record: a member that bears another name than its own was claimed,
+        # and is never a pool's again, whatever becomes of the record (``remove_orphans``).
+        try:
+            await self._call(api.rename, member.container_id, self._name(workspace_id))
+        except BackendError as exc:
+            await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
+            if "Conflict" in exc.message or "already in use" in exc.message:
+                msg = f"workspace {workspace_id!r} already exists"
+                raise WorkspaceExistsError(msg) from exc
+            raise
         claims[workspace_id] = member_id
         self._claims = claims
         self._claimed[member_id] = effective = _claimed_labels(record, member_id)
@@ -761,7 +825,7 @@ class DockerBackend:
         selector = {"label": [f"{LABEL_INSTANCE}={self.instance}", f"{LABEL_WORKSPACE}={workspace_id}"]}
         volumes = (await self._call(api.volumes, filters=selector, idempotent=True)).get("Volumes") or []
         for volume in volumes:
-            if volume["Name"] != self._name(workspace_id):
+            if volume["Name"] != self._volume_name(workspace_id):
                 with contextlib.suppress(docker.errors.NotFound, BackendError):  # in use: its container is back
                     await self._call(api.remove_volume, volume["Name"], force=True, idempotent=True)
 

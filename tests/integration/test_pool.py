@@ -7,6 +7,8 @@ private instance label, and looks at the engine itself to see what was claimed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import os
 import signal
 import time
@@ -232,3 +234,87 @@ async def test_a_claimed_workspace_outlives_kill_9_and_no_member_leaks(tmp_path:
             assert len(containers(docker_client, instance)) == 3  # pool size + claimed: no member leaked
             await again.delete()
     remove_members(instance)
+
+
+async def test_a_claimed_member_whose_claim_record_is_lost_is_never_handed_out(tmp_path: Path, docker_client) -> None:
+    """Tenant A's claimed workspace, its record removed (a `docker volume prune`) while the daemon is
+    down: at the next start it is removed, not taken back into the pool with A's files for B."""
+    settings = make_settings(tmp_path, pool_size=2)
+    thread = DaemonThread(settings).start()
+    try:
+        async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+            await until_ready(client, 2)
+            ws = await client.create_workspace(workspace_id="ws-victim")
+            await ws.write_file("/workspace/id_rsa", "A-PRIVATE-KEY\n")  # a file call leaves no session
+            await until_ready(client, 2)
+    finally:
+        thread.stop()
+    docker_client.volumes.get(f"sandboxd-{settings.instance}-ws-victim.claim").remove(force=True)
+    thread = DaemonThread(settings).start()
+    try:
+        async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+            await until_ready(client, 2)
+            assert not docker_client.containers.list(all=True, filters={"id": ws.info.container_id})
+            for _ in range(3):
+                other = await client.create_workspace()
+                assert other.info.container_id != ws.info.container_id
+                assert (await other.exec("ls -A /workspace").wait()).stdout == ""
+                await other.delete()
+            assert await client.list_workspaces() == []
+    finally:
+        stop(thread)
+
+
+async def test_creates_the_caller_gives_up_on_leave_nothing(pooled, docker_client) -> None:
+    """Creates cancelled at every moment (a claim, a working directory made, a normal create): once
+    the pool is full again the engine holds its members and nothing else, and no workspace is listed."""
+    client, thread = pooled
+    for timeout in (0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16):
+        for spec in ({}, {"working_dir": "/srv/x"}, {"memory_bytes": 512 * 1024**2}):
+            with contextlib.suppress(TimeoutError):
+                made = await asyncio.wait_for(client.create_workspace(**spec), timeout)
+                await made.delete()  # finished in time: not what this test is about
+    deadline = time.monotonic() + 60
+    while True:
+        (default,) = await client.get_pool()
+        # Summaries: a listing that inspects each would trip over one being removed meanwhile.
+        present = docker_client.api.containers(
+            all=True, filters={"label": f"sandboxd.instance={thread.settings.instance}"}
+        )
+        if default.ready == 2 and default.starting == 0 and len(present) == 2:
+            break
+        assert time.monotonic() < deadline, (default, [c["Names"] for c in present])
+        await asyncio.sleep(0.2)
+    assert await client.list_workspaces() == []
+
+
+async def test_an_image_labelled_as_a_member_makes_a_workspace_like_any_other(
+    tmp_path: Path, docker_client, default_image: str
+) -> None:
+    """An image that carries `sandboxd.pool=default` (an image can label its containers) makes a
+    workspace that is no member: listed, kept across a restart, never taken into the pool."""
+    image, _logs = docker_client.images.build(
+        fileobj=io.BytesIO(f"FROM {default_image}\nLABEL sandboxd.pool=default\n".encode()),
+        tag="sandboxd-test/labelled:1",
+        rm=True,
+    )
+    settings = make_settings(tmp_path, pool_size=1)
+    try:
+        thread = DaemonThread(settings).start()
+        try:
+            async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+                ws = await client.create_workspace(image="sandboxd-test/labelled:1", workspace_id="ws-labelled")
+                await ws.write_file("/workspace/mine.txt", "mine\n")
+                assert docker_client.containers.get(ws.info.container_id).labels["sandboxd.pool"] == ""
+        finally:
+            thread.stop()
+        thread = DaemonThread(settings).start()
+        try:
+            async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+                again = await client.get_workspace("ws-labelled")
+                assert (await again.exec("cat /workspace/mine.txt").wait()).stdout == "mine\n"
+                await again.delete()
+        finally:
+            stop(thread)
+    finally:
+        docker_client.images.remove(image.id, force=True)

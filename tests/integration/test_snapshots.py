@@ -8,13 +8,16 @@ ones are clean errors that leave nothing behind.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
 from pathlib import Path
 
+import docker
 import pytest
 from sandboxd_client import (
     AlreadyExistsError,
+    FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
@@ -125,7 +128,7 @@ async def test_bad_names_and_missing_snapshots_are_clean_errors(own, docker_clie
     status and a message, and nothing half-made stays."""
     client, instance = own
     ws = await client.create_workspace()
-    for name in ("a/b", "..", "a..b", "x" * 300, "", "-lead", "sp ace"):
+    for name in ("a/b", "..", "a..b", "x" * 300, "", "-lead", "sp ace", "ok\n"):
         with pytest.raises(InvalidArgumentError, match="snapshot name"):
             await ws.snapshot(name)
     await ws.snapshot("taken")
@@ -151,7 +154,8 @@ async def test_bad_names_and_missing_snapshots_are_clean_errors(own, docker_clie
     for index in range(3):
         await client.delete_snapshot(f"q{index}")
     assert [w.workspace_id for w in await client.list_workspaces()] == [ws.workspace_id]
-    assert not docker_client.containers.list(all=True, filters={"label": "sandboxd.snapshot_part=true"})
+    part = {"label": [f"sandboxd.instance={instance}", "sandboxd.snapshot_part=true"]}
+    assert not docker_client.api.containers(all=True, filters=part)
     await ws.delete()
     assert snapshot_images(docker_client, instance) == []
 
@@ -170,6 +174,14 @@ async def test_a_snapshot_is_its_tenants_alone(tmp_path: Path, default_image: st
             await ws_a.write_file("/workspace/secret.txt", "a's\n")
             await ws_a.snapshot("shared-name")
             assert await b.list_snapshots() == []
+            # Nor by naming its image: its tag (a digest B can compute, names being guessable) or its id.
+            instance = thread.settings.instance
+            tag = hashlib.sha256(f"{instance}\0team-a\0shared-name".encode()).hexdigest()[:40]
+            image_id = docker.from_env().images.get(f"sandboxd/snapshot:{tag}").id.removeprefix("sha256:")
+            for image in (f"sandboxd/snapshot:{tag}", image_id[:12], image_id[:4]):
+                for client in (b, a):  # its own tenant forks it by name only
+                    with pytest.raises(NotFoundError, match="is not present"):
+                        await client.create_workspace(image=image)
             for call in (
                 lambda: b.get_snapshot("shared-name"),
                 lambda: b.create_workspace(from_snapshot="shared-name"),
@@ -223,3 +235,69 @@ async def test_a_fork_survives_its_snapshots_deletion(own, docker_client) -> Non
     while snapshot_images(docker_client, instance):
         assert time.monotonic() < deadline, "the deleted snapshot's image stayed after its last fork"
         await asyncio.sleep(0.2)
+
+
+async def test_snapshots_of_one_tenant_are_counted_one_at_a_time(tmp_path: Path, default_image: str) -> None:
+    """Three concurrent snapshots of three names with a quota of one: one is taken, two refused."""
+    thread = DaemonThread(make_settings(tmp_path, tenant_max_snapshots=1)).start()
+    try:
+        async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+            ws = await client.create_workspace()
+            outcomes = await asyncio.gather(*(ws.snapshot(f"q{n}") for n in range(3)), return_exceptions=True)
+            taken = [o for o in outcomes if not isinstance(o, BaseException)]
+            refused = [o for o in outcomes if isinstance(o, ResourceExhaustedError)]
+            assert (len(taken), len(refused)) == (1, 2), outcomes
+            assert [s.name for s in await client.list_snapshots()] == [taken[0].name]
+            await client.delete_snapshot(taken[0].name)
+            await ws.delete()
+    finally:
+        thread.stop()
+
+
+async def test_a_capped_forks_workspace_has_the_files(own) -> None:
+    """A fork whose /workspace is capped (a tmpfs the engine fills from no image) starts with its files."""
+    client, _instance = own
+    capped = await client.create_workspace(disk_bytes=16 * 1024**2)
+    await capped.write_file("/workspace/keep.txt", "kept\n")
+    await capped.snapshot("capped")
+    plain = await client.create_workspace()
+    await plain.write_file("/workspace/keep.txt", "plain\n")
+    await plain.snapshot("plain")
+    forks = [
+        (await client.create_workspace(from_snapshot="capped"), "kept\n"),  # the cap is inherited
+        (await client.create_workspace(from_snapshot="plain", disk_bytes=16 * 1024**2), "plain\n"),
+    ]
+    for fork, text in forks:
+        assert fork.info.disk_bytes == 16 * 1024**2
+        seen = await fork.exec(
+            "cat /workspace/keep.txt; stat -c %U /workspace/keep.txt; df -k /workspace | tail -1"
+        ).wait()
+        assert seen.stdout.startswith(f"{text}sandbox\n") and "tmpfs" in seen.stdout, seen
+        await fork.delete()
+    for ws in (capped, plain):
+        await ws.delete()
+    for name in ("capped", "plain"):
+        await client.delete_snapshot(name)
+
+
+async def test_a_pause_or_resume_waits_for_a_snapshots_commit(own, docker_client) -> None:
+    """The commit freezes the workspace for a moment: a Resume then is not a resume of the caller's
+    pause (FAILED_PRECONDITION once the snapshot is done), and a Pause pauses it after."""
+    client, _instance = own
+    ws = await client.create_workspace()
+    await ws.exec("head -c 300M /dev/zero > ~/big").wait(check=True)  # a commit that takes a while
+    container = docker_client.containers.get(ws.info.container_id)
+    taking = asyncio.create_task(ws.snapshot("slow"))
+    deadline = time.monotonic() + 30
+    while not container.attrs["State"]["Paused"]:
+        assert time.monotonic() < deadline and not taking.done(), "the commit never froze the workspace"
+        await asyncio.sleep(0.01)
+        container.reload()
+    with pytest.raises(FailedPreconditionError, match="is not paused"):
+        await ws.resume()
+    assert taking.done()  # the resume waited for the snapshot
+    await taking
+    assert (await ws.pause()).state == "paused"
+    await ws.resume()
+    await ws.delete()
+    await client.delete_snapshot("slow")
