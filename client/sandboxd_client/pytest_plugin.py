@@ -179,8 +179,10 @@ def _own_daemon() -> Iterator[str]:
         socket_path = str(Path(tmp) / "sandboxd.sock")
         log = Path(tmp) / "daemon.log"
         env = {**os.environ, "SANDBOXD_SOCKET": socket_path, "SANDBOXD_INSTANCE": _own_instance()}
-        # A throwaway daemon keeps its audit trail with it, not in the machine's (unless told).
+        # A throwaway daemon keeps its audit trail with it, not in the machine's (unless told),
+        # and no warm pool (its members would outlive it, left on the machine after every run).
         env.setdefault("SANDBOXD_AUDIT_LOG", str(Path(tmp) / "audit.jsonl"))
+        env.setdefault("SANDBOXD_POOL_SIZE", "0")
         with log.open("wb") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "sandboxd", "serve", "--socket", socket_path],

@@ -779,22 +779,33 @@ class DockerBackend:
             LABEL_WORKSPACE: workspace_id,
             LABEL_CLAIM_OF: member_id,
         }
-        created = await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
-        if (created.get("Labels") or {}) != record:
-            # The engine hands back a volume of that name as it is: an earlier claim's, whose
-            # container is gone (a removal cut short). It is replaced.
-            await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
-            await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
-        # Renamed after the record: a member that bears another name than its own was claimed,
-        # and is never a pool's again, whatever becomes of the record (``remove_orphans``).
-        try:
-            await self._call(api.rename, member.container_id, self._name(workspace_id))
-        except BackendError as exc:
-            await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
-            if "Conflict" in exc.message or "already in use" in exc.message:
+
+        async def record_it() -> None:
+            created = await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
+            if (created.get("Labels") or {}) != record:
+                # The engine hands back a volume of that name as it is: an earlier claim's, whose
+                # container is gone (a removal cut short). It is replaced.
+                await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
+                await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
+
+        # The member is renamed after its workspace: one that bears another name than its own
+        # was claimed, and is never a pool's again, whatever becomes of the record. The two go
+        # together: a start after a crash between them renames one recorded, and removes one
+        # renamed but not recorded, whose caller never had its id (``remove_orphans``).
+        outcomes = await asyncio.gather(
+            record_it(), self._call(api.rename, member.container_id, self._name(workspace_id)), return_exceptions=True
+        )
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            with contextlib.suppress(docker.errors.NotFound, BackendError):
+                await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
+            with contextlib.suppress(docker.errors.NotFound, BackendError):
+                await self._call(api.rename, member.container_id, self._name(member_id))
+            error = failed[0]
+            if isinstance(error, BackendError) and ("Conflict" in error.message or "already in use" in error.message):
                 msg = f"workspace {workspace_id!r} already exists"
-                raise WorkspaceExistsError(msg) from exc
-            raise
+                raise WorkspaceExistsError(msg) from error
+            raise error
         claims[workspace_id] = member_id
         self._claims = claims
         self._claimed[member_id] = effective = _claimed_labels(record, member_id)

@@ -193,6 +193,9 @@ class TestFixtures:
         assert run.returncode == 0, run.stdout + run.stderr
         assert "daemon seen: sandboxd-pytest-" in run.stdout
         assert _labelled(docker_client, project) == ([], [])
+        # Nothing of its daemon's instance either (a warm pool's members would outlive it).
+        instance = f"pytest-{_owner(project)[:8]}-main"
+        assert docker_client.api.containers(all=True, filters={"label": f"sandboxd.instance={instance}"}) == []
         leftover_daemons = subprocess.run(
             ["pgrep", "-f", "sandboxd-pytest-"], capture_output=True, text=True, check=False
         ).stdout.split()
