@@ -74,6 +74,8 @@ RECONNECT_ATTEMPTS = 40
 """Attempts before a link gives up until the next call (about 70 s: a container restart fits)."""
 BRIDGE_CHECK_S = 2.0
 """Silence on a link with calls waiting after which the engine is asked if the bridge still runs."""
+LEARN_AGAIN_S = (0.1, 0.3, 0.6, 1.0, 2.0)
+"""Waits before asking again whether the host sees a runtime's sockets, after a first no."""
 FREEZE_TIMEOUT_S = 5.0
 """How long the agent may take to answer a freeze (it answers at once unless it is stuck)."""
 LISTEN_WAIT_S = 10.0
@@ -768,6 +770,7 @@ class AgentLink:
         self._write_lock = asyncio.Lock()
         self._closed = False
         self._heard_at = 0.0
+        self._learner: asyncio.Task[None] | None = None
         self._freeze_lock = asyncio.Lock()
         self._frozen_answer: asyncio.Future[bool] | None = None
         self.on_welcome: Callable[[Welcome], None] | None = None
@@ -814,6 +817,15 @@ class AgentLink:
         """
         if not self.socket_path or self.runtime in self.host_sockets:
             return False
+        if await self._probe():
+            return True
+        if self._learner is None:
+            # gVisor can show the host its socket a moment after the agent answered through the
+            # bridge (seen under load): asked again a few times, and the link moves there then.
+            self._learner = asyncio.create_task(self._learn_later(), name=f"agent-{self.workspace_id}-learn")
+        return False
+
+    async def _probe(self) -> bool:
         probe = await self.backend.open_socket(self.socket_path, self.container_id)
         if probe is None:
             return False
@@ -821,6 +833,24 @@ class AgentLink:
         self.host_sockets.add(self.runtime)
         log.info("agent.host_sockets", runtime=self.runtime or "default")
         return True
+
+    async def _learn_later(self) -> None:
+        for delay in LEARN_AGAIN_S:
+            await asyncio.sleep(delay)
+            if self._closed:
+                return
+            if self.runtime in self.host_sockets or await self._probe():
+                break
+        else:
+            return
+        # Off the bridge, once no file operation is in flight (its call would end with the
+        # connection; a session's output is sent again from where the daemon has it).
+        while not self._closed and self.transport == "bridge" and self._stream is not None:
+            if not any(isinstance(route, _FileRoute) for route in self._routes.values()):
+                log.info("agent.moving_to_socket", workspace_id=self.workspace_id)
+                await self._stream.close(discard_input=True)  # the reader reconnects, straight
+                return
+            await asyncio.sleep(0.05)
 
     async def _open(self) -> Welcome:
         stream = await self._direct()
@@ -1120,7 +1150,7 @@ class AgentLink:
     async def close(self) -> None:
         """Close the connection for good (the workspace is going, or the daemon stops)."""
         self._closed = True
-        for task in (self._reconnector, self._reader):
+        for task in (self._reconnector, self._reader, self._learner):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
