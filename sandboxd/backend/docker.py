@@ -54,6 +54,8 @@ LABEL_POOL = "sandboxd.pool"
 """On a warm pool's member: its class (``sandboxd.pool``)."""
 LABEL_CLAIM_OF = "sandboxd.claim_of"
 """On a claim record (a volume): the id the claimed container was created with."""
+LABEL_CLAIM_CONTAINER = "sandboxd.claim_container"
+"""On a claim record: the claimed container's id (what every call names it by: it never changes)."""
 LABEL_MEMBER = "sandboxd.pool_member"
 """In a claimed container's labels as this backend reports them: the id it was created with."""
 CLAIM_SUFFIX = ".claim"
@@ -61,6 +63,8 @@ CLAIM_SUFFIX = ".claim"
 LABEL_SNAPSHOT_PART = "sandboxd.snapshot_part"
 """On the intermediate image and container of a snapshot being taken (debris if the daemon dies)."""
 SNAPSHOT_REPOSITORY = "sandboxd/snapshot"
+RENAME_AFTER_S = 1.0
+"""How long after its claim a member is renamed after its workspace."""
 HOSTNAME = "sandbox"
 """Every workspace's host name: the same for a claimed pool member as for a fresh container."""
 WORKSPACE_MOUNT = "/workspace"
@@ -106,6 +110,9 @@ class DockerBackend:
         (:meth:`claim_container`); None until read from the claim records."""
         self._claimed: dict[str, dict[str, str]] = {}
         """Created-with id -> the labels the claimed container answers with."""
+        self._claim_ids: dict[str, str] = {}
+        """Workspace id -> its claimed container's id."""
+        self._renames: set[asyncio.Task[None]] = set()
 
     # -- plumbing --------------------------------------------------------------
     def _api(self) -> docker.APIClient:
@@ -193,6 +200,10 @@ class DockerBackend:
         """The workspace's container's name (a claimed member is renamed so), and a fresh one's volume's."""
         return f"sandboxd-{self.instance}-{workspace_id}"
 
+    def _ref(self, workspace_id: str) -> str:
+        """What calls name the workspace's container by: a claimed one's id, else its name."""
+        return self._claim_ids.get(workspace_id) or self._name(workspace_id)
+
     def _volume_name(self, workspace_id: str) -> str:
         """The name of the workspace's /workspace volume: a claimed workspace's keeps its member's."""
         return self._name((self._claims or {}).get(workspace_id, workspace_id))
@@ -207,14 +218,16 @@ class DockerBackend:
             return
         selector = {"label": [f"{LABEL_INSTANCE}={self.instance}", LABEL_CLAIM_OF]}
         volumes = (await self._call(self._api().volumes, filters=selector, idempotent=True)).get("Volumes") or []
-        claims, claimed = {}, {}
+        claims, claimed, ids = {}, {}, {}
         for volume in volumes:
             record = volume.get("Labels") or {}
             member, workspace_id = record.get(LABEL_CLAIM_OF, ""), record.get(LABEL_WORKSPACE, "")
             if member and workspace_id and volume["Name"] == self._claim_name(workspace_id):
                 claims[workspace_id] = member
                 claimed[member] = _claimed_labels(record, member)
-        self._claims, self._claimed = claims, claimed
+                if record.get(LABEL_CLAIM_CONTAINER):
+                    ids[workspace_id] = record[LABEL_CLAIM_CONTAINER]
+        self._claims, self._claimed, self._claim_ids = claims, claimed, ids
 
     def _claim_name(self, workspace_id: str) -> str:
         return f"sandboxd-{self.instance}-{workspace_id}{CLAIM_SUFFIX}"
@@ -486,14 +499,15 @@ class DockerBackend:
         """Return one of this daemon's workspace containers, or WorkspaceNotFoundError."""
         await self._load_claims()
         try:
-            attrs = await self._call(self._api().inspect_container, self._name(workspace_id), idempotent=True)
+            attrs = await self._call(self._api().inspect_container, self._ref(workspace_id), idempotent=True)
         except docker.errors.NotFound as exc:
             msg = f"workspace {workspace_id!r} not found"
             raise WorkspaceNotFoundError(msg) from exc
         info = self._info(attrs)
         labels = info.labels
+        named = workspace_id in self._claim_ids or attrs.get("Name", "").lstrip("/") == self._name(workspace_id)
         if (
-            attrs.get("Name", "").lstrip("/") != self._name(workspace_id)  # an id's prefix, not its name
+            not named  # an id's prefix, not its name
             or labels.get(LABEL_MANAGED) != "true"
             or labels.get(LABEL_INSTANCE) != self.instance
             or info.workspace_id != workspace_id  # a pool member claimed since, asked for by its old id
@@ -615,20 +629,19 @@ class DockerBackend:
         await self._load_claims()
         member = (self._claims or {}).get(workspace_id, "")
         found = False
-        # A claimed member not yet renamed (a claim cut short) still bears the member's name.
-        for name in [self._name(workspace_id), *([self._name(member)] if member else [])]:
-            # gVisor cannot kill a paused sandbox ("PID is zombie and can not be killed"): thaw it first.
-            with contextlib.suppress(docker.errors.NotFound, BackendError):
-                await self._call(api.unpause, name)
-            try:
-                await self._call(api.remove_container, name, force=True, v=True, idempotent=True)
-                found = True
-            except docker.errors.NotFound:
-                pass
-            except BackendError as exc:
-                if "already in progress" not in exc.message:
-                    raise
-                found = True  # someone else is removing it right now: it is going either way
+        name = self._ref(workspace_id)  # a claimed member by its id: renamed yet or not
+        # gVisor cannot kill a paused sandbox ("PID is zombie and can not be killed"): thaw it first.
+        with contextlib.suppress(docker.errors.NotFound, BackendError):
+            await self._call(api.unpause, name)
+        try:
+            await self._call(api.remove_container, name, force=True, v=True, idempotent=True)
+            found = True
+        except docker.errors.NotFound:
+            pass
+        except BackendError as exc:
+            if "already in progress" not in exc.message:
+                raise
+            found = True  # someone else is removing it right now: it is going either way
         with contextlib.suppress(docker.errors.NotFound):
             await self._call(api.remove_volume, self._volume_name(workspace_id), force=True, idempotent=True)
             found = True
@@ -638,6 +651,7 @@ class DockerBackend:
         if member and self._claims is not None:
             self._claims.pop(workspace_id, None)
             self._claimed.pop(member, None)
+            self._claim_ids.pop(workspace_id, None)
         return found
 
     async def snapshot_container(self, workspace_id: str, ref: str, labels: Mapping[str, str]) -> ImageInfo:
@@ -651,7 +665,7 @@ class DockerBackend:
         api = self._api()
         await self._load_claims()
         part = {LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance, LABEL_SNAPSHOT_PART: "true"}
-        name = self._name(workspace_id)
+        name = self._ref(workspace_id)
         try:
             first = await self._call(api.commit, name, conf={"Labels": part})
         except docker.errors.NotFound as exc:
@@ -778,38 +792,37 @@ class DockerBackend:
             LABEL_INSTANCE: self.instance,
             LABEL_WORKSPACE: workspace_id,
             LABEL_CLAIM_OF: member_id,
+            LABEL_CLAIM_CONTAINER: member.container_id,
         }
-
-        async def record_it() -> None:
-            created = await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
-            if (created.get("Labels") or {}) != record:
-                # The engine hands back a volume of that name as it is: an earlier claim's, whose
-                # container is gone (a removal cut short). It is replaced.
-                await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
-                await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
-
-        # The member is renamed after its workspace: one that bears another name than its own
-        # was claimed, and is never a pool's again, whatever becomes of the record. The two go
-        # together: a start after a crash between them renames one recorded, and removes one
-        # renamed but not recorded, whose caller never had its id (``remove_orphans``).
-        outcomes = await asyncio.gather(
-            record_it(), self._call(api.rename, member.container_id, self._name(workspace_id)), return_exceptions=True
-        )
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if failed:
-            with contextlib.suppress(docker.errors.NotFound, BackendError):
-                await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
-            with contextlib.suppress(docker.errors.NotFound, BackendError):
-                await self._call(api.rename, member.container_id, self._name(member_id))
-            error = failed[0]
-            if isinstance(error, BackendError) and ("Conflict" in error.message or "already in use" in error.message):
-                msg = f"workspace {workspace_id!r} already exists"
-                raise WorkspaceExistsError(msg) from error
-            raise error
+        created = await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
+        if (created.get("Labels") or {}) != record:
+            # The engine hands back a volume of that name as it is: an earlier claim's, whose
+            # container is gone (a removal cut short). It is replaced.
+            await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
+            await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
+        # The member is renamed after its workspace: one that bears another name than its own was
+        # claimed, and is never a pool's again, whatever becomes of the record. Done behind the
+        # claim (every call names a claimed container by its id); a start after a crash renames
+        # a recorded one not renamed yet (``remove_orphans``).
+        rename = asyncio.create_task(self._rename(member.container_id, self._name(workspace_id)))
+        self._renames.add(rename)
+        rename.add_done_callback(self._renames.discard)
+        self._claim_ids[workspace_id] = member.container_id
         claims[workspace_id] = member_id
         self._claims = claims
         self._claimed[member_id] = effective = _claimed_labels(record, member_id)
         return dataclasses.replace(member, workspace_id=workspace_id, labels=effective)
+
+    async def _rename(self, container_id: str, name: str) -> None:
+        # A moment later: the claimer's first command is on its way, and the engine's work would
+        # only slow it (a claim is done without it; a start after a crash does it too).
+        await asyncio.sleep(RENAME_AFTER_S)
+        try:
+            await self._call(self._api().rename, container_id, name)
+        except docker.errors.NotFound:
+            pass  # removed meanwhile
+        except SandboxdError as exc:
+            log.warning("workspace.rename_failed", name=name, error=exc.message)
 
     async def pause_container(self, workspace_id: str) -> None:
         """Freeze the container's processes (``docker pause``: the cgroup freezer, or gVisor's own)."""
@@ -821,7 +834,7 @@ class DockerBackend:
 
     async def _pause_call(self, call: Callable[[str], Any], workspace_id: str, what: str) -> None:
         try:
-            await self._call(call, self._name(workspace_id))
+            await self._call(call, self._ref(workspace_id))
         except docker.errors.NotFound as exc:
             msg = f"workspace {workspace_id!r} not found"
             raise WorkspaceNotFoundError(msg) from exc
@@ -915,7 +928,7 @@ class DockerBackend:
         try:
             created = await self._call(
                 self._api().exec_create,
-                container_id or self._name(workspace_id),
+                container_id or self._ref(workspace_id),
                 list(argv),
                 stdin=stdin,
                 stdout=True,
