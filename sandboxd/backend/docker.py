@@ -63,8 +63,6 @@ CLAIM_SUFFIX = ".claim"
 LABEL_SNAPSHOT_PART = "sandboxd.snapshot_part"
 """On the intermediate image and container of a snapshot being taken (debris if the daemon dies)."""
 SNAPSHOT_REPOSITORY = "sandboxd/snapshot"
-RENAME_AFTER_S = 1.0
-"""How long after its claim a member is renamed after its workspace."""
 HOSTNAME = "sandbox"
 """Every workspace's host name: the same for a claimed pool member as for a fresh container."""
 WORKSPACE_MOUNT = "/workspace"
@@ -112,7 +110,6 @@ class DockerBackend:
         """Created-with id -> the labels the claimed container answers with."""
         self._claim_ids: dict[str, str] = {}
         """Workspace id -> its claimed container's id."""
-        self._renames: set[asyncio.Task[None]] = set()
 
     # -- plumbing --------------------------------------------------------------
     def _api(self) -> docker.APIClient:
@@ -794,35 +791,38 @@ class DockerBackend:
             LABEL_CLAIM_OF: member_id,
             LABEL_CLAIM_CONTAINER: member.container_id,
         }
-        created = await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
-        if (created.get("Labels") or {}) != record:
-            # The engine hands back a volume of that name as it is: an earlier claim's, whose
-            # container is gone (a removal cut short). It is replaced.
-            await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
-            await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
-        # The member is renamed after its workspace: one that bears another name than its own was
-        # claimed, and is never a pool's again, whatever becomes of the record. Done behind the
-        # claim (every call names a claimed container by its id); a start after a crash renames
-        # a recorded one not renamed yet (``remove_orphans``).
-        rename = asyncio.create_task(self._rename(member.container_id, self._name(workspace_id)))
-        self._renames.add(rename)
-        rename.add_done_callback(self._renames.discard)
+
+        async def record_it() -> None:
+            created = await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
+            if (created.get("Labels") or {}) != record:
+                # The engine hands back a volume of that name as it is: an earlier claim's, whose
+                # container is gone (a removal cut short). It is replaced.
+                await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
+                await self._call(api.create_volume, name=self._claim_name(workspace_id), labels=record)
+
+        # The member is renamed after its workspace: one that bears another name than its own
+        # was claimed, and is never a pool's again, whatever becomes of the record. Both are done
+        # before the claim returns, at once: a start after a crash between them renames one
+        # recorded, and removes one renamed but not recorded, whose caller never had its id.
+        outcomes = await asyncio.gather(
+            record_it(), self._call(api.rename, member.container_id, self._name(workspace_id)), return_exceptions=True
+        )
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
+            with contextlib.suppress(docker.errors.NotFound, BackendError):
+                await self._call(api.remove_volume, self._claim_name(workspace_id), force=True, idempotent=True)
+            with contextlib.suppress(docker.errors.NotFound, BackendError):
+                await self._call(api.rename, member.container_id, self._name(member_id))
+            error = failed[0]
+            if isinstance(error, BackendError) and ("Conflict" in error.message or "already in use" in error.message):
+                msg = f"workspace {workspace_id!r} already exists"
+                raise WorkspaceExistsError(msg) from error
+            raise error
         self._claim_ids[workspace_id] = member.container_id
         claims[workspace_id] = member_id
         self._claims = claims
         self._claimed[member_id] = effective = _claimed_labels(record, member_id)
         return dataclasses.replace(member, workspace_id=workspace_id, labels=effective)
-
-    async def _rename(self, container_id: str, name: str) -> None:
-        # A moment later: the claimer's first command is on its way, and the engine's work would
-        # only slow it (a claim is done without it; a start after a crash does it too).
-        await asyncio.sleep(RENAME_AFTER_S)
-        try:
-            await self._call(self._api().rename, container_id, name)
-        except docker.errors.NotFound:
-            pass  # removed meanwhile
-        except SandboxdError as exc:
-            log.warning("workspace.rename_failed", name=name, error=exc.message)
 
     async def pause_container(self, workspace_id: str) -> None:
         """Freeze the container's processes (``docker pause``: the cgroup freezer, or gVisor's own)."""
