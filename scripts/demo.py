@@ -78,6 +78,14 @@ async def show(socket_path: str) -> int:
         finally:
             say(f"deleting {info.workspace_id} (container and volume)")
             await workspace.delete()
+        pool = await client.get_pool()
+        if pool:
+            ready = sum(c.ready for c in pool)
+            say(
+                f"the warm pool holds {ready} started, idle workspaces for the next creates; they stay for "
+                "the daemon's next start (`docker rm -f $(docker ps -aq --filter label=sandboxd.pool)` "
+                "removes them)"
+            )
     return 0
 
 
