@@ -148,6 +148,10 @@ class Settings:
     tenant_max_memory_bytes: int = 0
     """Most memory, summed over one tenant's workspace limits, in bytes; 0 means no limit."""
 
+    max_snapshot_bytes: int = 16 * _GIB
+    """Largest /workspace a snapshot takes, as an archive, in bytes (a capped workspace's bound is
+    about twice its cap): a sparse file counts at its full length."""
+
     tenant_max_snapshots: int = 0
     """Most snapshots one tenant may keep; 0 means no limit."""
 

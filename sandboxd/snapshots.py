@@ -48,6 +48,8 @@ LABEL_SNAPSHOT_LABELS = "sandboxd.snapshot_labels"
 LABEL_SNAPSHOT_TIME = "sandboxd.snapshot_time"
 """On a snapshot's image: when it was taken, to the microsecond (the engine's image times are to the second)."""
 REPOSITORY = "sandboxd/snapshot"
+SNAPSHOT_SLACK_BYTES = 16 * 1024**2
+"""Room beyond twice a capped /workspace's size for its archive's headers."""
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -122,6 +124,9 @@ class SnapshotStore:
                 msg = f"tenant {tenant!r} already has {limit} snapshots, its limit"
                 raise QuotaExceededError(msg)
             spec = spec_from_json(info.labels[LABEL_SPEC])
+            # A capped /workspace's archive is about its cap; a sparse file's is its whole length,
+            # which must not become an image as big as the file says it is.
+            bound = 2 * spec.limits.disk_bytes + SNAPSHOT_SLACK_BYTES if spec.limits.disk_bytes else 0
             image = await self.backend.snapshot_container(
                 workspace_id,
                 ref,
@@ -133,6 +138,9 @@ class SnapshotStore:
                     LABEL_SPEC: spec_to_json(spec),
                     LABEL_SNAPSHOT_TIME: datetime.datetime.now(datetime.UTC).isoformat(),
                 },
+                max_workspace_bytes=min(
+                    bound or self.manager.settings.max_snapshot_bytes, self.manager.settings.max_snapshot_bytes
+                ),
             )
         self.manager.touch(workspace_id)
         log.info("snapshot.taken", snapshot=name, workspace_id=workspace_id, size_bytes=image.size_bytes)

@@ -234,16 +234,20 @@ class Backend(Protocol):
         """Remove the container (paused or not) and its volume; return whether either existed."""
         ...
 
-    async def snapshot_container(self, workspace_id: str, ref: str, labels: Mapping[str, str]) -> ImageInfo:
+    async def snapshot_container(
+        self, workspace_id: str, ref: str, labels: Mapping[str, str], *, max_workspace_bytes: int
+    ) -> ImageInfo:
         """Make image ``ref`` (labelled ``labels``) of the container's files.
 
         Its changed root filesystem and its /workspace, which a container of the image starts with.
 
         The container goes on running (frozen for the moment its root filesystem is taken);
-        its files are streamed, never held whole.
+        its files are streamed, never held whole, and at most ``max_workspace_bytes`` of them
+        (as an archive: a sparse file counts at its full length).
 
         Raises:
             WorkspaceNotFoundError: no such container.
+            QuotaExceededError: /workspace is over ``max_workspace_bytes``.
         """
         ...
 

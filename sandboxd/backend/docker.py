@@ -17,7 +17,7 @@ import functools
 import json
 import socket
 import struct
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -35,6 +35,7 @@ from ..errors import (
     FailedPreconditionError,
     ImageNotFoundError,
     InvalidSpecError,
+    QuotaExceededError,
     SandboxdError,
     WorkspaceExistsError,
     WorkspaceNotFoundError,
@@ -226,6 +227,30 @@ class DockerBackend:
                     ids[workspace_id] = record[LABEL_CLAIM_CONTAINER]
         self._claims, self._claimed, self._claim_ids = claims, claimed, ids
 
+    async def _drop_stale_claim(self, workspace_id: str) -> None:
+        """Forget a claim whose container is gone (removed behind the daemon's back), with its record."""
+        await self._load_claims()
+        member = (self._claims or {}).get(workspace_id)
+        container = self._claim_ids.get(workspace_id)
+        if member is None:
+            return
+        if container:
+            try:
+                await self._call(self._api().inspect_container, container, idempotent=True)
+            except docker.errors.NotFound:
+                pass
+            else:
+                return  # it is there: not stale
+        log.warning("workspace.stale_claim_removed", workspace_id=workspace_id, member=member)
+        with contextlib.suppress(docker.errors.NotFound, BackendError):
+            await self._call(self._api().remove_volume, self._volume_name(workspace_id), force=True, idempotent=True)
+        await self._remove_private_volumes(member)
+        await self._remove_private_volumes(workspace_id)  # the record among them
+        if self._claims is not None:
+            self._claims.pop(workspace_id, None)
+        self._claimed.pop(member, None)
+        self._claim_ids.pop(workspace_id, None)
+
     def _claim_name(self, workspace_id: str) -> str:
         return f"sandboxd-{self.instance}-{workspace_id}{CLAIM_SUFFIX}"
 
@@ -388,6 +413,7 @@ class DockerBackend:
     async def create_container(self, spec: ContainerSpec) -> ContainerInfo:
         """Create volume and container, start it, and return it running."""
         api = self._api()
+        await self._drop_stale_claim(spec.workspace_id)
         name = self._name(spec.workspace_id)
         labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance}
         labels[LABEL_WORKSPACE] = spec.workspace_id
@@ -485,6 +511,10 @@ class DockerBackend:
                 msg = f"workspace {spec.workspace_id!r} already exists"
                 raise WorkspaceExistsError(msg) from exc
             await self.remove_container(spec.workspace_id)
+            if "no space left on device" in exc.message:
+                # The engine's copy of the image's /workspace into a capped volume: too big for it.
+                msg = f"the image's /workspace does not fit the workspace's cap of {spec.disk_bytes} bytes"
+                raise QuotaExceededError(msg) from exc
             msg = f"the Docker engine rejected the workspace: {exc.message}"
             raise InvalidSpecError(msg) from exc
         except BaseException:
@@ -559,6 +589,8 @@ class DockerBackend:
         """
         api = self._api()
         await self._load_claims(again=True)
+        for workspace_id in list(self._claims or {}):
+            await self._drop_stale_claim(workspace_id)  # its container removed behind our back
         selector = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
         removed = []
         containers = await self._call(api.containers, all=True, filters=selector, idempotent=True)
@@ -626,19 +658,20 @@ class DockerBackend:
         await self._load_claims()
         member = (self._claims or {}).get(workspace_id, "")
         found = False
-        name = self._ref(workspace_id)  # a claimed member by its id: renamed yet or not
-        # gVisor cannot kill a paused sandbox ("PID is zombie and can not be killed"): thaw it first.
-        with contextlib.suppress(docker.errors.NotFound, BackendError):
-            await self._call(api.unpause, name)
-        try:
-            await self._call(api.remove_container, name, force=True, v=True, idempotent=True)
-            found = True
-        except docker.errors.NotFound:
-            pass
-        except BackendError as exc:
-            if "already in progress" not in exc.message:
-                raise
-            found = True  # someone else is removing it right now: it is going either way
+        # A claimed member by its id (renamed yet or not), then by the name, should they differ.
+        for name in dict.fromkeys((self._ref(workspace_id), self._name(workspace_id))):
+            # gVisor cannot kill a paused sandbox ("PID is zombie and can not be killed"): thaw it first.
+            with contextlib.suppress(docker.errors.NotFound, BackendError):
+                await self._call(api.unpause, name)
+            try:
+                await self._call(api.remove_container, name, force=True, v=True, idempotent=True)
+                found = True
+            except docker.errors.NotFound:
+                pass
+            except BackendError as exc:
+                if "already in progress" not in exc.message:
+                    raise
+                found = True  # someone else is removing it right now: it is going either way
         with contextlib.suppress(docker.errors.NotFound):
             await self._call(api.remove_volume, self._volume_name(workspace_id), force=True, idempotent=True)
             found = True
@@ -651,7 +684,9 @@ class DockerBackend:
             self._claim_ids.pop(workspace_id, None)
         return found
 
-    async def snapshot_container(self, workspace_id: str, ref: str, labels: Mapping[str, str]) -> ImageInfo:
+    async def snapshot_container(
+        self, workspace_id: str, ref: str, labels: Mapping[str, str], *, max_workspace_bytes: int
+    ) -> ImageInfo:
         """Make image ``ref`` of the container's root filesystem and its /workspace (see Backend).
 
         ``docker commit`` takes the root filesystem (the container frozen meanwhile) but never a
@@ -672,15 +707,39 @@ class DockerBackend:
         try:
             holder = await self._holder(first["Id"])
 
+            within = [True]
+
             def copy() -> None:
-                stream, _stat = api.get_archive(name, WORKSPACE_MOUNT, chunk_size=1024 * 1024)
-                api.put_archive(holder["Id"], "/", stream)
+                """Stream the archive across, cut at the bound (``within`` says so)."""
+                # docker-py's get_archive hides its response: closing it is what stops the engine
+                # reading a sparse file's gigabytes of nothing for a stream cut short.
+                response = api._get(
+                    api._url("/containers/{0}/archive", name),
+                    params={"path": WORKSPACE_MOUNT},
+                    stream=True,
+                )
+                try:
+                    api._raise_for_status(response)
+                    api.put_archive(
+                        holder["Id"], "/", _bounded(response.iter_content(1024 * 1024), max_workspace_bytes, within)
+                    )
+                finally:
+                    response.close()
 
             try:
                 await self._call(copy)
             except docker.errors.NotFound as exc:
                 msg = f"workspace {workspace_id!r} not found"
                 raise WorkspaceNotFoundError(msg) from exc
+            except BackendError:
+                if within[0]:
+                    raise  # the engine refuses a stream cut short ("unexpected EOF"): that is the bound's
+            if not within[0]:
+                msg = (
+                    f"workspace {workspace_id!r}'s /workspace is over {max_workspace_bytes} bytes as an archive "
+                    "(a sparse file counts at its full length): too big to snapshot"
+                )
+                raise QuotaExceededError(msg)
             repository, _, tag = ref.rpartition(":")
             final = {**labels, LABEL_SNAPSHOT_PART: ""}
             await self._call(api.commit, holder["Id"], repository=repository, tag=tag, conf={"Labels": final})
@@ -775,7 +834,7 @@ class DockerBackend:
         """
         api = self._api()
         member_id = member.workspace_id
-        await self._load_claims()
+        await self._drop_stale_claim(workspace_id)
         claims = self._claims if self._claims is not None else {}
         if workspace_id in claims:
             msg = f"workspace {workspace_id!r} already exists"
@@ -1068,6 +1127,21 @@ class UnixSocketStream(_Connection):
     async def exit_code(self) -> int | None:
         """Always None: a socket has no exit code (its end is its end of stream)."""
         return None
+
+
+def _bounded(stream: Iterator[bytes], limit: int, within: list[bool]) -> Iterator[bytes]:
+    """``stream`` up to ``limit`` bytes; past it, it ends and ``within[0]`` is False.
+
+    It ends rather than raises: what the HTTP client does with an exception from a request's
+    body is its own (seen: the request was ended as if complete).
+    """
+    seen = 0
+    for chunk in stream:
+        seen += len(chunk)
+        if seen > limit:
+            within[0] = False
+            return
+        yield chunk
 
 
 def _claimed_labels(record: Mapping[str, str], member_id: str) -> dict[str, str]:

@@ -318,3 +318,27 @@ async def test_an_image_labelled_as_a_member_makes_a_workspace_like_any_other(
             stop(thread)
     finally:
         docker_client.images.remove(image.id, force=True)
+
+
+async def test_a_claimed_container_removed_behind_the_daemons_back_frees_its_id(pooled, docker_client) -> None:
+    """`docker rm -f` of a claimed workspace's container: its id can be created again (from the pool),
+    the stale claim record goes, and deleting the new one removes it."""
+    client, thread = pooled
+    first = await client.create_workspace(workspace_id="ws-again")
+    docker_client.api.remove_container(first.info.container_id, force=True, v=True)
+    with pytest.raises(NotFoundError):
+        await client.get_workspace("ws-again")
+    await until_ready(client, 2)
+    second = await client.create_workspace(workspace_id="ws-again")
+    assert second.info.container_id != first.info.container_id
+    assert (await client.get_workspace("ws-again")).info.container_id == second.info.container_id
+    assert (await second.exec("echo back").wait()).stdout == "back\n"
+    await second.delete()
+    assert not docker_client.api.containers(all=True, filters={"id": second.info.container_id})
+    with pytest.raises(NotFoundError):
+        await client.get_workspace("ws-again")
+    await until_ready(client, 2)
+    present = docker_client.api.containers(all=True, filters={"label": f"sandboxd.instance={thread.settings.instance}"})
+    assert len(present) == 2  # the members, nothing else
+    volumes = docker_client.volumes.list(filters={"label": f"sandboxd.instance={thread.settings.instance}"})
+    assert not [v.name for v in volumes if "ws-again" in v.name]

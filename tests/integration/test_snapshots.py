@@ -301,3 +301,20 @@ async def test_a_pause_or_resume_waits_for_a_snapshots_commit(own, docker_client
     await ws.resume()
     await ws.delete()
     await client.delete_snapshot("slow")
+
+
+async def test_a_sparse_file_cannot_make_a_snapshot_bigger_than_its_bound(own, docker_client) -> None:
+    """A 16 MiB-capped workspace with a 3 GiB sparse file (8 KiB of it real): the snapshot is
+    RESOURCE_EXHAUSTED, never a 3 GiB image, and nothing of it is left."""
+    client, instance = own
+    ws = await client.create_workspace(disk_bytes=16 * 1024**2)
+    assert (await ws.exec("truncate -s 3G /workspace/sparse && echo made").wait()).stdout == "made\n"
+    began = time.monotonic()
+    with pytest.raises(ResourceExhaustedError, match="sparse file counts at its full length"):
+        await ws.snapshot("sparse")
+    assert time.monotonic() - began < 30  # stopped at the bound, not after 3 GiB
+    assert await client.list_snapshots() == []
+    part = {"label": [f"sandboxd.instance={instance}", "sandboxd.snapshot_part=true"]}
+    assert not docker_client.api.containers(all=True, filters=part)
+    await ws.delete()
+    assert snapshot_images(docker_client, instance) == []
