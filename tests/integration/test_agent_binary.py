@@ -58,15 +58,16 @@ def _user() -> tuple[int, int]:
 UID, GID = _user()
 
 
-def _as_agent_user() -> dict[str, object]:
-    """Popen's arguments that start a process as the agent's user (when the suite is root).
+def _as_agent_user(argv: Sequence[str]) -> list[str]:
+    """``argv`` run as the agent's user (when the suite is root), by util-linux's ``setpriv``.
 
-    Not a ``preexec_fn``: Python code between fork and exec in a process whose gRPC threads
-    run can abort the child (gRPC's fork handler, seen as a SIGABRT of the agent).
+    Neither a ``preexec_fn`` nor Popen's user/group: both make Python fork instead of vfork,
+    and the child then runs gRPC's fork handlers, which abort it (SIGABRT, SIGBUS) while the
+    suite's gRPC threads run.
     """
     if os.geteuid() != 0:
-        return {}
-    return {"user": UID, "group": GID, "extra_groups": []}
+        return list(argv)
+    return ["setpriv", f"--reuid={UID}", f"--regid={GID}", "--clear-groups", *argv]
 
 
 @contextlib.contextmanager
@@ -153,14 +154,13 @@ class LocalBackend:
 
     async def exec_stream(self, workspace_id: str, argv: Sequence[str], **kwargs: Any) -> LocalStream:
         self.opened += 1
+        command = [*self.bridge, *argv[1:]]
         process = await asyncio.create_subprocess_exec(
-            *self.bridge,
-            *argv[1:],
+            *(_as_agent_user(command) if self.as_agent_user else command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=self.env,
-            **(_as_agent_user() if self.as_agent_user else {}),  # type: ignore[arg-type]
         )
         return LocalStream(process)
 
@@ -179,10 +179,7 @@ class Agent:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [str(self.binary), "serve"],
-            env=self.env,
-            stderr=subprocess.PIPE,
-            **_as_agent_user(),  # type: ignore[arg-type]
+            _as_agent_user([str(self.binary), "serve"]), env=self.env, stderr=subprocess.PIPE
         )
         deadline = time.monotonic() + 10
         while not self.socket.exists():

@@ -318,3 +318,24 @@ async def test_a_sparse_file_cannot_make_a_snapshot_bigger_than_its_bound(own, d
     assert not docker_client.api.containers(all=True, filters=part)
     await ws.delete()
     assert snapshot_images(docker_client, instance) == []
+
+
+async def test_a_fork_whose_files_do_not_fit_its_cap_is_refused_cleanly(own, docker_client) -> None:
+    """20 MiB of files forked into a 16 MiB cap: RESOURCE_EXHAUSTED naming the cap (no host path),
+    and nothing of the fork is left."""
+    client, instance = own
+    ws = await client.create_workspace()
+    await ws.exec("head -c 20M /dev/urandom > /workspace/big").wait(check=True)
+    await ws.snapshot("too-big")
+    before = {
+        c["Id"] for c in docker_client.api.containers(all=True, filters={"label": f"sandboxd.instance={instance}"})
+    }
+    with pytest.raises(ResourceExhaustedError, match="does not fit the workspace's cap of 16777216 bytes") as refused:
+        await client.create_workspace(from_snapshot="too-big", disk_bytes=16 * 1024**2)
+    assert "/var/lib/docker" not in str(refused.value)
+    after = {
+        c["Id"] for c in docker_client.api.containers(all=True, filters={"label": f"sandboxd.instance={instance}"})
+    }
+    assert after == before
+    await ws.delete()
+    await client.delete_snapshot("too-big")
