@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import yaml
 
-from .backend.base import ContainerInfo
+from .backend.base import LABEL_POOL, ContainerInfo
 from .errors import InvalidSpecError, SandboxdError
 from .models import NetworkPolicy, ResourceLimits, Runtime, SecurityOptions, WorkspaceSpec
 
@@ -42,8 +42,6 @@ __all__ = ["LABEL_POOL", "MEMBER_PREFIX", "PoolClass", "PoolStatus", "WarmPool",
 
 log = structlog.get_logger(__name__)
 
-LABEL_POOL = "sandboxd.pool"
-"""On a member: the name of its class."""
 MEMBER_PREFIX = "pool."
 """Members' ids start so: a workspace id has no dot, so no caller can name a member."""
 CHECK_INTERVAL_S = 10.0

@@ -20,7 +20,7 @@ import re
 import secrets
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any
 
 import structlog
@@ -39,7 +39,7 @@ from sandboxd_protocol.limits import (
 from .agent import AgentLink, Welcome
 from .agentbuild import AGENT_MOUNT, AGENT_PATH, AgentBuild, ensure_agent
 from .audit import AuditLog
-from .backend.base import Backend, ContainerInfo, ContainerSpec, ImageInfo
+from .backend.base import LABEL_SNAPSHOT_PART, Backend, ContainerInfo, ContainerSpec, ImageInfo
 from .errors import (
     FailedPreconditionError,
     ImageNotFoundError,
@@ -90,8 +90,6 @@ LABEL_SPEC = "sandboxd.spec"
 LABEL_TENANT = "sandboxd.tenant"
 LABEL_SNAPSHOT = "sandboxd.snapshot"
 """On a snapshot's image: its name; on a fork: the snapshot it was made from."""
-LABEL_SNAPSHOT_PART = "sandboxd.snapshot_part"
-"""On the intermediate image and container of a snapshot being taken."""
 LABEL_AGENT = "sandboxd.agent"
 """The agent version a workspace was created with; a workspace without it predates the agent."""
 AGENT_CAPABILITIES = ("CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID")
@@ -550,15 +548,19 @@ class WorkspaceManager:
             making.add_done_callback(self._forsaken)
             raise
 
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` on its own, held until it ends (an unheld task may be collected midway)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _forsaken(self, making: asyncio.Future[Workspace]) -> None:
         """A create whose caller went away has ended: remove what it made."""
         if making.cancelled() or making.exception() is not None:
             return
         workspace_id = making.result().workspace_id
         log.info("workspace.create_abandoned", workspace_id=workspace_id)
-        task = asyncio.get_running_loop().create_task(self._remove_forsaken(workspace_id))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(self._remove_forsaken(workspace_id))
 
     async def _remove_forsaken(self, workspace_id: str) -> None:
         async with self._id_lock(workspace_id):
@@ -740,9 +742,7 @@ class WorkspaceManager:
         while member is not None and not self.member_answers(member.workspace_id):
             # Its agent's link dropped since the last check (removed or killed behind our back).
             log.info("pool.member_dropped", member=member.workspace_id, reason="its agent does not answer")
-            task = asyncio.get_running_loop().create_task(self.remove_member(member.workspace_id))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._in_background(self.remove_member(member.workspace_id))
             member = self.pool.take(pool_class)
         if member is None:
             return None
@@ -1009,7 +1009,7 @@ class WorkspaceManager:
         context = self._context_for(info)
         # Known as paused from before the freeze: a call that comes meanwhile waits for the
         # pause, then resumes it; a new connection's frozen agent is not thawed behind it.
-        self._paused[workspace_id] = spec_from_json(info.labels[LABEL_SPEC]).auto_resume is not False
+        self._note_paused(info)
         try:
             try:
                 await context.link.freeze(True)
@@ -1040,6 +1040,10 @@ class WorkspaceManager:
             await self._thaw(info)
         log.info("workspace.resumed", workspace_id=workspace_id)
         return dataclasses.replace(self._workspace(info), state=WorkspaceState.RUNNING)
+
+    def _note_paused(self, info: ContainerInfo) -> None:
+        """Remember ``info``'s workspace as paused, with whether a call may resume it (its spec says)."""
+        self._paused[info.workspace_id] = spec_from_json(info.labels[LABEL_SPEC]).auto_resume is not False
 
     async def _thaw(self, info: ContainerInfo) -> None:
         """Resume the container, then restart its agent's timers."""
@@ -1138,7 +1142,7 @@ class WorkspaceManager:
                 info = await self.backend.inspect_container(workspace_id)
                 if not info.running:
                     if info.paused:
-                        self._paused[workspace_id] = spec_from_json(info.labels[LABEL_SPEC]).auto_resume is not False
+                        self._note_paused(info)
                     return False
                 await self._pause(info)
         except (WorkspaceNotFoundError, FailedPreconditionError):
@@ -1179,7 +1183,7 @@ class WorkspaceManager:
 
         async def attach(info: ContainerInfo) -> None:
             if info.paused:
-                self._paused[info.workspace_id] = spec_from_json(info.labels[LABEL_SPEC]).auto_resume is not False
+                self._note_paused(info)
             if not info.running or LABEL_AGENT not in info.labels:
                 return
             async with gate:
@@ -1203,9 +1207,7 @@ class WorkspaceManager:
         was connected, or a thaw was lost) has its timers restarted.
         """
         if welcome.frozen and context.workspace_id not in self._paused:
-            task = asyncio.get_running_loop().create_task(self._restart_timers(context))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._in_background(self._restart_timers(context))
         for process_id in self.processes.adopt(context, welcome):
             if self.audit is not None:
                 self.audit.event(
@@ -1240,7 +1242,7 @@ class WorkspaceManager:
             check_workspace_id(workspace_id)
             info = self._owned(await self.backend.inspect_container(workspace_id))
             if info.paused:
-                self._paused[workspace_id] = spec_from_json(info.labels[LABEL_SPEC]).auto_resume is not False
+                self._note_paused(info)
             elif not info.running:
                 msg = f"workspace {workspace_id!r} is not running"
                 raise WorkspaceNotRunningError(msg)

@@ -15,7 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["Backend", "ContainerInfo", "ContainerSpec", "ExecStream", "ImageInfo"]
+__all__ = ["LABEL_POOL", "LABEL_SNAPSHOT_PART", "Backend", "ContainerInfo", "ContainerSpec", "ExecStream", "ImageInfo"]
+
+LABEL_POOL = "sandboxd.pool"
+"""On a warm pool's member: the name of its class (a backend keeps such a container apart when
+its claim record is lost)."""
+LABEL_SNAPSHOT_PART = "sandboxd.snapshot_part"
+"""``true`` on the intermediate image and container of a snapshot being taken (debris if the
+daemon dies then, which a start removes); such an image is no workspace's image."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -41,7 +41,7 @@ from ..errors import (
     WorkspaceNotFoundError,
     WorkspaceNotRunningError,
 )
-from .base import ContainerInfo, ContainerSpec, ImageInfo
+from .base import LABEL_POOL, LABEL_SNAPSHOT_PART, ContainerInfo, ContainerSpec, ImageInfo
 
 __all__ = ["API_VERSION", "LABEL_INSTANCE", "LABEL_MANAGED", "LABEL_MEMBER", "LABEL_WORKSPACE", "DockerBackend"]
 
@@ -51,8 +51,6 @@ API_VERSION = "1.41"
 LABEL_MANAGED = "sandboxd.managed"
 LABEL_INSTANCE = "sandboxd.instance"
 LABEL_WORKSPACE = "sandboxd.workspace_id"
-LABEL_POOL = "sandboxd.pool"
-"""On a warm pool's member: its class (``sandboxd.pool``)."""
 LABEL_CLAIM_OF = "sandboxd.claim_of"
 """On a claim record (a volume): the id the claimed container was created with."""
 LABEL_CLAIM_CONTAINER = "sandboxd.claim_container"
@@ -61,8 +59,6 @@ LABEL_MEMBER = "sandboxd.pool_member"
 """In a claimed container's labels as this backend reports them: the id it was created with."""
 CLAIM_SUFFIX = ".claim"
 """A claim record's volume is the workspace's name plus this (a workspace id has no dot)."""
-LABEL_SNAPSHOT_PART = "sandboxd.snapshot_part"
-"""On the intermediate image and container of a snapshot being taken (debris if the daemon dies)."""
 SNAPSHOT_REPOSITORY = "sandboxd/snapshot"
 HOSTNAME = "sandbox"
 """Every workspace's host name: the same for a claimed pool member as for a fresh container."""
@@ -696,45 +692,21 @@ class DockerBackend:
         """
         api = self._api()
         await self._load_claims()
-        part = {LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance, LABEL_SNAPSHOT_PART: "true"}
         name = self._ref(workspace_id)
         try:
-            first = await self._call(api.commit, name, conf={"Labels": part})
+            first = await self._call(api.commit, name, conf={"Labels": self._part_labels()})
         except docker.errors.NotFound as exc:
             msg = f"workspace {workspace_id!r} not found"
             raise WorkspaceNotFoundError(msg) from exc
         holder = None
         try:
             holder = await self._holder(first["Id"])
-
-            within = [True]
-
-            def copy() -> None:
-                """Stream the archive across, cut at the bound (``within`` says so)."""
-                # docker-py's get_archive hides its response: closing it is what stops the engine
-                # reading a sparse file's gigabytes of nothing for a stream cut short.
-                response = api._get(
-                    api._url("/containers/{0}/archive", name),
-                    params={"path": WORKSPACE_MOUNT},
-                    stream=True,
-                )
-                try:
-                    api._raise_for_status(response)
-                    api.put_archive(
-                        holder["Id"], "/", _bounded(response.iter_content(1024 * 1024), max_workspace_bytes, within)
-                    )
-                finally:
-                    response.close()
-
             try:
-                await self._call(copy)
+                within = await self._copy_workspace(name, holder["Id"], max_workspace_bytes)
             except docker.errors.NotFound as exc:
                 msg = f"workspace {workspace_id!r} not found"
                 raise WorkspaceNotFoundError(msg) from exc
-            except BackendError:
-                if within[0]:
-                    raise  # the engine refuses a stream cut short ("unexpected EOF"): that is the bound's
-            if not within[0]:
+            if not within:
                 msg = (
                     f"workspace {workspace_id!r}'s /workspace is over {max_workspace_bytes} bytes as an archive "
                     "(a sparse file counts at its full length): too big to snapshot"
@@ -765,13 +737,12 @@ class DockerBackend:
         api = self._api()
         inherited = (await self._call(api.inspect_image, image, idempotent=True))["Config"]["Labels"] or {}
         blanked = {key: "" for key in inherited if key.startswith("sandboxd.")}
-        part = {LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance, LABEL_SNAPSHOT_PART: "true"}
         holder: dict[str, Any] = await self._call(
             api.create_container,
             image,
             entrypoint=["/.sandboxd/none"],
             command=[],
-            labels={**blanked, **part},
+            labels={**blanked, **self._part_labels()},
             network_disabled=True,
             host_config=api.create_host_config(network_mode="none"),
         )
@@ -780,21 +751,52 @@ class DockerBackend:
     async def _seed_workspace(self, container_id: str, image: str) -> None:
         """Copy ``image``'s /workspace into the running container's.
 
-        A capped /workspace is a tmpfs volume, which the engine does not fill from the image as
-        it fills a plain one.
+        A capped /workspace is a tmpfs volume: the engine copies the image's files into it at
+        create, as into a plain one, and loses them with that mount.
         """
-        api = self._api()
         holder = await self._holder(image)
         try:
-
-            def copy() -> None:
-                stream, _stat = api.get_archive(holder["Id"], WORKSPACE_MOUNT, chunk_size=1024 * 1024)
-                api.put_archive(container_id, "/", stream)
-
-            await self._call(copy)
+            # The cap bounds it: the engine refuses what does not fit (no space left on device).
+            await self._copy_workspace(holder["Id"], container_id, limit=None)
         finally:
             with contextlib.suppress(docker.errors.NotFound, BackendError):
-                await self._call(api.remove_container, holder["Id"], force=True, v=True)
+                await self._call(self._api().remove_container, holder["Id"], force=True, v=True)
+
+    def _part_labels(self) -> dict[str, str]:
+        """The labels of a snapshot's intermediate image and of a holder container."""
+        return {LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance, LABEL_SNAPSHOT_PART: "true"}
+
+    async def _copy_workspace(self, source: str, destination: str, limit: int | None) -> bool:
+        """Stream ``source``'s /workspace into ``destination``'s, as the engine's tar archive.
+
+        Returns:
+            False when the archive ran past ``limit`` bytes (it was cut there, and the engine
+            refused what it got); True when it all went across.
+        """
+        api = self._api()
+        within = [True]
+
+        def copy() -> None:
+            # docker-py's get_archive hides its response: closing it is what stops the engine
+            # reading a sparse file's gigabytes of nothing for a stream cut short.
+            response = api._get(
+                api._url("/containers/{0}/archive", source),
+                params={"path": WORKSPACE_MOUNT},
+                stream=True,
+            )
+            try:
+                api._raise_for_status(response)
+                chunks = response.iter_content(1024 * 1024)
+                api.put_archive(destination, "/", chunks if limit is None else _bounded(chunks, limit, within))
+            finally:
+                response.close()
+
+        try:
+            await self._call(copy)
+        except BackendError:
+            if within[0]:
+                raise  # the engine refuses a stream cut short ("unexpected EOF"): that is the bound's
+        return within[0]
 
     async def list_images(self, labels: Mapping[str, str]) -> list[ImageInfo]:
         """This daemon's images carrying every label in ``labels`` (snapshots), oldest first."""
