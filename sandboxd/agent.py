@@ -51,6 +51,8 @@ __all__ = [
     "FileOperationRefused",
     "FileReply",
     "FileResult",
+    "ForwardError",
+    "ForwardedConnection",
     "ProtocolError",
     "SessionChannel",
     "SessionEvents",
@@ -84,6 +86,10 @@ FILE_OUTPUT_WINDOW_BYTES = 256 * 1024
 """File-operation output the agent sends beyond the daemon's acknowledgement (PROTOCOL.md)."""
 FILE_INPUT_WINDOW_BYTES = 1 << 20
 """File-operation input the daemon sends beyond what the agent's helper took (PROTOCOL.md)."""
+FORWARD_WINDOW_BYTES = 512 * 1024
+"""Most bytes of a forwarded connection in flight each way (the agent's ``ForwardWindow``)."""
+FORWARD_CONNECT_TIMEOUT_S = 15.0
+"""Longest wait for the agent to say a forwarded connection is open (its own dial gives up at 10 s)."""
 MAX_HELPER_FRAME_BYTES = 4 * 1024 * 1024
 """Largest frame of a file operation's reply (its data comes in 64 KiB frames; a listing's result is bigger)."""
 MAX_MESSAGE_CHARS = 16384
@@ -111,6 +117,7 @@ class _Kind:
     FILE_END = b"E"
     FILE_ACK = b"A"
     FREEZE = b"Z"
+    CONNECT = b"N"
     WELCOME = b"w"
     STARTED = b"s"
     FAILED = b"f"
@@ -123,6 +130,8 @@ class _Kind:
     RESULT = b"r"
     ERROR = b"e"
     FROZEN = b"z"
+    CONNECTED = b"n"
+    HUNG_UP = b"h"
 
 
 class ProtocolError(SandboxdError):
@@ -147,6 +156,19 @@ class FileOperationRefused(SandboxdError):
 
     def __init__(self, code: str, message: str) -> None:
         """Carry the helper's code and message."""
+        super().__init__(message)
+        self.code = code
+
+
+class ForwardError(FailedPreconditionError):
+    """A forwarded connection could not be opened, or failed: ``code`` is the agent's.
+
+    ``refused`` (nothing listens on the port), ``io`` (the connection failed), ``protocol``,
+    or ``lost`` (the connection to the agent broke).
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        """Carry the agent's code and message."""
         super().__init__(message)
         self.code = code
 
@@ -723,6 +745,121 @@ class _FileRoute:
         del welcome  # a file operation does not outlive its connection
 
 
+class _ForwardRoute:
+    """One forwarded connection's channel: the server's bytes queued for the call, the input window."""
+
+    def __init__(self) -> None:
+        self.output: collections.deque[bytes] = collections.deque()
+        self.held = 0
+        self.changed = asyncio.Event()
+        self.room = asyncio.Event()
+        self.connected = asyncio.get_running_loop().create_future()
+        self.took = 0
+        self.hung_up = False
+        self.error: ForwardError | None = None
+
+    def _fail(self, code: str, message: str) -> None:
+        if self.error is None:
+            self.error = ForwardError(code, message)
+        if not self.connected.done():
+            self.connected.set_exception(self.error)
+
+    def on_frame(self, kind: bytes, payload: bytes) -> None:
+        if kind == _Kind.CONNECTED:
+            if not self.connected.done():
+                self.connected.set_result(None)
+        elif kind == _Kind.FILE_OUT:
+            if self.held + len(payload) > FORWARD_WINDOW_BYTES:
+                self._fail("protocol", "the workspace's agent sent more than the forward's window")
+            else:
+                self.output.append(payload)
+                self.held += len(payload)
+        elif kind == _Kind.FILE_TOOK:
+            with contextlib.suppress(ProtocolError):
+                self.took = max(self.took, _int(_json_object(payload, "report"), "bytes", 0, _U64))
+        elif kind == _Kind.HUNG_UP:
+            self.hung_up = True
+        elif kind == _Kind.ERROR:
+            try:
+                report = _json_object(payload, "error")
+                self._fail(_text(report, "code", 40) or "io", _text(report, "message", 2000) or "unknown error")
+            except ProtocolError as exc:
+                self._fail("protocol", exc.message)
+        else:
+            self._fail("protocol", f"the agent sent a frame of kind {kind!r} on a forwarded connection")
+        self.changed.set()
+        self.room.set()
+
+    def on_disconnect(self) -> None:
+        self._fail("lost", "the connection to the workspace's agent broke")
+        self.changed.set()
+        self.room.set()
+
+    def on_reconnect(self, welcome: Welcome) -> None:
+        del welcome  # a forwarded connection does not outlive its agent connection
+
+
+class ForwardedConnection:
+    """One TCP connection to a port in the workspace, through the agent (PROTOCOL.md, Forwarded connections).
+
+    Each direction holds at most ``FORWARD_WINDOW_BYTES`` in flight: :meth:`write` waits
+    for the agent to take what it was sent, and the agent waits for :meth:`read` to take
+    what it sent.
+    """
+
+    def __init__(self, link: AgentLink, channel: int, route: _ForwardRoute) -> None:
+        """Wrap an open channel (:meth:`AgentLink.forward` makes them)."""
+        self._link, self._channel, self._route = link, channel, route
+        self._sent = self._taken = self._acked = 0
+
+    async def read(self) -> bytes | None:
+        """The server's next bytes, or None once it closed its side.
+
+        Raises:
+            ForwardError: the connection failed.
+        """
+        route = self._route
+        while not route.output:
+            if route.error is not None:
+                raise route.error
+            if route.hung_up:
+                return None
+            route.changed.clear()
+            await route.changed.wait()
+        data = route.output.popleft()
+        route.held -= len(data)
+        self._taken += len(data)
+        if self._taken - self._acked >= FORWARD_WINDOW_BYTES // 4 or not route.output:
+            self._acked = self._taken
+            await self._link._send(_Kind.FILE_ACK, self._channel, {"ack": self._acked})
+        return data
+
+    async def write(self, data: bytes) -> None:
+        """Send bytes to the server, waiting while the window is full.
+
+        Raises:
+            ForwardError: the connection failed.
+        """
+        route = self._route
+        piece_bytes = FORWARD_WINDOW_BYTES // 2
+        for start in range(0, len(data), piece_bytes):
+            piece = data[start : start + piece_bytes]
+            while self._sent + len(piece) - route.took > FORWARD_WINDOW_BYTES:
+                if route.error is not None:
+                    raise route.error
+                route.room.clear()
+                await route.room.wait()
+            if route.error is not None:
+                raise route.error
+            await self._link._send(_Kind.FILE_DATA, self._channel, piece)
+            self._sent += len(piece)
+
+    async def close_write(self) -> None:
+        """The client's side is done: the agent shuts the connection's writing half."""
+        if self._route.error is None:
+            await self._link._send(_Kind.FILE_END, self._channel)
+
+
 class AgentLink:
     """The connection to one workspace's agent.
 
@@ -843,10 +980,10 @@ class AgentLink:
                 break
         else:
             return
-        # Off the bridge, once no file operation is in flight (its call would end with the
+        # Off the bridge, once no file operation or forward is in flight (its call would end with the
         # connection; a session's output is sent again from where the daemon has it).
         while not self._closed and self.transport == "bridge" and self._stream is not None:
-            if not any(isinstance(route, _FileRoute) for route in self._routes.values()):
+            if not any(isinstance(route, (_FileRoute, _ForwardRoute)) for route in self._routes.values()):
                 log.info("agent.moving_to_socket", workspace_id=self.workspace_id)
                 await self._stream.close(discard_input=True)  # the reader reconnects, straight
                 return
@@ -1130,6 +1267,40 @@ class AgentLink:
                     await feeder
             self._unregister(channel, route)
             if not done and route.exit_code is None and self._stream is not None:
+                with contextlib.suppress(SandboxdError):
+                    await asyncio.shield(self._send(_Kind.DISCARD, channel))
+
+    @contextlib.asynccontextmanager
+    async def forward(self, port: int) -> AsyncGenerator[ForwardedConnection, None]:
+        """Open a TCP connection to ``port`` on the workspace's loopback; it is closed on leaving.
+
+        Raises:
+            AgentLost: the agent cannot be reached.
+            ForwardError: nothing listens there (``refused``), or the connect failed.
+            FailedPreconditionError: the agent predates forwarding (a workspace made by an
+                older release).
+        """
+        welcome = await self.connect()
+        if "forward" not in welcome.features:
+            msg = (
+                f"workspace {self.workspace_id!r}'s agent cannot forward ports: "
+                "delete the workspace and create it again"
+            )
+            raise FailedPreconditionError(msg)
+        route = _ForwardRoute()
+        channel = self._register(route)
+        try:
+            await self._send(_Kind.CONNECT, channel, {"port": port})
+            try:
+                async with asyncio.timeout(FORWARD_CONNECT_TIMEOUT_S):
+                    await route.connected
+            except TimeoutError:
+                msg = f"the agent did not open port {port} in {FORWARD_CONNECT_TIMEOUT_S:g} s"
+                raise ForwardError(code="io", message=msg) from None
+            yield ForwardedConnection(self, channel, route)
+        finally:
+            self._unregister(channel, route)
+            if self._stream is not None and route.error is None:
                 with contextlib.suppress(SandboxdError):
                     await asyncio.shield(self._send(_Kind.DISCARD, channel))
 

@@ -43,6 +43,8 @@ STATE_CHANGING = frozenset(
         "Remove",
         "Move",
         "Upload",
+        "ForwardPort",
+        "UpdateNetwork",
     }
 )
 """RPC names that change something, and so are audited."""

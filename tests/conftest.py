@@ -269,7 +269,15 @@ async def client(daemon: DaemonThread):  # type: ignore[no-untyped-def]
 
 
 RUNTIME_SUITES = frozenset(
-    {"test_agent", "test_any_image", "test_exec_basic", "test_exec_sessions", "test_files", "test_pause"}
+    {
+        "test_agent",
+        "test_any_image",
+        "test_exec_basic",
+        "test_exec_sessions",
+        "test_files",
+        "test_forward",
+        "test_pause",
+    }
 )
 """Modules whose ``workspace`` tests run under every OCI runtime: runc and gVisor's runsc."""
 

@@ -43,6 +43,7 @@ from ._exec import (
     Started,
     Yielded,
 )
+from ._forward import PortForward
 from ._paths import default_socket_path
 from .approval import Approval, ApprovalDecision
 from .environment import (
@@ -101,6 +102,7 @@ __all__ = [
     "Output",
     "PermissionDeniedError",
     "PoolClassInfo",
+    "PortForward",
     "ProcessInfo",
     "ReadResult",
     "ResourceExhaustedError",

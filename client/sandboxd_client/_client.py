@@ -15,6 +15,7 @@ from google.protobuf import duration_pb2
 from sandboxd_protocol.limits import MAX_UPLOAD_CHUNK_BYTES, MAX_WRITE_BYTES
 from sandboxd_protocol.v1 import file_service_pb2 as fpb
 from sandboxd_protocol.v1 import file_service_pb2_grpc as fgrpc
+from sandboxd_protocol.v1 import network_service_pb2_grpc as ngrpc
 from sandboxd_protocol.v1 import process_service_pb2 as ppb
 from sandboxd_protocol.v1 import process_service_pb2_grpc as pgrpc
 from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
@@ -22,8 +23,9 @@ from sandboxd_protocol.v1 import workspace_service_pb2_grpc as wgrpc
 
 from ._auth import TLSOptions, open_channel
 from ._exec import ExecHandle, Exited, exited_from_proto
+from ._forward import PortForward
 from ._paths import default_socket_path
-from .errors import InvalidArgumentError, UnavailableError, from_rpc_error
+from .errors import InvalidArgumentError, SandboxError, UnavailableError, from_rpc_error
 
 __all__ = [
     "EditResult",
@@ -336,6 +338,7 @@ class SandboxClient:
         self._workspaces = wgrpc.WorkspaceServiceStub(self._channel)
         self._processes = pgrpc.ProcessServiceStub(self._channel)
         self._files = fgrpc.FileServiceStub(self._channel)
+        self._network = ngrpc.NetworkServiceStub(self._channel)
         self._retries = retries
 
     async def __aenter__(self) -> SandboxClient:
@@ -773,6 +776,28 @@ class SandboxClient:
         r = await self._unary(lambda: self._files.ReadImage(request), idempotent=True)
         return ImageResult(data=r.data, mime_type=r.mime_type, width=r.width, height=r.height)
 
+    def forward(
+        self,
+        workspace_id: str,
+        port: int,
+        *,
+        local_host: str = "127.0.0.1",
+        local_port: int = 0,
+        on_error: Callable[[SandboxError], None] | None = None,
+    ) -> PortForward:
+        """A local listener forwarding each connection to ``port`` on the workspace's loopback.
+
+        ``async with client.forward(ws_id, 8000) as address:`` gives ``"127.0.0.1:PORT"``
+        that any HTTP client can use; it works whatever the workspace's network policy
+        (``none`` too). See :class:`PortForward`.
+
+        Raises:
+            ValueError: ``port`` is outside 1-65535.
+        """
+        return PortForward(
+            self._network, workspace_id, port, local_host=local_host, local_port=local_port, on_error=on_error
+        )
+
 
 class Workspace:
     """A handle to one workspace; ``info`` is its state when the handle was made."""
@@ -806,6 +831,10 @@ class Workspace:
     async def read_image(self, source: str) -> ImageResult:
         """See :meth:`SandboxClient.read_image`."""
         return await self.client.read_image(self.workspace_id, source)
+
+    def forward(self, port: int, **options: Any) -> PortForward:
+        """See :meth:`SandboxClient.forward`: ``async with ws.forward(8000) as address:``."""
+        return self.client.forward(self.workspace_id, port, **options)
 
     async def pause(self) -> WorkspaceInfo:
         """See :meth:`SandboxClient.pause_workspace`."""

@@ -123,6 +123,22 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
     kill.add_argument("process_id")
     kill.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (default 2)")
 
+    forward = commands.add_parser(
+        "port-forward",
+        help="forward local ports to ports on a workspace's loopback until Ctrl-C (any network policy)",
+    )
+    forward.add_argument("workspace")
+    forward.add_argument(
+        "ports",
+        nargs="+",
+        metavar="[LOCAL:]REMOTE",
+        help="8000 (the same port here), 8080:8000, or :8000 (any free one)",
+    )
+    forward.add_argument(
+        "--listen-address",
+        default="127.0.0.1",
+        help="local address to listen on (default 127.0.0.1, kubectl's --address)",
+    )
     ls = commands.add_parser("ls", help="list workspaces")
     ls.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="filter by label")
     ls.add_argument("-q", "--quiet", action="store_true", help="print ids only")
@@ -266,6 +282,8 @@ async def _run(opts: argparse.Namespace) -> int:
             exited = await client.kill(opts.process_id, grace_s=opts.grace)
             print(f"{opts.process_id} exited {exited.exit_code}" + (f" ({exited.signal})" if exited.signal else ""))
             return 0
+        if opts.command == "port-forward":
+            return await _port_forward(client, opts)
         if opts.command == "ls":
             infos = await client.list_workspaces(_pairs(opts.label, "--label"))
             _print_workspaces(infos, quiet=opts.quiet)
@@ -290,6 +308,52 @@ async def _run(opts: argparse.Namespace) -> int:
                 print(workspace_id)
             return 0
     return 2
+
+
+def _port_pair(text: str) -> tuple[int, int]:
+    """``[LOCAL:]REMOTE`` as (local, remote); an empty local is 0 (any free port)."""
+    local, _, remote = text.rpartition(":") if ":" in text else (text, ":", text)
+    try:
+        pair = (int(local) if local else 0, int(remote))
+    except ValueError:
+        pair = (-1, -1)
+    if not (0 <= pair[0] <= 65535 and 1 <= pair[1] <= 65535):
+        msg = f"{text!r} is not [LOCAL:]REMOTE with ports 1-65535 (e.g. 8080:8000)"
+        raise SandboxError(msg)
+    return pair
+
+
+async def _port_forward(client: SandboxClient, opts: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM, like ``kubectl port-forward``; each failed connection is a line on stderr."""
+    await client.get_workspace(opts.workspace)  # a workspace that is not there fails now, not per connection
+    pairs = [_port_pair(text) for text in opts.ports]
+
+    def failed(error: SandboxError) -> None:
+        print(f"error: {error.message}", file=sys.stderr, flush=True)
+
+    forwards = [
+        client.forward(opts.workspace, remote, local_host=opts.listen_address, local_port=local, on_error=failed)
+        for local, remote in pairs
+    ]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for forward in forwards:
+            try:
+                address = await forward.start()
+            except OSError as exc:
+                msg = f"cannot listen on {opts.listen_address}:{forward.local_port}: {exc.strerror or exc}"
+                raise SandboxError(msg) from None
+            print(f"Forwarding from {address} -> {forward.port}", flush=True)
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        for forward in forwards:
+            await forward.close()
+    return 0
 
 
 def _remote(spec: str) -> tuple[str, str] | None:

@@ -7,8 +7,9 @@ the call is done. ``exec`` returns the finished :class:`ExecResult`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 from ._client import EditResult, FileInfo, ReadResult, SandboxClient, SnapshotInfo, WorkspaceInfo, WriteResult
@@ -119,6 +120,19 @@ class SyncSandboxClient:
         """See :meth:`SandboxClient.list_dir`."""
         return self._run(self._client.list_dir(workspace_id, path))
 
+    @contextlib.contextmanager
+    def forward(self, workspace_id: str, port: int, **options: Any) -> Iterator[str]:
+        """See :meth:`SandboxClient.forward`: ``with client.forward(ws_id, 8000) as address:``.
+
+        The listener runs on the client's loop thread; any thread may use the address.
+        """
+        forward = self._client.forward(workspace_id, port, **options)
+        address = self._run(forward.start())
+        try:
+            yield address
+        finally:
+            self._run(forward.close())
+
     def health(self) -> str:
         """See :meth:`SandboxClient.health`."""
         return self._run(self._client.health())
@@ -160,6 +174,10 @@ class SyncWorkspace:
     def edit_file(self, path: str, old_string: str, new_string: str, **options: Any) -> EditResult:
         """See :meth:`SandboxClient.edit_file`."""
         return self.client.edit_file(self.workspace_id, path, old_string, new_string, **options)
+
+    def forward(self, port: int, **options: Any) -> contextlib.AbstractContextManager[str]:
+        """See :meth:`SyncSandboxClient.forward`: ``with ws.forward(8000) as address:``."""
+        return self.client.forward(self.workspace_id, port, **options)
 
     def pause(self) -> WorkspaceInfo:
         """See :meth:`SandboxClient.pause_workspace`."""

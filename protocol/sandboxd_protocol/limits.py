@@ -18,6 +18,7 @@ __all__ = [
     "MAX_EDIT_STRING_BYTES",
     "MAX_ENV_BYTES",
     "MAX_ENV_ENTRIES",
+    "MAX_FORWARD_CHUNK_BYTES",
     "MAX_ID_BYTES",
     "MAX_IMAGE_REFERENCE_BYTES",
     "MAX_INPUT_BYTES",
@@ -88,6 +89,9 @@ MAX_EDIT_STRING_BYTES = 4 * _MIB
 MAX_UPLOAD_CHUNK_BYTES = 1 * _MIB
 """Largest piece of an Upload stream in one message (the client splits bigger ones)."""
 
+MAX_FORWARD_CHUNK_BYTES = 1 * _MIB
+"""Largest piece of a ForwardPort stream in one message (the client splits bigger ones)."""
+
 MAX_LIST_PAGE_SIZE = 1000
 """Most workspaces in one ListWorkspaces page (the default page is 100)."""
 
@@ -101,6 +105,7 @@ MAX_REQUEST_BYTES: dict[str, int] = {
     "WriteFile": MAX_WRITE_BYTES + _ENVELOPE_BYTES,
     "EditFile": 2 * MAX_EDIT_STRING_BYTES + _ENVELOPE_BYTES,
     "Upload": MAX_UPLOAD_CHUNK_BYTES + _ENVELOPE_BYTES,
+    "ForwardPort": MAX_FORWARD_CHUNK_BYTES + _ENVELOPE_BYTES,
 }
 """Largest serialised request per RPC name; every other RPC takes at most ``_ENVELOPE_BYTES``.
 The caps leave room above the field bounds, so that a field a little over its bound gets a

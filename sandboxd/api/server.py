@@ -20,6 +20,8 @@ from sandboxd_protocol.limits import MAX_MESSAGE_BYTES
 from sandboxd_protocol.v1 import (
     file_service_pb2,
     file_service_pb2_grpc,
+    network_service_pb2,
+    network_service_pb2_grpc,
     process_service_pb2,
     process_service_pb2_grpc,
     workspace_service_pb2,
@@ -31,6 +33,7 @@ from ..audit import AuditLog
 from ..backend.base import Backend
 from ..errors import InvalidSpecError, SandboxdError
 from ..files import FileManager
+from ..forwards import PortForwarder
 from ..images import ensure_default_image
 from ..memory import HeapTrimmer
 from ..pool import WarmPool
@@ -41,6 +44,7 @@ from ..tenancy import Authenticator
 from ..workspaces import WorkspaceManager
 from .files import FileServicer
 from .interceptors import ErrorInterceptor
+from .network import NetworkServicer
 from .processes import ProcessServicer
 from .workspaces import WorkspaceServicer
 
@@ -52,6 +56,7 @@ SERVICE_NAMES = (
     workspace_service_pb2.DESCRIPTOR.services_by_name["WorkspaceService"].full_name,
     process_service_pb2.DESCRIPTOR.services_by_name["ProcessService"].full_name,
     file_service_pb2.DESCRIPTOR.services_by_name["FileService"].full_name,
+    network_service_pb2.DESCRIPTOR.services_by_name["NetworkService"].full_name,
 )
 _MAX_SEND_BYTES = 64 * 1024 * 1024
 """Largest response message (a ListWorkspaces page or a file page is far smaller)."""
@@ -248,6 +253,7 @@ async def start(
     process_service_pb2_grpc.add_ProcessServiceServicer_to_server(ProcessServicer(workspaces, processes), server)
     files = FileManager(backend, workspaces)
     file_service_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(files), server)
+    network_service_pb2_grpc.add_NetworkServiceServicer_to_server(NetworkServicer(PortForwarder(workspaces)), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

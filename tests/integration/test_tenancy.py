@@ -28,7 +28,7 @@ from sandboxd_client import (
 from sandboxd.errors import InvalidSpecError
 from sandboxd.tenancy import create_token
 from tests.conftest import DaemonThread, make_settings
-from tests.integration.helpers import collect, start_yielded
+from tests.integration.helpers import collect, start_ready, start_yielded
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -475,6 +475,53 @@ class TestSessionShares:
 
 
 class TestAudit:
+    async def test_another_tenants_forward_is_not_found_and_forwards_are_audited(self, tenants) -> None:  # type: ignore[no-untyped-def]
+        """A forward is authorised like any call; its record names the workspace, port and bytes."""
+        thread, token_a, token_b, audit_path = tenants
+        async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+            ws = await a.create_workspace(labels={"test": "forward"})
+            try:
+                server = (
+                    'exec python3 -u -c \'import socket; s = socket.socket(); s.bind(("127.0.0.1", 8003)); '
+                    's.listen(4); print("ready", flush=True)\n'
+                    'while True: c, _ = s.accept(); c.sendall(b"hi"); c.close()\''
+                )
+                await start_ready(ws, server)
+                errors: list[Exception] = []
+                async with b.forward(ws.workspace_id, 8003, on_error=errors.append) as address:
+                    host, port = address.rsplit(":", 1)
+                    reader, writer = await asyncio.open_connection(host, int(port))
+                    assert await reader.read() == b""
+                    writer.close()
+                assert [type(e) for e in errors] == [NotFoundError]
+                assert errors[0].message == f"workspace '{ws.workspace_id}' not found"  # type: ignore[attr-defined]
+                forward = a.forward(ws.workspace_id, 8003)
+                async with forward as address:
+                    host, port = address.rsplit(":", 1)
+                    reader, writer = await asyncio.open_connection(host, int(port))
+                    assert await reader.read() == b"hi"
+                    writer.close()
+                    deadline = time.monotonic() + 20
+                    while forward.active:  # both sides done: the call ends OK (a close would cancel it)
+                        assert time.monotonic() < deadline
+                        await asyncio.sleep(0.01)
+            finally:
+                await ws.delete()
+        records = [e for e in _audit(audit_path) if e.get("rpc") == "ForwardPort" and "phase" not in e]
+        refused, served = records[-2:]
+        assert (refused["tenant"], refused["code"], refused["workspace_id"], refused["port"]) == (
+            "team-b",
+            "NOT_FOUND",
+            ws.workspace_id,
+            8003,
+        )
+        assert (served["tenant"], served["code"], served["port"], served["bytes_from_workspace"]) == (
+            "team-a",
+            "OK",
+            8003,
+            2,
+        )
+
     async def test_state_changing_calls_are_audited(self, tenants) -> None:  # type: ignore[no-untyped-def]
         thread, token_a, _b, audit_path = tenants
         async with _client(thread, token_a) as a:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 from sandboxd_client import (
@@ -219,6 +220,15 @@ class TestSyncClient:
                 assert ws.edit_file("notes.txt", "b", "B").replacements == 1
                 assert "B" in ws.read_file("notes.txt").content
                 assert [info.workspace_id for info in client.list_workspaces({"test": "sync"})] == [ws.workspace_id]
+                ws.exec(
+                    'python3 -u -c \'import socket; s = socket.socket(); s.bind(("127.0.0.1", 8004)); s.listen(1); '
+                    'print("ready", flush=True); c, _ = s.accept(); c.sendall(b"from inside")\' &'
+                    " until [ -e /proc/net/tcp ] && grep -q ':1F44 ' /proc/net/tcp; do sleep 0.05; done"
+                )
+                with ws.forward(8004) as address:
+                    host, port = address.rsplit(":", 1)
+                    with socket.create_connection((host, int(port)), timeout=30) as connection:
+                        assert connection.recv(100) == b"from inside"
             finally:
                 ws.delete()
             with pytest.raises(NotFoundError):

@@ -56,6 +56,7 @@ type Agent struct {
 	mu       sync.Mutex
 	sessions map[uint32]*session.Session
 	files    map[uint32]*fileOp
+	forwards map[uint32]*forward
 	conn     *conn
 	changed  chan struct{} // closed when the connection changes
 
@@ -75,6 +76,7 @@ func New(self string) *Agent {
 		logf:     log.New(os.Stderr, "sandboxd-agent: ", 0).Printf,
 		sessions: map[uint32]*session.Session{},
 		files:    map[uint32]*fileOp{},
+		forwards: map[uint32]*forward{},
 		changed:  make(chan struct{}),
 		expected: map[int]chan syscall.WaitStatus{},
 		unowned:  map[int]reaped{},
@@ -236,6 +238,7 @@ func (a *Agent) adopt(c *conn) {
 		old.close()
 	}
 	a.abandonFiles()
+	a.abandonForwards()
 	go c.writeLoop()
 	go a.readLoop(c)
 }
@@ -243,7 +246,8 @@ func (a *Agent) adopt(c *conn) {
 func (a *Agent) drop(c *conn) {
 	a.mu.Lock()
 	var orphaned []*session.Session
-	if a.conn == c {
+	current := a.conn == c
+	if current {
 		a.conn = nil
 		close(a.changed)
 		a.changed = make(chan struct{})
@@ -253,6 +257,9 @@ func (a *Agent) drop(c *conn) {
 	}
 	a.mu.Unlock()
 	c.close()
+	if current {
+		a.abandonForwards() // a forwarded connection's caller went with the daemon
+	}
 	for _, s := range orphaned {
 		s.ReaderGone() // nobody reads until a daemon is back: keep the head, count the rest
 	}
@@ -314,6 +321,10 @@ func (a *Agent) dispatch(c *conn, f proto.Frame) {
 		a.protocolError(c, 0, "frame %q on channel 0", f.Kind)
 		return
 	}
+	if fw := a.forwardOn(f.Channel); fw != nil || f.Kind == proto.Connect {
+		a.dispatchForward(c, f, fw)
+		return
+	}
 	switch f.Kind {
 	case proto.Start:
 		var msg proto.StartMsg
@@ -322,10 +333,8 @@ func (a *Agent) dispatch(c *conn, f proto.Frame) {
 			return
 		}
 		a.mu.Lock()
-		_, taken := a.sessions[f.Channel]
-		_, fileTaken := a.files[f.Channel]
 		var s *session.Session
-		if !taken && !fileTaken {
+		if !a.channelInUse(f.Channel) {
 			s = session.New(a, f.Channel, msg)
 			a.sessions[f.Channel] = s
 		}

@@ -63,10 +63,10 @@ type fileOp struct {
 func (a *Agent) dispatchFile(c *conn, f proto.Frame) {
 	a.mu.Lock()
 	op := a.files[f.Channel]
-	_, taken := a.sessions[f.Channel]
+	taken := a.channelInUse(f.Channel)
 	a.mu.Unlock()
 	if f.Kind == proto.FileOp {
-		if op != nil || taken {
+		if taken {
 			a.protocolError(c, f.Channel, "channel %d is in use", f.Channel)
 			return
 		}

@@ -35,22 +35,25 @@ const (
 	FileEnd    byte = 'E'
 	FileAck    byte = 'A'
 	Freeze     byte = 'Z'
+	Connect    byte = 'N'
 )
 
 // Kinds sent by the agent.
 const (
-	Welcome  byte = 'w'
-	Started  byte = 's'
-	Failed   byte = 'f'
-	Output   byte = 'o'
-	Dropped  byte = 'd'
-	Tail     byte = 't'
-	Exited   byte = 'x'
-	FileOut  byte = 'b'
-	FileTook byte = 'k'
-	Result   byte = 'r'
-	ErrorMsg byte = 'e'
-	Frozen   byte = 'z'
+	Welcome   byte = 'w'
+	Started   byte = 's'
+	Failed    byte = 'f'
+	Output    byte = 'o'
+	Dropped   byte = 'd'
+	Tail      byte = 't'
+	Exited    byte = 'x'
+	FileOut   byte = 'b'
+	FileTook  byte = 'k'
+	Result    byte = 'r'
+	ErrorMsg  byte = 'e'
+	Frozen    byte = 'z'
+	Connected byte = 'n'
+	HungUp    byte = 'h'
 )
 
 // Frame is one frame of either direction.

@@ -18,13 +18,22 @@ type WelcomeMsg struct {
 }
 
 // Features are what this agent does beyond protocol 1 as first released (PROTOCOL.md).
-var Features = []string{FeatureTail, FeatureFreeze}
+var Features = []string{FeatureTail, FeatureFreeze, FeatureForward}
 
 // FeatureTail: a Pull may ask for the end of the held output (Tail answers it).
 const FeatureTail = "tail"
 
 // FeatureFreeze: Freeze stops the sessions' timers around a pause (Frozen answers it).
 const FeatureFreeze = "freeze"
+
+// FeatureForward: Connect opens a TCP connection to a port on the workspace's loopback.
+const FeatureForward = "forward"
+
+// ConnectMsg opens a forwarded connection to 127.0.0.1:Port (or [::1]:Port) in the
+// workspace (daemon -> agent); Connected answers it, or an ErrorReply.
+type ConnectMsg struct {
+	Port int `json:"port"`
+}
 
 // FreezeMsg stops (true) or restarts (false) every timeout and kill grace (daemon -> agent);
 // Frozen echoes it once applied (agent -> daemon).

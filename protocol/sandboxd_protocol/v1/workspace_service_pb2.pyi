@@ -16,6 +16,7 @@ class NetworkPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NETWORK_POLICY_UNSPECIFIED: _ClassVar[NetworkPolicy]
     NETWORK_POLICY_NONE: _ClassVar[NetworkPolicy]
     NETWORK_POLICY_BRIDGE: _ClassVar[NetworkPolicy]
+    NETWORK_POLICY_ALLOWLIST: _ClassVar[NetworkPolicy]
 
 class Runtime(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -38,6 +39,7 @@ class IdleAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 NETWORK_POLICY_UNSPECIFIED: NetworkPolicy
 NETWORK_POLICY_NONE: NetworkPolicy
 NETWORK_POLICY_BRIDGE: NetworkPolicy
+NETWORK_POLICY_ALLOWLIST: NetworkPolicy
 RUNTIME_UNSPECIFIED: Runtime
 RUNTIME_RUNC: Runtime
 RUNTIME_RUNSC: Runtime
@@ -48,6 +50,14 @@ WORKSPACE_STATE_PAUSED: WorkspaceState
 IDLE_ACTION_UNSPECIFIED: IdleAction
 IDLE_ACTION_DELETE: IdleAction
 IDLE_ACTION_PAUSE: IdleAction
+
+class EgressRule(_message.Message):
+    __slots__ = ("host", "ports")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    ports: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, host: _Optional[str] = ..., ports: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ResourceLimits(_message.Message):
     __slots__ = ("memory_bytes", "cpu_millis", "pids", "disk_bytes")
@@ -74,7 +84,7 @@ class SecurityOptions(_message.Message):
     def __init__(self, added_capabilities: _Optional[_Iterable[str]] = ..., allow_new_privileges: _Optional[bool] = ..., user: _Optional[str] = ..., read_only_root_filesystem: _Optional[bool] = ...) -> None: ...
 
 class WorkspaceSpec(_message.Message):
-    __slots__ = ("image", "env", "working_dir", "labels", "limits", "network", "runtime", "idle_ttl", "security", "idle_action", "auto_resume")
+    __slots__ = ("image", "env", "working_dir", "labels", "limits", "network", "runtime", "idle_ttl", "security", "idle_action", "auto_resume", "allowed_hosts")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +110,7 @@ class WorkspaceSpec(_message.Message):
     SECURITY_FIELD_NUMBER: _ClassVar[int]
     IDLE_ACTION_FIELD_NUMBER: _ClassVar[int]
     AUTO_RESUME_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_HOSTS_FIELD_NUMBER: _ClassVar[int]
     image: str
     env: _containers.ScalarMap[str, str]
     working_dir: str
@@ -111,7 +122,8 @@ class WorkspaceSpec(_message.Message):
     security: SecurityOptions
     idle_action: IdleAction
     auto_resume: bool
-    def __init__(self, image: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., network: _Optional[_Union[NetworkPolicy, str]] = ..., runtime: _Optional[_Union[Runtime, str]] = ..., idle_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., security: _Optional[_Union[SecurityOptions, _Mapping]] = ..., idle_action: _Optional[_Union[IdleAction, str]] = ..., auto_resume: _Optional[bool] = ...) -> None: ...
+    allowed_hosts: _containers.RepeatedCompositeFieldContainer[EgressRule]
+    def __init__(self, image: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., network: _Optional[_Union[NetworkPolicy, str]] = ..., runtime: _Optional[_Union[Runtime, str]] = ..., idle_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., security: _Optional[_Union[SecurityOptions, _Mapping]] = ..., idle_action: _Optional[_Union[IdleAction, str]] = ..., auto_resume: _Optional[bool] = ..., allowed_hosts: _Optional[_Iterable[_Union[EgressRule, _Mapping]]] = ...) -> None: ...
 
 class Workspace(_message.Message):
     __slots__ = ("workspace_id", "spec", "state", "create_time", "container_id", "volume_name", "from_snapshot")

@@ -1,0 +1,308 @@
+//go:build linux
+
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"sandboxd/agent/internal/proto"
+)
+
+// ForwardWindow is the most bytes of a forwarded connection in flight each way: what the
+// agent sends beyond the daemon's last ForwardAck, and what the daemon sends beyond the
+// agent's last ForwardTook. A hundred connections at full speed hold 100 windows, no more.
+const ForwardWindow = 512 << 10
+
+// forwardDialTimeout bounds the connect to the workspace's port (loopback: an answer is
+// immediate unless the listener's backlog is full).
+const forwardDialTimeout = 10 * time.Second
+
+// forwardReadBytes is the largest piece read from the connection at once (one frame).
+const forwardReadBytes = 256 << 10
+
+// forwardTookStep is how much written data makes a ForwardTook report worth a frame.
+const forwardTookStep = 64 << 10
+
+// forward relays one TCP connection to a port on the workspace's loopback: the daemon's
+// bytes to it within the window, its bytes to the daemon within the window, each side's end.
+type forward struct {
+	channel uint32
+	port    int
+	agent   *Agent
+
+	mu    sync.Mutex
+	room  *sync.Cond
+	tcp   *net.TCPConn // nil until connected
+	sent  uint64       // bytes sent to the daemon
+	acked uint64       // of which the daemon holds (ForwardAck)
+	input [][]byte     // the daemon's bytes not yet written
+	held  int
+	ended bool // the daemon's side is done writing (FileEnd)
+	took  uint64
+	told  uint64
+	done  bool // forgotten: its channel is gone
+}
+
+func (a *Agent) forwardOn(channel uint32) *forward {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.forwards[channel]
+}
+
+// channelInUse says whether a session, file operation or forward has the channel (a.mu held).
+func (a *Agent) channelInUse(channel uint32) bool {
+	_, session := a.sessions[channel]
+	_, file := a.files[channel]
+	_, fw := a.forwards[channel]
+	return session || file || fw
+}
+
+func (a *Agent) dispatchForward(c *conn, f proto.Frame, fw *forward) {
+	if f.Kind == proto.Connect {
+		var msg proto.ConnectMsg
+		if err := decode(f.Payload, &msg); err != nil {
+			a.protocolError(c, f.Channel, "connect: %v", err)
+			return
+		}
+		if msg.Port < 1 || msg.Port > 65535 {
+			a.protocolError(c, f.Channel, "connect: port %d is not a TCP port", msg.Port)
+			return
+		}
+		a.mu.Lock()
+		inUse := a.channelInUse(f.Channel)
+		if !inUse {
+			fw = &forward{channel: f.Channel, port: msg.Port, agent: a}
+			fw.room = sync.NewCond(&fw.mu)
+			a.forwards[f.Channel] = fw
+		}
+		a.mu.Unlock()
+		if inUse {
+			a.protocolError(c, f.Channel, "channel %d is in use", f.Channel)
+			return
+		}
+		go fw.run()
+		return
+	}
+	switch f.Kind {
+	case proto.FileData:
+		fw.mu.Lock()
+		over := fw.held+len(f.Payload) > ForwardWindow
+		if !over && !fw.ended && !fw.done {
+			fw.input = append(fw.input, append([]byte(nil), f.Payload...))
+			fw.held += len(f.Payload)
+			fw.room.Broadcast()
+		}
+		fw.mu.Unlock()
+		if over {
+			a.failForward(fw, "protocol", "the daemon sent more data than the forward's window")
+		}
+	case proto.FileEnd:
+		fw.mu.Lock()
+		fw.ended = true
+		fw.room.Broadcast()
+		fw.mu.Unlock()
+	case proto.FileAck:
+		var msg proto.FileAckMsg
+		if err := decode(f.Payload, &msg); err != nil {
+			a.protocolError(c, f.Channel, "forward ack: %v", err)
+			return
+		}
+		fw.mu.Lock()
+		if msg.Ack > fw.acked && msg.Ack <= fw.sent {
+			fw.acked = msg.Ack
+		}
+		fw.room.Broadcast()
+		fw.mu.Unlock()
+	case proto.Discard:
+		a.forgetForward(fw)
+	default:
+		a.protocolError(c, f.Channel, "frame %q on a forwarded connection", f.Kind)
+	}
+}
+
+// dialLoopback connects to the port on the workspace's loopback, IPv4 first, then IPv6 (a
+// server that listens on "::1" or "localhost" only).
+func dialLoopback(port int) (*net.TCPConn, error) {
+	var first error
+	for _, host := range []string{"127.0.0.1", "::1"} {
+		raw, err := net.DialTimeout("tcp", net.JoinHostPort(host, strconv.Itoa(port)), forwardDialTimeout)
+		if err == nil {
+			return raw.(*net.TCPConn), nil
+		}
+		if first == nil {
+			first = err
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.EADDRNOTAVAIL) && !errors.Is(err, syscall.ENETUNREACH) {
+			break
+		}
+	}
+	return nil, first
+}
+
+// run connects, says so, and relays both ways until the daemon discards the channel.
+func (fw *forward) run() {
+	tcp, err := dialLoopback(fw.port)
+	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			fw.agent.failForward(fw, "refused", fmt.Sprintf("nothing listens on port %d in the workspace (connection refused)", fw.port))
+		} else {
+			fw.agent.failForward(fw, "io", fmt.Sprintf("cannot connect to port %d in the workspace: %v", fw.port, err))
+		}
+		return
+	}
+	fw.mu.Lock()
+	gone := fw.done
+	if !gone {
+		fw.tcp = tcp
+	}
+	fw.mu.Unlock()
+	if gone {
+		tcp.Close()
+		return
+	}
+	if !fw.agent.Send(proto.Connected, fw.channel, []byte("{}")) {
+		fw.agent.forgetForward(fw)
+		return
+	}
+	go fw.write(tcp)
+	fw.read(tcp)
+}
+
+// read sends the connection's bytes to the daemon within the window, then HungUp at its end.
+func (fw *forward) read(tcp *net.TCPConn) {
+	for {
+		fw.mu.Lock()
+		for fw.sent-fw.acked >= ForwardWindow && !fw.done {
+			fw.room.Wait() // back-pressure: the server's writes block once its socket buffer is full
+		}
+		if fw.done {
+			fw.mu.Unlock()
+			return
+		}
+		room := ForwardWindow - int(fw.sent-fw.acked)
+		fw.mu.Unlock()
+		if room > forwardReadBytes {
+			room = forwardReadBytes
+		}
+		frame := make([]byte, proto.HeaderSize+room)
+		n, err := tcp.Read(frame[proto.HeaderSize:])
+		if n > 0 {
+			fw.mu.Lock()
+			fw.sent += uint64(n)
+			fw.mu.Unlock()
+			if !fw.agent.SendFrame(proto.InPlace(frame[:proto.HeaderSize+n], proto.FileOut, fw.channel)) {
+				fw.agent.forgetForward(fw)
+				return
+			}
+		}
+		if err != nil {
+			if fw.isDone() {
+				return
+			}
+			if errors.Is(err, io.EOF) {
+				fw.agent.Send(proto.HungUp, fw.channel, []byte("{}"))
+				return
+			}
+			fw.agent.failForward(fw, "io", fmt.Sprintf("the connection to port %d in the workspace failed: %v", fw.port, err))
+			return
+		}
+	}
+}
+
+// write writes the daemon's bytes to the connection, reporting what it took, and closes the
+// connection's writing half once the daemon's side ended.
+func (fw *forward) write(tcp *net.TCPConn) {
+	for {
+		fw.mu.Lock()
+		for len(fw.input) == 0 && !fw.ended && !fw.done {
+			fw.room.Wait()
+		}
+		if fw.done {
+			fw.mu.Unlock()
+			return
+		}
+		if len(fw.input) == 0 {
+			fw.mu.Unlock()
+			_ = tcp.CloseWrite() // the server reads its end of input; its answer may still come
+			return
+		}
+		chunk := fw.input[0]
+		fw.input = fw.input[1:]
+		fw.mu.Unlock()
+		if _, err := tcp.Write(chunk); err != nil {
+			if !fw.isDone() {
+				fw.agent.failForward(fw, "io", fmt.Sprintf("writing to port %d in the workspace failed: %v", fw.port, err))
+			}
+			return
+		}
+		fw.mu.Lock()
+		fw.held -= len(chunk)
+		fw.took += uint64(len(chunk))
+		took, report := fw.took, fw.took-fw.told >= forwardTookStep || len(fw.input) == 0
+		if report {
+			fw.told = took
+		}
+		fw.mu.Unlock()
+		if report {
+			body, _ := json.Marshal(proto.FileTookMsg{Bytes: took})
+			fw.agent.Send(proto.FileTook, fw.channel, body)
+		}
+	}
+}
+
+func (fw *forward) isDone() bool {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	return fw.done
+}
+
+// failForward tells the daemon why the connection ended and forgets it.
+func (a *Agent) failForward(fw *forward, code, message string) {
+	if fw.isDone() {
+		return
+	}
+	body, _ := json.Marshal(proto.ErrorReply{Code: code, Message: message})
+	a.Send(proto.ErrorMsg, fw.channel, body)
+	a.forgetForward(fw)
+}
+
+// forgetForward ends a forward: its channel goes and its connection is closed (which ends
+// a read or write blocked on it).
+func (a *Agent) forgetForward(fw *forward) {
+	a.mu.Lock()
+	if a.forwards[fw.channel] == fw {
+		delete(a.forwards, fw.channel)
+	}
+	a.mu.Unlock()
+	fw.mu.Lock()
+	fw.done = true
+	fw.input, fw.held = nil, 0
+	tcp := fw.tcp
+	fw.room.Broadcast()
+	fw.mu.Unlock()
+	if tcp != nil {
+		tcp.Close()
+	}
+}
+
+// abandonForwards ends every forward: a forwarded connection does not outlive its daemon
+// connection (its caller is gone).
+func (a *Agent) abandonForwards() {
+	a.mu.Lock()
+	fws := make([]*forward, 0, len(a.forwards))
+	for _, fw := range a.forwards {
+		fws = append(fws, fw)
+	}
+	a.mu.Unlock()
+	for _, fw := range fws {
+		a.forgetForward(fw)
+	}
+}

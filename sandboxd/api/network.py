@@ -1,0 +1,57 @@
+"""NetworkService servicer: forwarded connections into workspaces, and their network policy."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from sandboxd_protocol.v1 import network_service_pb2 as npb
+from sandboxd_protocol.v1 import network_service_pb2_grpc as ngrpc
+
+from ..audit import audit_fields
+from ..errors import InvalidSpecError
+from ..forwards import EOF, PortForwarder
+from ._types import Context
+
+__all__ = ["NetworkServicer"]
+
+
+class NetworkServicer(ngrpc.NetworkServiceServicer):
+    """Serves ForwardPort through a :class:`PortForwarder`."""
+
+    def __init__(self, forwarder: PortForwarder) -> None:
+        """Serve ``forwarder``'s connections."""
+        self.forwarder = forwarder
+
+    async def ForwardPort(
+        self, request_iterator: AsyncIterator[npb.ForwardPortRequest], context: Context
+    ) -> AsyncIterator[npb.ForwardPortResponse]:
+        """Relay one TCP connection; the first request names the target."""
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("message") != "target":
+            msg = "the first ForwardPort message must carry the target"
+            raise InvalidSpecError(msg)
+        target = first.target
+        audit_fields(workspace_id=target.workspace_id, port=target.port)
+        sent = received = 0
+
+        async def incoming() -> AsyncIterator[bytes]:
+            nonlocal received
+            async for message in request_iterator:
+                if message.WhichOneof("message") != "data":
+                    msg = "only the first ForwardPort message may carry a target"
+                    raise InvalidSpecError(msg)
+                received += len(message.data)
+                yield message.data
+
+        try:
+            relay = self.forwarder.forward(target.workspace_id, target.port, incoming())
+            async for data in relay:
+                if data is EOF:
+                    yield npb.ForwardPortResponse(eof=npb.ForwardPortEof())
+                elif not data:
+                    yield npb.ForwardPortResponse(connected=npb.ForwardPortConnected())
+                else:
+                    sent += len(data)
+                    yield npb.ForwardPortResponse(data=data)
+        finally:
+            audit_fields(bytes_to_workspace=received, bytes_from_workspace=sent)
