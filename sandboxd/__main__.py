@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--tokens-file", help="the tokens file (env SANDBOXD_TOKENS_FILE; default: see README)")
     images = commands.add_parser("images", help="manage workspace images")
     image_commands = images.add_subparsers(dest="images_command", required=True)
-    build = image_commands.add_parser("build", help="find or build the default workspace image")
+    build = image_commands.add_parser("build", help="find or build the default workspace image and the egress proxy's")
     build.add_argument("--route", choices=["auto", "registry", "offline"], help="where the Debian base comes from")
     build.add_argument("--force", action="store_true", help="rebuild even when up to date")
     agent = commands.add_parser("agent", help="manage the in-container agent")
@@ -61,7 +61,7 @@ def _progress(line: str) -> None:
 
 
 async def _images_build(settings: Settings, opts: argparse.Namespace) -> None:
-    from .images import ensure_default_image
+    from .images import ensure_default_image, ensure_egress_image
 
     backend = DockerBackend(docker_host=settings.docker_host, instance=settings.instance)
     try:
@@ -72,6 +72,7 @@ async def _images_build(settings: Settings, opts: argparse.Namespace) -> None:
             progress=_progress,
             force=opts.force,
         )
+        await ensure_egress_image(backend, route=opts.route or settings.image_route, progress=_progress)
     finally:
         await backend.close()
 

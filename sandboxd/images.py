@@ -30,8 +30,10 @@ __all__ = [
     "OFFLINE_BASE",
     "RECIPE_LABEL",
     "REGISTRY_BASE",
+    "egress_image_ref",
     "ensure_base_image",
     "ensure_default_image",
+    "ensure_egress_image",
     "recipe_digest",
     "recipe_dir",
 ]
@@ -95,6 +97,42 @@ async def ensure_default_image(
         )
     progress(f"workspace image {ref} is ready")
     log.info("image.built", image=ref, base=base, recipe=digest[:12])
+    return ref
+
+
+EGRESS_RECIPE = "egress_proxy"
+EGRESS_REPOSITORY = "sandboxd/egress-proxy"
+
+
+def egress_image_ref() -> str:
+    """The egress proxy's image for this release: its repository, tagged with its recipe's digest."""
+    return f"{EGRESS_REPOSITORY}:{recipe_digest(EGRESS_RECIPE)[:16]}"
+
+
+async def ensure_egress_image(backend: Backend, *, route: ImageRoute, progress: Progress) -> str:
+    """Return the egress proxy's image (``images/egress_proxy``: Debian's squid), building it if missing.
+
+    Built from the same Debian base as the workspace image, so offline too.
+
+    Raises:
+        BackendError: the build failed.
+        ImageNotFoundError: no route could provide the Debian base.
+    """
+    ref = egress_image_ref()
+    if await backend.image_info(ref) is not None:
+        return ref
+    progress(f"building the egress proxy image {ref} (Debian's squid); this takes a minute the first time")
+    base = await ensure_base_image(backend, route=route, progress=progress)
+    with importlib.resources.as_file(importlib.resources.files("sandboxd_images") / EGRESS_RECIPE) as context:
+        await backend.build_image(
+            Path(context),
+            ref,
+            build_args={"BASE_IMAGE": base},
+            labels={RECIPE_LABEL: recipe_digest(EGRESS_RECIPE)},
+            on_line=lambda line: progress(f"  {line}"),
+        )
+    progress(f"egress proxy image {ref} is ready")
+    log.info("image.built", image=ref, base=base)
     return ref
 
 

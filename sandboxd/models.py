@@ -13,6 +13,7 @@ import signal
 from collections.abc import Mapping
 
 __all__ = [
+    "EgressRule",
     "ExecEvent",
     "ExecSpec",
     "ExecStarted",
@@ -40,6 +41,19 @@ class NetworkPolicy(enum.StrEnum):
 
     NONE = "none"
     BRIDGE = "bridge"
+    ALLOWLIST = "allowlist"
+
+
+@dataclasses.dataclass(frozen=True)
+class EgressRule:
+    """A host an ALLOWLIST workspace may reach through its egress proxy (``sandboxd.egress``).
+
+    ``host`` is a name (lower case, no final dot), ``*.`` and a name (its subdomains), an IP
+    address or a CIDR block; ``ports`` empty means 80 and 443.
+    """
+
+    host: str
+    ports: tuple[int, ...] = ()
 
 
 class Runtime(enum.StrEnum):
@@ -113,6 +127,8 @@ class WorkspaceSpec:
     limits: ResourceLimits = dataclasses.field(default_factory=ResourceLimits)
     network: NetworkPolicy | None = None
     """None: the default (none), or a snapshot's source's."""
+    allowed_hosts: tuple[EgressRule, ...] = ()
+    """For the ALLOWLIST policy: where its egress proxy lets it go."""
     runtime: Runtime | None = None
     idle_ttl_s: float | None = None
     """Seconds without calls before the idle action; None = daemon default, 0 = never."""

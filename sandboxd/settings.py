@@ -126,6 +126,10 @@ class Settings:
     with ``--network=none`` (it cannot on engines like this one), so bridge workspaces under runsc
     are refused rather than silently left offline."""
 
+    egress_network: str = "bridge"
+    """The Docker network ALLOWLIST workspaces' egress proxies reach the world through (the proxy
+    resolves names there: on a network of your own, its containers' names and aliases)."""
+
     agent_transport: Literal["auto", "bridge"] = "auto"
     """How the daemon reaches a workspace's agent. ``auto``: straight to the agent's socket where
     this machine sees it (an engine on a local Unix socket, a daemon that is root, a runtime that

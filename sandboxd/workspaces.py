@@ -20,7 +20,7 @@ import re
 import secrets
 import time
 import weakref
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -40,6 +40,7 @@ from .agent import AgentLink, Welcome
 from .agentbuild import AGENT_MOUNT, AGENT_PATH, AgentBuild, ensure_agent
 from .audit import AuditLog
 from .backend.base import LABEL_SNAPSHOT_PART, Backend, ContainerInfo, ContainerSpec, ImageInfo
+from .egress import EgressProxies, check_rules, proxy_env
 from .errors import (
     FailedPreconditionError,
     ImageNotFoundError,
@@ -52,7 +53,9 @@ from .errors import (
     WorkspaceNotRunningError,
     quoted,
 )
+from .images import egress_image_ref
 from .models import (
+    EgressRule,
     ExecSpec,
     IdleAction,
     NetworkPolicy,
@@ -228,6 +231,7 @@ def spec_to_json(spec: WorkspaceSpec) -> str:
     data["env"] = dict(spec.env)
     data["labels"] = dict(spec.labels)
     data["security"]["added_capabilities"] = list(spec.security.added_capabilities)
+    data["allowed_hosts"] = [[rule.host, list(rule.ports)] for rule in spec.allowed_hosts]
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
@@ -241,6 +245,10 @@ def spec_from_json(text: str) -> WorkspaceSpec:
         labels=dict(data["labels"]),
         limits=ResourceLimits(**data["limits"]),
         network=NetworkPolicy(data.get("network") or "none"),
+        allowed_hosts=tuple(
+            EgressRule(host=str(host), ports=tuple(int(p) for p in ports))
+            for host, ports in data.get("allowed_hosts", [])
+        ),
         runtime=Runtime(data["runtime"]) if data.get("runtime") else None,
         idle_ttl_s=data.get("idle_ttl_s"),
         security=SecurityOptions(
@@ -270,6 +278,7 @@ def inherit(request: WorkspaceSpec, source: WorkspaceSpec, *, image: str) -> Wor
             disk_bytes=limits.disk_bytes or theirs.disk_bytes,
         ),
         network=request.network or source.network,
+        allowed_hosts=request.allowed_hosts if request.network else source.allowed_hosts,
         runtime=request.runtime or source.runtime,
         idle_ttl_s=request.idle_ttl_s if request.idle_ttl_s is not None else source.idle_ttl_s,
         security=SecurityOptions(
@@ -389,6 +398,10 @@ class WorkspaceManager:
         """Runtimes whose agents answered on their host socket (:class:`AgentLink`)."""
         self.pool: WarmPool | None = None
         """The warm pool, once :meth:`start_pool` made it."""
+        self.egress = EgressProxies(backend, settings, egress_image_ref())
+        """The ALLOWLIST workspaces' egress proxies."""
+        self._networks: dict[str, tuple[NetworkPolicy, tuple[EgressRule, ...]]] = {}
+        """Each workspace's network policy now (UpdateNetwork changes it; its spec label keeps the first)."""
 
     def touch(self, workspace_id: str) -> None:
         """Note a call on the workspace (its idle TTL starts again)."""
@@ -455,12 +468,8 @@ class WorkspaceManager:
             raise InvalidSpecError(msg)
         runtime = spec.runtime or Runtime(s.default_runtime)
         network = spec.network or NetworkPolicy.NONE
-        if runtime is Runtime.RUNSC and network is NetworkPolicy.BRIDGE and not s.runsc_network:
-            msg = (
-                "network 'bridge' is not available under runtime 'runsc' on this daemon (its gVisor runs "
-                "with --network=none; set SANDBOXD_RUNSC_NETWORK=true once the engine's runsc can network)"
-            )
-            raise InvalidSpecError(msg)
+        self._check_runtime_network(runtime, network)
+        allowed_hosts = check_rules(network, spec.allowed_hosts)
         working_dir = spec.working_dir or WORKSPACE_ROOT
         if not working_dir.startswith("/") or "\0" in working_dir:
             msg = f"working_dir must be an absolute path, got {quoted(working_dir)}"
@@ -498,12 +507,21 @@ class WorkspaceManager:
             working_dir=posixpath.normpath(working_dir),
             limits=ResourceLimits(memory_bytes=memory, cpu_millis=cpu, pids=pids, disk_bytes=disk),
             network=network,
+            allowed_hosts=allowed_hosts,
             runtime=runtime,
             idle_ttl_s=spec.idle_ttl_s if spec.idle_ttl_s is not None else s.default_idle_ttl_s,
             security=dataclasses.replace(spec.security, added_capabilities=tuple(sorted(set(capabilities)))),
             idle_action=spec.idle_action or IdleAction.DELETE,
             auto_resume=spec.auto_resume is not False,
         )
+
+    def _check_runtime_network(self, runtime: Runtime, network: NetworkPolicy) -> None:
+        if runtime is Runtime.RUNSC and network is not NetworkPolicy.NONE and not self.settings.runsc_network:
+            msg = (
+                f"network {str(network)!r} is not available under runtime 'runsc' on this daemon (its gVisor "
+                "runs with --network=none; set SANDBOXD_RUNSC_NETWORK=true once the engine's runsc can network)"
+            )
+            raise InvalidSpecError(msg)
 
     # -- life cycle ----------------------------------------------------------------------------------
     async def create(
@@ -649,7 +667,50 @@ class WorkspaceManager:
             image.user if image.user.split(":")[0] not in {"", "root", "0"} else FALLBACK_USER
         )
         resolved = dataclasses.replace(resolved, security=dataclasses.replace(resolved.security, user=user))
-        info = await self.backend.create_container(
+        network = str(resolved.network)
+        if resolved.network is NetworkPolicy.ALLOWLIST:
+            network = await self.egress.open(workspace_id, tenant, resolved.allowed_hosts)
+        try:
+            info = await self._create_container(
+                resolved, workspace_id, tenant, network, image, agent, pool_class, snapshot
+            )
+        except BaseException:
+            if resolved.network is NetworkPolicy.ALLOWLIST:
+                await asyncio.shield(self.egress.close(workspace_id))
+            raise
+        self._networks[workspace_id] = (resolved.network or NetworkPolicy.NONE, resolved.allowed_hosts)
+        workspace = self._workspace(info)
+        try:
+            # The agent answers before the workspace is handed out: a create that returns works.
+            await self._context_for(info).link.connect()
+        except SandboxdError as exc:
+            await self._forget_context(workspace_id)
+            await self.backend.remove_container(workspace_id)
+            await self.egress.close(workspace_id)
+            msg = f"the workspace's agent did not start in image {quoted(resolved.image)}: {exc.message}"
+            raise FailedPreconditionError(msg) from None
+        except BaseException:
+            # Cancelled (the caller went away): nobody will ever have this workspace's id.
+            await asyncio.shield(self._discard(workspace_id))
+            raise
+        if pool_class:
+            return workspace
+        self.touch(workspace_id)
+        log.info("workspace.created", workspace_id=workspace_id, image=resolved.image, user=user, tenant=tenant)
+        return workspace
+
+    async def _create_container(
+        self,
+        resolved: WorkspaceSpec,
+        workspace_id: str,
+        tenant: str,
+        network: str,
+        image: ImageInfo,
+        agent: AgentBuild,
+        pool_class: str,
+        snapshot: ImageInfo | None,
+    ) -> ContainerInfo:
+        return await self.backend.create_container(
             ContainerSpec(
                 workspace_id=workspace_id,
                 image=resolved.image,
@@ -670,7 +731,7 @@ class WorkspaceManager:
                 pids=resolved.limits.pids,
                 disk_bytes=resolved.limits.disk_bytes,
                 read_only_root_filesystem=resolved.security.read_only_root_filesystem,
-                network=str(resolved.network),
+                network=network,
                 runtime=str(resolved.runtime),
                 added_capabilities=resolved.security.added_capabilities,
                 no_new_privileges=not resolved.security.allow_new_privileges,
@@ -680,26 +741,11 @@ class WorkspaceManager:
                 agent_capabilities=AGENT_CAPABILITIES,
                 private_dirs=(AGENT_SOCKET_DIR,),
                 seed_workspace=snapshot is not None,
+                # On an allowlist's network no name resolves (Docker's resolver there answers none):
+                # a tool that ignores HTTP_PROXY fails in a second rather than in forty.
+                dns_options=("timeout:1", "attempts:1") if resolved.network is NetworkPolicy.ALLOWLIST else (),
             )
         )
-        workspace = self._workspace(info)
-        try:
-            # The agent answers before the workspace is handed out: a create that returns works.
-            await self._context_for(info).link.connect()
-        except SandboxdError as exc:
-            await self._forget_context(workspace_id)
-            await self.backend.remove_container(workspace_id)
-            msg = f"the workspace's agent did not start in image {quoted(resolved.image)}: {exc.message}"
-            raise FailedPreconditionError(msg) from None
-        except BaseException:
-            # Cancelled (the caller went away): nobody will ever have this workspace's id.
-            await asyncio.shield(self._discard(workspace_id))
-            raise
-        if pool_class:
-            return workspace
-        self.touch(workspace_id)
-        log.info("workspace.created", workspace_id=workspace_id, image=resolved.image, user=user, tenant=tenant)
-        return workspace
 
     async def owned_info(self, workspace_id: str) -> ContainerInfo:
         """The caller's workspace ``workspace_id`` as the engine reports it.
@@ -1092,7 +1138,10 @@ class WorkspaceManager:
         self._paused.pop(workspace_id, None)
         await self.processes.forget_workspace(workspace_id, why)
         await self._forget_context(workspace_id)
-        if not await self.backend.remove_container(workspace_id):
+        removed = await self.backend.remove_container(workspace_id)
+        if self._networks.pop(workspace_id, (None,))[0] is NetworkPolicy.ALLOWLIST or not removed:
+            await self.egress.close(workspace_id)
+        if not removed:
             msg = f"workspace {workspace_id!r} not found"
             raise WorkspaceNotFoundError(msg)
 
@@ -1175,10 +1224,14 @@ class WorkspaceManager:
         (``exec_context`` says to recreate it).
         """
         self.audit = audit
+        self.egress.audit = audit
         # Blank labels are a snapshot's inheritance (an image's labels stay on its containers).
         listed = [info for info in await self.backend.list_containers({}) if info.labels.get(LABEL_SPEC)]
         members = [info for info in listed if info.labels.get(LABEL_POOL)]
         infos = [info for info in listed if not info.labels.get(LABEL_POOL)]
+        for info in infos:
+            self._networks[info.workspace_id] = await self._network_of(info)
+        await self.egress.adopt({info.workspace_id: info.labels.get(LABEL_TENANT, DEFAULT_TENANT) for info in infos})
         gate = asyncio.Semaphore(8)
 
         async def attach(info: ContainerInfo) -> None:
@@ -1199,6 +1252,53 @@ class WorkspaceManager:
             for member in members:
                 await self.remove_member(member.workspace_id)
         return [info.workspace_id for info in infos]
+
+    async def _network_of(self, info: ContainerInfo) -> tuple[NetworkPolicy, tuple[EgressRule, ...]]:
+        """A workspace's policy as its container's networks (and its proxy's rules) say."""
+        if (rules := await self.egress.rules(info.workspace_id)) is not None:
+            return NetworkPolicy.ALLOWLIST, rules
+        return (NetworkPolicy.BRIDGE if "bridge" in info.networks else NetworkPolicy.NONE), ()
+
+    async def update_network(
+        self, workspace_id: str, network: NetworkPolicy | None, rules: Sequence[EgressRule]
+    ) -> Workspace:
+        """Give a running workspace another network policy, or an ALLOWLIST one other rules.
+
+        Its files and processes stay; connections open through the old network (or proxy) may
+        end. A paused workspace is resumed first (unless ``auto_resume`` is off).
+
+        Raises:
+            WorkspaceNotFoundError: no such workspace of the caller's.
+            WorkspaceNotRunningError: its container is not running.
+            InvalidSpecError: the policy is not available under its runtime, or a rule is invalid.
+            SandboxdError: the engine refused the network or the proxy.
+        """
+        check_workspace_id(workspace_id)
+        network = network or NetworkPolicy.NONE
+        async with self._id_lock(workspace_id):
+            info = self._owned(await self.backend.inspect_container(workspace_id))
+            self._check_runtime_network(Runtime.RUNSC if info.runtime == "runsc" else Runtime.RUNC, network)
+            rules = check_rules(network, rules)
+            if not info.running and not info.paused:
+                msg = f"workspace {workspace_id!r} is not running"
+                raise WorkspaceNotRunningError(msg)
+            await self.awake(workspace_id)
+            old = self._networks.get(workspace_id) or await self._network_of(info)
+            tenant = info.labels.get(LABEL_TENANT, DEFAULT_TENANT)
+            if network is NetworkPolicy.ALLOWLIST and old[0] is NetworkPolicy.ALLOWLIST:
+                await self.egress.replace(workspace_id, tenant, rules)
+            elif network is NetworkPolicy.ALLOWLIST:
+                await self.backend.set_network(workspace_id, await self.egress.open(workspace_id, tenant, rules))
+            else:
+                await self.backend.set_network(workspace_id, str(network))
+                if old[0] is NetworkPolicy.ALLOWLIST:
+                    await self.egress.close(workspace_id)
+            self._networks[workspace_id] = (network, rules)
+            if (context := self._contexts.get(workspace_id)) is not None:
+                context.env = self._env(workspace_id, spec_from_json(info.labels[LABEL_SPEC]))
+            log.info("workspace.network_changed", workspace_id=workspace_id, network=str(network), rules=len(rules))
+            self.touch(workspace_id)
+            return self._workspace(await self.backend.inspect_container(workspace_id))
 
     def _adopt_sessions(self, context: ExecContext, welcome: Welcome) -> None:
         """Every new connection: take over the sessions the agent holds that this daemon does not follow.
@@ -1286,7 +1386,7 @@ class WorkspaceManager:
             memory_limit_bytes=spec.limits.memory_bytes,
             link=link,
             os=info.os,
-            env=spec.env,
+            env=self._env(info.workspace_id, spec),
             tenant=info.labels.get(LABEL_TENANT, DEFAULT_TENANT),
             secrets=self.secrets,
             container_id=info.container_id,
@@ -1296,8 +1396,16 @@ class WorkspaceManager:
         self._contexts[info.workspace_id] = context
         return context
 
+    def _env(self, workspace_id: str, spec: WorkspaceSpec) -> dict[str, str]:
+        """The workspace's env for its commands: an ALLOWLIST workspace's also points at its proxy."""
+        if self._networks.get(workspace_id, (spec.network,))[0] is NetworkPolicy.ALLOWLIST:
+            return {**proxy_env(), **spec.env}
+        return dict(spec.env)
+
     def _workspace(self, info: ContainerInfo) -> Workspace:
         spec = spec_from_json(info.labels[LABEL_SPEC])
+        if (now := self._networks.get(info.workspace_id)) is not None:
+            spec = dataclasses.replace(spec, network=now[0], allowed_hosts=now[1])
         state = WorkspaceState.RUNNING if info.running else WorkspaceState.STOPPED
         return Workspace(
             workspace_id=info.workspace_id,

@@ -1,6 +1,6 @@
 """Shared fixtures: a real daemon over the real Docker engine, and cleanup by label.
 
-Every container and volume the suite creates carries ``sandboxd.instance=<this
+Every container, volume and network the suite creates carries ``sandboxd.instance=<this
 session's id>``; the session finalizer removes whatever carries it and fails
 the run if anything is left behind after that.
 """
@@ -195,19 +195,22 @@ def docker_client():  # type: ignore[no-untyped-def]
     except Exception as exc:
         pytest.fail(f"these tests need a running Docker engine: {exc}")
     yield client
-    leftovers, volumes = [], []
+    leftovers, volumes, networks = [], [], []
     for instance in sorted(INSTANCES):
         selector = {"label": f"sandboxd.instance={instance}"}
         leftovers += client.containers.list(all=True, filters=selector)
         volumes += client.volumes.list(filters=selector)
+        networks += client.networks.list(filters=selector)
         for container in client.containers.list(all=True, filters=selector):
             if container.status == "paused":
                 container.unpause()  # gVisor cannot remove a paused sandbox
             container.remove(force=True, v=True)
         for volume in client.volumes.list(filters=selector):
             volume.remove(force=True)
+        for network in client.networks.list(filters=selector):
+            network.remove()
     client.close()
-    assert not leftovers and not volumes, f"left behind: {leftovers} {volumes}"
+    assert not leftovers and not volumes and not networks, f"left behind: {leftovers} {volumes} {networks}"
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from google.protobuf import duration_pb2
 from sandboxd_protocol.limits import MAX_UPLOAD_CHUNK_BYTES, MAX_WRITE_BYTES
 from sandboxd_protocol.v1 import file_service_pb2 as fpb
 from sandboxd_protocol.v1 import file_service_pb2_grpc as fgrpc
+from sandboxd_protocol.v1 import network_service_pb2 as npb
 from sandboxd_protocol.v1 import network_service_pb2_grpc as ngrpc
 from sandboxd_protocol.v1 import process_service_pb2 as ppb
 from sandboxd_protocol.v1 import process_service_pb2_grpc as pgrpc
@@ -42,9 +43,14 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-NetworkName = Literal["none", "bridge"]
+NetworkName = Literal["none", "bridge", "allowlist"]
 
-_NETWORK = {"": wpb.NETWORK_POLICY_UNSPECIFIED, "none": wpb.NETWORK_POLICY_NONE, "bridge": wpb.NETWORK_POLICY_BRIDGE}
+_NETWORK = {
+    "": wpb.NETWORK_POLICY_UNSPECIFIED,
+    "none": wpb.NETWORK_POLICY_NONE,
+    "bridge": wpb.NETWORK_POLICY_BRIDGE,
+    "allowlist": wpb.NETWORK_POLICY_ALLOWLIST,
+}
 _RUNTIME = {"": wpb.RUNTIME_UNSPECIFIED, "runc": wpb.RUNTIME_RUNC, "runsc": wpb.RUNTIME_RUNSC}
 _STATE = {
     wpb.WORKSPACE_STATE_RUNNING: "running",
@@ -55,6 +61,33 @@ _IDLE_ACTION = {"": wpb.IDLE_ACTION_UNSPECIFIED, "delete": wpb.IDLE_ACTION_DELET
 _NETWORK_NAME = {value: name for name, value in _NETWORK.items() if name}
 _RUNTIME_NAME = {value: name for name, value in _RUNTIME.items() if name}
 _IDLE_ACTION_NAME = {value: name for name, value in _IDLE_ACTION.items() if name}
+
+
+def egress_rule(text: str) -> wpb.EgressRule:
+    """``HOST[:PORT[,PORT...]]`` as a rule (an IPv6 address or block takes ports only in brackets).
+
+    For example ``example.org``, ``*.example.org:8443``, ``10.0.0.0/8:5432``, ``[2001:db8::1]:443``.
+
+    Raises:
+        InvalidArgumentError: a port is not a number.
+    """
+    host, ports = text, ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        ports = rest.removeprefix(":")
+    elif text.count(":") == 1:
+        host, _, ports = text.partition(":")
+    try:
+        numbers = [int(port) for port in ports.split(",")] if ports else []
+    except ValueError:
+        msg = f"{text!r} is not HOST[:PORT[,PORT...]]"
+        raise InvalidArgumentError(msg) from None
+    return wpb.EgressRule(host=host, ports=numbers)
+
+
+def _rule_text(rule: wpb.EgressRule) -> str:
+    host = f"[{rule.host}]" if ":" in rule.host and rule.ports else rule.host
+    return f"{host}:{','.join(str(port) for port in rule.ports)}" if rule.ports else host
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -94,6 +127,8 @@ class WorkspaceInfo:
     """Whether a call that needs the paused workspace resumes it."""
     from_snapshot: str = ""
     """The snapshot it was forked from; empty for one created from an image."""
+    allowed_hosts: tuple[str, ...] = ()
+    """With the ``allowlist`` network: what its egress proxy lets through, as ``HOST[:PORTS]``."""
 
     @classmethod
     def from_proto(cls, message: wpb.Workspace) -> WorkspaceInfo:
@@ -121,6 +156,7 @@ class WorkspaceInfo:
             idle_action=_IDLE_ACTION_NAME.get(spec.idle_action, "delete"),
             auto_resume=spec.auto_resume if spec.HasField("auto_resume") else True,
             from_snapshot=message.from_snapshot,
+            allowed_hosts=tuple(_rule_text(rule) for rule in spec.allowed_hosts),
         )
 
 
@@ -406,8 +442,13 @@ class SandboxClient:
         idle_action: Literal["", "delete", "pause"] = "",
         auto_resume: bool | None = None,
         from_snapshot: str = "",
+        allowed_hosts: Sequence[str] = (),
     ) -> Workspace:
         """Create and start a workspace; zero/empty arguments take the daemon's defaults.
+
+        ``network="allowlist"`` lets the workspace reach exactly ``allowed_hosts`` (each
+        ``HOST[:PORT[,PORT...]]``, ports 80 and 443 by default; see :func:`egress_rule`)
+        through the daemon's egress proxy.
 
         With ``from_snapshot`` the workspace starts with that snapshot's files, and every
         argument left at its default takes the snapshot's source's value (``image`` must
@@ -429,6 +470,7 @@ class SandboxClient:
                 memory_bytes=memory_bytes, cpu_millis=cpu_millis, pids=pids, disk_bytes=disk_bytes
             ),
             network=_NETWORK[network],
+            allowed_hosts=[egress_rule(text) for text in allowed_hosts],
             runtime=_RUNTIME[runtime],
             security=wpb.SecurityOptions(
                 added_capabilities=list(added_capabilities),
@@ -471,6 +513,25 @@ class SandboxClient:
             token = response.next_page_token
             if not token:
                 return found
+
+    async def update_network(
+        self, workspace_id: str, network: NetworkName, *, allowed_hosts: Sequence[str] = ()
+    ) -> WorkspaceInfo:
+        """Give a running workspace another network policy (or, for ``allowlist``, other hosts).
+
+        Its files and processes stay; connections open through the old network may end.
+
+        Raises:
+            InvalidArgumentError: a rule is invalid, or the policy is not available under its runtime.
+            NotFoundError: no such workspace.
+        """
+        request = npb.UpdateNetworkRequest(
+            workspace_id=workspace_id,
+            network=_NETWORK[network],
+            allowed_hosts=[egress_rule(text) for text in allowed_hosts],
+        )
+        response = await self._unary(lambda: self._network.UpdateNetwork(request))
+        return WorkspaceInfo.from_proto(response.workspace)
 
     async def delete_workspace(self, workspace_id: str) -> None:
         """Remove a workspace and its volume; NotFoundError when there is none."""
@@ -831,6 +892,11 @@ class Workspace:
     async def read_image(self, source: str) -> ImageResult:
         """See :meth:`SandboxClient.read_image`."""
         return await self.client.read_image(self.workspace_id, source)
+
+    async def update_network(self, network: NetworkName, *, allowed_hosts: Sequence[str] = ()) -> WorkspaceInfo:
+        """See :meth:`SandboxClient.update_network`."""
+        self.info = await self.client.update_network(self.workspace_id, network, allowed_hosts=allowed_hosts)
+        return self.info
 
     def forward(self, port: int, **options: Any) -> PortForward:
         """See :meth:`SandboxClient.forward`: ``async with ws.forward(8000) as address:``."""

@@ -62,7 +62,16 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
     create.add_argument("--pids", type=int, default=0, help="process limit")
     create.add_argument("--disk", type=_size, default=0, help="size cap of /workspace (tmpfs), e.g. 256m")
     create.add_argument("--read-only", action="store_true", help="read-only root fs (/workspace, /tmp stay writable)")
-    create.add_argument("--network", choices=["none", "bridge"], default="", help="network (default none)")
+    create.add_argument(
+        "--network", choices=["none", "bridge", "allowlist"], default="", help="network policy (default none)"
+    )
+    create.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="HOST[:PORTS]",
+        help="with --network allowlist: a host (or *.domain, IP, CIDR) it may reach; ports 80,443 by default",
+    )
     create.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="add a label")
     create.add_argument("--name", default="", help="workspace id to use instead of a generated one")
     create.add_argument("--runtime", choices=["runc", "runsc"], default="", help="OCI runtime (runsc is gVisor)")
@@ -123,6 +132,10 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
     kill.add_argument("process_id")
     kill.add_argument("--grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL (default 2)")
 
+    network = commands.add_parser("network", help="change a running workspace's network policy")
+    network.add_argument("workspace")
+    network.add_argument("policy", choices=["none", "bridge", "allowlist"])
+    network.add_argument("--allow", action="append", default=[], metavar="HOST[:PORTS]", help="as for create")
     forward = commands.add_parser(
         "port-forward",
         help="forward local ports to ports on a workspace's loopback until Ctrl-C (any network policy)",
@@ -229,6 +242,7 @@ async def _run(opts: argparse.Namespace) -> int:
                 disk_bytes=opts.disk,
                 read_only_root_filesystem=opts.read_only,
                 network=opts.network,
+                allowed_hosts=opts.allow,
                 labels=_pairs(opts.label, "--label"),
                 workspace_id=opts.name,
                 idle_action=opts.idle_action,
@@ -281,6 +295,10 @@ async def _run(opts: argparse.Namespace) -> int:
                 raise SandboxError(msg)
             exited = await client.kill(opts.process_id, grace_s=opts.grace)
             print(f"{opts.process_id} exited {exited.exit_code}" + (f" ({exited.signal})" if exited.signal else ""))
+            return 0
+        if opts.command == "network":
+            info = await client.update_network(opts.workspace, opts.policy, allowed_hosts=opts.allow)
+            print(f"{info.workspace_id} {info.network}" + "".join(f" {rule}" for rule in info.allowed_hosts))
             return 0
         if opts.command == "port-forward":
             return await _port_forward(client, opts)

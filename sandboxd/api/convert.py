@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterable
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from sandboxd_protocol.v1 import process_service_pb2 as ppb
@@ -10,6 +11,7 @@ from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 
 from ..errors import InvalidSpecError
 from ..models import (
+    EgressRule,
     ExecEvent,
     ExecSpec,
     ExecStarted,
@@ -47,11 +49,13 @@ _NETWORK_FROM_PB = {
     wpb.NETWORK_POLICY_UNSPECIFIED: None,
     wpb.NETWORK_POLICY_NONE: NetworkPolicy.NONE,
     wpb.NETWORK_POLICY_BRIDGE: NetworkPolicy.BRIDGE,
+    wpb.NETWORK_POLICY_ALLOWLIST: NetworkPolicy.ALLOWLIST,
 }
 _NETWORK_TO_PB = {
     None: wpb.NETWORK_POLICY_UNSPECIFIED,
     NetworkPolicy.NONE: wpb.NETWORK_POLICY_NONE,
     NetworkPolicy.BRIDGE: wpb.NETWORK_POLICY_BRIDGE,
+    NetworkPolicy.ALLOWLIST: wpb.NETWORK_POLICY_ALLOWLIST,
 }
 _RUNTIME_FROM_PB = {wpb.RUNTIME_UNSPECIFIED: None, wpb.RUNTIME_RUNC: Runtime.RUNC, wpb.RUNTIME_RUNSC: Runtime.RUNSC}
 _RUNTIME_TO_PB = {None: wpb.RUNTIME_UNSPECIFIED, Runtime.RUNC: wpb.RUNTIME_RUNC, Runtime.RUNSC: wpb.RUNTIME_RUNSC}
@@ -112,6 +116,16 @@ def _enum(table: dict, value: int, field: str) -> object:  # type: ignore[type-a
         raise InvalidSpecError(msg) from None
 
 
+def egress_rules(messages: Iterable[wpb.EgressRule]) -> tuple[EgressRule, ...]:
+    """The domain rules of an allowlist (checked by ``egress.check_rules``)."""
+    return tuple(EgressRule(host=message.host, ports=tuple(message.ports)) for message in messages)
+
+
+def network_policy(value: int) -> NetworkPolicy | None:
+    """A NetworkPolicy value; unknown ones are INVALID_ARGUMENT."""
+    return _enum(_NETWORK_FROM_PB, value, "network")  # type: ignore[return-value]
+
+
 def workspace_spec(message: wpb.WorkspaceSpec) -> WorkspaceSpec:
     """Return the domain spec of a request; enum values outside the proto are rejected."""
     return WorkspaceSpec(
@@ -126,6 +140,7 @@ def workspace_spec(message: wpb.WorkspaceSpec) -> WorkspaceSpec:
             disk_bytes=message.limits.disk_bytes,
         ),
         network=_enum(_NETWORK_FROM_PB, message.network, "network"),  # type: ignore[arg-type]
+        allowed_hosts=egress_rules(message.allowed_hosts),
         runtime=_enum(_RUNTIME_FROM_PB, message.runtime, "runtime"),  # type: ignore[arg-type]
         idle_ttl_s=duration_s(message.idle_ttl) if message.HasField("idle_ttl") else None,
         security=SecurityOptions(
@@ -152,6 +167,7 @@ def _spec_to_proto(spec: WorkspaceSpec) -> wpb.WorkspaceSpec:
             disk_bytes=spec.limits.disk_bytes,
         ),
         network=_NETWORK_TO_PB[spec.network],
+        allowed_hosts=[wpb.EgressRule(host=rule.host, ports=list(rule.ports)) for rule in spec.allowed_hosts],
         runtime=_RUNTIME_TO_PB[spec.runtime],
         security=wpb.SecurityOptions(
             added_capabilities=list(spec.security.added_capabilities),

@@ -10,17 +10,31 @@ from sandboxd_protocol.v1 import network_service_pb2_grpc as ngrpc
 from ..audit import audit_fields
 from ..errors import InvalidSpecError
 from ..forwards import EOF, PortForwarder
+from ..workspaces import WorkspaceManager
+from . import convert
 from ._types import Context
 
 __all__ = ["NetworkServicer"]
 
 
 class NetworkServicer(ngrpc.NetworkServiceServicer):
-    """Serves ForwardPort through a :class:`PortForwarder`."""
+    """Serves ForwardPort through a :class:`PortForwarder`, UpdateNetwork through the workspace manager."""
 
-    def __init__(self, forwarder: PortForwarder) -> None:
-        """Serve ``forwarder``'s connections."""
+    def __init__(self, forwarder: PortForwarder, workspaces: WorkspaceManager) -> None:
+        """Serve ``forwarder``'s connections and ``workspaces``' policies."""
         self.forwarder = forwarder
+        self.workspaces = workspaces
+
+    async def UpdateNetwork(self, request: npb.UpdateNetworkRequest, context: Context) -> npb.UpdateNetworkResponse:
+        """Change a running workspace's network policy."""
+        network = convert.network_policy(request.network)
+        audit_fields(
+            network=str(network or "none"), allowed_hosts=",".join(rule.host for rule in request.allowed_hosts)
+        )
+        workspace = await self.workspaces.update_network(
+            request.workspace_id, network, convert.egress_rules(request.allowed_hosts)
+        )
+        return npb.UpdateNetworkResponse(workspace=convert.workspace_to_proto(workspace))
 
     async def ForwardPort(
         self, request_iterator: AsyncIterator[npb.ForwardPortRequest], context: Context

@@ -88,6 +88,7 @@ class Daemon:
         await self.server.stop(grace_s)
         if self.workspaces.pool is not None:
             await self.workspaces.pool.close()
+        await self.workspaces.egress.shutdown()
         await self.processes.close()
         await self.workspaces.close()
         await self.files.close()
@@ -253,7 +254,9 @@ async def start(
     process_service_pb2_grpc.add_ProcessServiceServicer_to_server(ProcessServicer(workspaces, processes), server)
     files = FileManager(backend, workspaces)
     file_service_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(files), server)
-    network_service_pb2_grpc.add_NetworkServiceServicer_to_server(NetworkServicer(PortForwarder(workspaces)), server)
+    network_service_pb2_grpc.add_NetworkServiceServicer_to_server(
+        NetworkServicer(PortForwarder(workspaces), workspaces), server
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -11,15 +11,30 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["LABEL_POOL", "LABEL_SNAPSHOT_PART", "Backend", "ContainerInfo", "ContainerSpec", "ExecStream", "ImageInfo"]
+__all__ = [
+    "LABEL_EGRESS_OF",
+    "LABEL_EGRESS_RULES",
+    "LABEL_POOL",
+    "LABEL_SNAPSHOT_PART",
+    "Backend",
+    "ContainerInfo",
+    "ContainerSpec",
+    "ExecStream",
+    "ImageInfo",
+]
 
 LABEL_POOL = "sandboxd.pool"
 """On a warm pool's member: the name of its class (a backend keeps such a container apart when
 its claim record is lost)."""
+LABEL_EGRESS_OF = "sandboxd.egress_of"
+"""On an egress proxy and its network: the workspace they serve (they are no workspace: no
+``sandboxd.managed`` label, so nothing that lists workspaces sees them)."""
+LABEL_EGRESS_RULES = "sandboxd.egress_rules"
+"""On an egress proxy: its allowlist (``egress.rules_to_json``)."""
 LABEL_SNAPSHOT_PART = "sandboxd.snapshot_part"
 """``true`` on the intermediate image and container of a snapshot being taken (debris if the
 daemon dies then, which a start removes); such an image is no workspace's image."""
@@ -57,6 +72,8 @@ class ContainerSpec:
     seed_workspace: bool = False
     """Start /workspace with the image's /workspace even when it is capped (a snapshot's fork): a
     plain volume is filled so by the engine, a capped one is not."""
+    dns_options: Sequence[str] = ()
+    """resolv.conf options of the container (an allowlist workspace's fail fast: nothing resolves there)."""
     private_dirs: Sequence[str] = ()
     """Directories made a small tmpfs only root may enter (the agent's socket); where the engine
     runs on this machine, the daemon reaches them from the host (``ContainerInfo.mounts``)."""
@@ -78,6 +95,8 @@ class ContainerInfo:
     runtime: str = ""
     """The OCI runtime it runs under (``runc``, ``runsc``, ...); empty for the engine's default."""
     mounts: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    networks: tuple[str, ...] = ()
+    """The networks it is on (``none``, ``bridge``, its own egress network...)."""
     """Host path of each volume mounted in the container, by its path inside: where the engine
     keeps it on its own machine (not necessarily this one)."""
     paused: bool = False
@@ -332,6 +351,43 @@ class Backend(Protocol):
         The stream's reads are all fd 1; it has no exit code. None when the engine is not on
         this machine, nothing listens there (yet), or what listens is not the container's
         root: callers then go through :meth:`exec_stream`.
+        """
+        ...
+
+    async def create_network(self, workspace_id: str) -> str:
+        """Make the workspace's own internal network (no route out); return its name (a leftover is replaced)."""
+        ...
+
+    async def remove_network(self, workspace_id: str) -> None:
+        """Remove the workspace's network, whatever is still attached (nothing when there is none)."""
+        ...
+
+    async def set_network(self, workspace_id: str, network: str) -> None:
+        """Move the workspace's running container to ``network`` (``none``, ``bridge`` or its own)."""
+        ...
+
+    async def start_proxy(
+        self, workspace_id: str, *, image: str, env: Mapping[str, str], rules: str, alias: str, egress_network: str
+    ) -> None:
+        """Start the workspace's egress proxy on its network (as ``alias``) and on ``egress_network``."""
+        ...
+
+    async def remove_proxy(self, workspace_id: str) -> None:
+        """Remove the workspace's egress proxy (nothing when there is none)."""
+        ...
+
+    async def proxy_rules(self, workspace_id: str) -> str | None:
+        """The rules label of the workspace's proxy, or None when it has none."""
+        ...
+
+    async def list_proxies(self) -> list[str]:
+        """Workspace ids of this daemon's egress proxies and networks."""
+        ...
+
+    def proxy_log(self, workspace_id: str, *, max_line_bytes: int, since: float = 0) -> AsyncIterator[str]:
+        """The proxy's log lines (stdout and stderr, each cut to ``max_line_bytes``) as they come.
+
+        From ``since`` (a UNIX time) on; 0 is the proxy's start.
         """
         ...
 

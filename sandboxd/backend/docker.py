@@ -17,7 +17,7 @@ import functools
 import json
 import socket
 import struct
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -41,7 +41,15 @@ from ..errors import (
     WorkspaceNotFoundError,
     WorkspaceNotRunningError,
 )
-from .base import LABEL_POOL, LABEL_SNAPSHOT_PART, ContainerInfo, ContainerSpec, ImageInfo
+from .base import (
+    LABEL_EGRESS_OF,
+    LABEL_EGRESS_RULES,
+    LABEL_POOL,
+    LABEL_SNAPSHOT_PART,
+    ContainerInfo,
+    ContainerSpec,
+    ImageInfo,
+)
 
 __all__ = ["API_VERSION", "LABEL_INSTANCE", "LABEL_MANAGED", "LABEL_MEMBER", "LABEL_WORKSPACE", "DockerBackend"]
 
@@ -271,6 +279,7 @@ class DockerBackend:
                 for m in attrs.get("Mounts", [])
                 if m.get("Type") == "volume" and m.get("Destination") and m.get("Source")
             },
+            networks=tuple(sorted((attrs.get("NetworkSettings") or {}).get("Networks") or {})),
         )
 
     # -- engine and images ------------------------------------------------------------
@@ -468,6 +477,7 @@ class DockerBackend:
             restart_policy={"Name": "unless-stopped"},
             read_only=spec.read_only_root_filesystem,
             tmpfs=tmpfs or None,
+            dns_opt=list(spec.dns_options) or None,
         )
         driver_opts = None
         if spec.disk_bytes:
@@ -489,7 +499,8 @@ class DockerBackend:
                 labels=labels,
                 hostname=HOSTNAME,
                 host_config=host_config,
-                network_disabled=spec.network == "none",
+                # Not disabled even with no network: UpdateNetwork may connect it later (a container
+                # created with its network disabled takes no interface from a network it joins).
             )
             await self._call(api.start, created["Id"])
             if spec.disk_bytes and spec.seed_workspace:
@@ -1046,6 +1057,162 @@ class DockerBackend:
             return None
         return UnixSocketStream(reader, writer)
 
+    # -- egress: the ALLOWLIST policy's network and proxy (sandboxd.egress) ----------------------
+    def _egress_name(self, workspace_id: str) -> str:
+        """The name of the workspace's own network, and of its egress proxy's container."""
+        return f"{self._name(workspace_id)}.egress"
+
+    def _egress_labels(self, workspace_id: str) -> dict[str, str]:
+        return {LABEL_INSTANCE: self.instance, LABEL_EGRESS_OF: workspace_id}
+
+    async def create_network(self, workspace_id: str) -> str:
+        """Make the workspace's internal network; see Backend."""
+        await self.remove_network(workspace_id)  # a leftover of an earlier workspace of that id
+        name = self._egress_name(workspace_id)
+        try:
+            # Internal: no route out. And the bridge takes no address: a plain internal network makes
+            # the host its members' gateway, so every service listening on the host's addresses is in
+            # reach of the workspace; without one, only the network's members are.
+            await self._call(
+                self._api().create_network,
+                name,
+                internal=True,
+                labels=self._egress_labels(workspace_id),
+                options={"com.docker.network.bridge.inhibit_ipv4": "true"},
+            )
+        except BackendError as exc:
+            msg = f"the Docker engine cannot make workspace {workspace_id!r}'s network: {exc.message}"
+            raise BackendError(msg) from None
+        return name
+
+    async def remove_network(self, workspace_id: str) -> None:
+        """Remove the workspace's network; see Backend."""
+        api = self._api()
+        name = self._egress_name(workspace_id)
+        try:
+            attrs = await self._call(api.inspect_network, name, idempotent=True)
+        except docker.errors.NotFound:
+            return
+        for container in attrs.get("Containers") or {}:
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError, BackendError):
+                await self._call(api.disconnect_container_from_network, container, name, force=True)
+        with contextlib.suppress(docker.errors.NotFound):
+            await self._call(api.remove_network, name)
+
+    async def set_network(self, workspace_id: str, network: str) -> None:
+        """Move the workspace's container to ``network``; see Backend."""
+        api = self._api()
+        ref = self._ref(workspace_id)
+        try:
+            attrs = await self._call(api.inspect_container, ref, idempotent=True)
+        except docker.errors.NotFound as exc:
+            msg = f"workspace {workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg) from exc
+        joined = list((attrs.get("NetworkSettings") or {}).get("Networks") or {})
+        if joined == [network]:
+            return
+        for name in joined:
+            with contextlib.suppress(docker.errors.NotFound):
+                await self._call(api.disconnect_container_from_network, ref, name, force=True)
+        await self._call(api.connect_container_to_network, ref, network)
+
+    async def start_proxy(
+        self, workspace_id: str, *, image: str, env: Mapping[str, str], rules: str, alias: str, egress_network: str
+    ) -> None:
+        """Start the workspace's egress proxy; see Backend."""
+        api = self._api()
+        name = self._egress_name(workspace_id)
+        await self.remove_proxy(workspace_id)
+        host_config = api.create_host_config(
+            init=True,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges:true"],
+            pids_limit=256,
+            mem_limit=256 * 1024 * 1024,
+            network_mode=name,
+            restart_policy={"Name": "unless-stopped"},
+        )
+        networking = api.create_networking_config({name: api.create_endpoint_config(aliases=[alias])})
+        try:
+            created = await self._call(
+                api.create_container,
+                image,
+                name=name,
+                environment=dict(env),
+                labels={**self._egress_labels(workspace_id), LABEL_EGRESS_RULES: rules},
+                host_config=host_config,
+                networking_config=networking,
+            )
+            await self._call(api.connect_container_to_network, created["Id"], egress_network)
+            await self._call(api.start, created["Id"])
+        except (docker.errors.NotFound, BackendError) as exc:
+            await self.remove_proxy(workspace_id)
+            reason = exc.message if isinstance(exc, BackendError) else str(exc.explanation or exc)
+            msg = (
+                f"workspace {workspace_id!r}'s egress proxy could not start "
+                f"(egress network {egress_network!r}): {reason}"
+            )
+            raise BackendError(msg) from None
+
+    async def remove_proxy(self, workspace_id: str) -> None:
+        """Remove the workspace's egress proxy; see Backend."""
+        with contextlib.suppress(docker.errors.NotFound):
+            await self._call(self._api().remove_container, self._egress_name(workspace_id), force=True, v=True)
+
+    async def proxy_rules(self, workspace_id: str) -> str | None:
+        """The rules label of the workspace's proxy; see Backend."""
+        try:
+            attrs = await self._call(self._api().inspect_container, self._egress_name(workspace_id), idempotent=True)
+        except docker.errors.NotFound:
+            return None
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_INSTANCE) != self.instance or labels.get(LABEL_EGRESS_OF) != workspace_id:
+            return None
+        return labels.get(LABEL_EGRESS_RULES)
+
+    async def list_proxies(self) -> list[str]:
+        """Workspace ids of this daemon's egress proxies and networks; see Backend."""
+        api = self._api()
+        selector = {"label": [f"{LABEL_INSTANCE}={self.instance}", LABEL_EGRESS_OF]}
+        containers = await self._call(api.containers, all=True, filters=selector, idempotent=True)
+        networks = await self._call(api.networks, filters=selector, idempotent=True)
+        found = {(item.get("Labels") or {}).get(LABEL_EGRESS_OF, "") for item in [*containers, *networks]}
+        return sorted(found - {""})
+
+    async def proxy_log(self, workspace_id: str, *, max_line_bytes: int, since: float = 0) -> AsyncIterator[str]:
+        """The proxy's log lines as they come; see Backend.
+
+        One HTTP/1.0 request to the engine's log endpoint, followed: the engine then sends its
+        multiplexed frames unchunked until the container ends or the call is cancelled.
+        """
+        reader, writer = await self._connect()
+        name = self._egress_name(workspace_id)
+        request = (
+            f"GET /v{API_VERSION}/containers/{name}/logs?follow=1&stdout=1&stderr=1&since={since:.6f} HTTP/1.0\r\n"
+            "Host: docker\r\n\r\n"
+        ).encode()
+        stream = DockerExecStream(reader, writer, inspect=_no_exit_code)
+        try:
+            writer.write(request)
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            if status != 200:
+                msg = f"the Docker engine refused the proxy's log (HTTP {status})"
+                raise BackendError(msg)
+            pending = b""
+            while (chunk := await stream.read()) is not None:
+                pending += chunk[1]
+                *lines, pending = pending.split(b"\n")
+                pending = pending[-max_line_bytes:]
+                for line in lines:
+                    yield line[:max_line_bytes].decode("utf-8", "replace")
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
+            msg = f"the proxy's log broke off: {_reason(exc)}"
+            raise BackendError(msg) from None
+        finally:
+            await stream.close(discard_input=True)
+
     async def close(self) -> None:
         """Release the SDK's connection pool."""
         if self._api_client is not None:
@@ -1166,6 +1333,10 @@ def _in_container(pid: int, container_id: str) -> bool:
             return container_id in groups.read()
     except OSError:
         return False
+
+
+async def _no_exit_code() -> int | None:
+    return None
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,0 +1,334 @@
+"""The ALLOWLIST network policy: an internal network per workspace, and Debian's squid as its one way out.
+
+A workspace with the ALLOWLIST policy joins a network of its own that Docker makes
+``internal`` (no route out, no DNS beyond it). On it, and on the daemon's egress network
+(``SANDBOXD_EGRESS_NETWORK``, Docker's default bridge unless told), runs the workspace's
+egress proxy: Debian's squid (``images/egress_proxy``), whose policy :func:`squid_policy`
+renders from the workspace's rules. Its commands get ``HTTP_PROXY``/``HTTPS_PROXY`` (and
+the lower-case forms curl reads) pointing at it. The proxy:
+
+- matches the host name the client asked for (case-insensitively), and resolves names itself;
+- lets a numeric host through only when a rule names that address or its block;
+- never lets a name lead to a loopback, link-local (the cloud metadata service),
+  unspecified or multicast address (DNS rebinding), listed or not;
+- allows HTTP, and CONNECT (HTTPS, or any TCP) to the rule's ports (80 and 443 by default).
+
+Every request is logged on the proxy's stdout; :class:`EgressProxies` follows the log and
+audits each denial with workspace, tenant, host and port. A proxy per workspace keeps one
+tenant's traffic and policy out of another's way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import re
+import time
+from collections.abc import Iterable, Sequence
+
+import structlog
+
+from .audit import AuditLog
+from .backend.base import Backend
+from .errors import InvalidSpecError, SandboxdError, quoted
+from .images import ensure_egress_image
+from .models import EgressRule, NetworkPolicy
+from .settings import Settings
+
+__all__ = [
+    "DEFAULT_PORTS",
+    "MAX_RULES",
+    "PROXY_ALIAS",
+    "PROXY_PORT",
+    "EgressProxies",
+    "check_rules",
+    "proxy_env",
+    "rules_from_json",
+    "rules_to_json",
+    "squid_policy",
+]
+
+log = structlog.get_logger(__name__)
+
+MAX_RULES = 128
+"""Most rules in one allowlist."""
+MAX_PORTS = 32
+"""Most ports in one rule."""
+DEFAULT_PORTS = (80, 443)
+"""A rule's ports when it names none: HTTP and HTTPS."""
+PROXY_ALIAS = "egress"
+"""The proxy's name on the workspace's network (its address changes when it is replaced)."""
+PROXY_PORT = 3128
+READY_TIMEOUT_S = 30.0
+"""Longest wait for a new proxy to accept connections."""
+MAX_LOG_LINE_BYTES = 8192
+"""Longest proxy log line read (the host in a request is the workspace's to choose)."""
+DENIALS_PER_WINDOW = 100
+"""Denials audited one by one per workspace in each ``DENIAL_WINDOW_S``; past that they are counted,
+and the count audited when the window ends (a workspace flooding its proxy cannot fill the disk)."""
+DENIAL_WINDOW_S = 10.0
+
+_LABEL_RULE = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+_DENIED = re.compile(r"sandboxd-egress TCP_DENIED/?\S* (\d{3}) (\S{1,40}) (\S{1,300}) (\d{1,5}) ")
+
+
+def _check_name(name: str) -> bool:
+    labels = name.split(".")
+    return len(name) <= 253 and all(_LABEL_RULE.fullmatch(label) for label in labels)
+
+
+def check_rules(network: NetworkPolicy, rules: Sequence[EgressRule]) -> tuple[EgressRule, ...]:
+    """The rules normalised (lower case, no final dot, ports sorted), or why they are refused.
+
+    Raises:
+        InvalidSpecError: rules for a policy other than ALLOWLIST, too many rules or ports, a
+            host that is no name, pattern, address or block, or a port outside 1-65535.
+    """
+    if rules and network is not NetworkPolicy.ALLOWLIST:
+        msg = f"allowed_hosts is only for the network policy 'allowlist', not {str(network)!r}"
+        raise InvalidSpecError(msg)
+    if len(rules) > MAX_RULES:
+        msg = f"allowed_hosts has {len(rules)} rules; the limit is {MAX_RULES}"
+        raise InvalidSpecError(msg)
+    checked = []
+    for rule in rules:
+        host = rule.host.strip().lower().removesuffix(".")
+        name = host.removeprefix("*.")
+        if not host or (not _check_name(name) and not _is_address(host)):
+            msg = (
+                f"allowed_hosts: {quoted(rule.host)} is not a host name, '*.' and a name, an IP address or a CIDR block"
+            )
+            raise InvalidSpecError(msg)
+        if len(rule.ports) > MAX_PORTS or any(not 1 <= port <= 65535 for port in rule.ports):
+            msg = f"allowed_hosts: the ports of {quoted(rule.host)} must be at most {MAX_PORTS}, each 1-65535"
+            raise InvalidSpecError(msg)
+        checked.append(EgressRule(host=host, ports=tuple(sorted(set(rule.ports)))))
+    return tuple(checked)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_network(host, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+def squid_policy(rules: Iterable[EgressRule]) -> str:
+    """The squid ``acl`` and ``http_access`` lines of an allowlist (``squid.conf`` denies the rest).
+
+    Every value is one checked by :func:`check_rules`: a name, a pattern, an address, a block or
+    a port (no spaces, no squid syntax).
+    """
+    lines = ["http_access deny !numeric_host never_dst"]
+    for index, rule in enumerate(rules):
+        ports = " ".join(str(port) for port in rule.ports or DEFAULT_PORTS)
+        lines.append(f"acl r{index}_port port {ports}")
+        if _is_address(rule.host):
+            lines.append(f"acl r{index}_host dst {rule.host}")
+            lines.append(f"http_access allow numeric_host r{index}_host r{index}_port")
+        elif rule.host.startswith("*."):
+            lines.append(f"acl r{index}_host dstdom_regex -i {re.escape('.' + rule.host[2:])}$")
+            lines.append(f"http_access allow !numeric_host r{index}_host r{index}_port")
+        else:
+            lines.append(f"acl r{index}_host dstdomain {rule.host}")
+            lines.append(f"http_access allow !numeric_host r{index}_host r{index}_port")
+    return "\n".join(lines)
+
+
+def rules_to_json(rules: Iterable[EgressRule]) -> str:
+    """Rules as the proxy's label keeps them."""
+    return json.dumps([[rule.host, list(rule.ports)] for rule in rules], separators=(",", ":"))
+
+
+def rules_from_json(text: str) -> tuple[EgressRule, ...]:
+    """Rules written by :func:`rules_to_json`."""
+    return tuple(EgressRule(host=str(host), ports=tuple(int(p) for p in ports)) for host, ports in json.loads(text))
+
+
+def proxy_env() -> dict[str, str]:
+    """What every command of an ALLOWLIST workspace gets (curl reads only lower-case ``http_proxy``)."""
+    proxy = f"http://{PROXY_ALIAS}:{PROXY_PORT}"
+    local = "localhost,127.0.0.1,::1"
+    return {
+        "HTTP_PROXY": proxy,
+        "HTTPS_PROXY": proxy,
+        "http_proxy": proxy,
+        "https_proxy": proxy,
+        "NO_PROXY": local,
+        "no_proxy": local,
+    }
+
+
+class EgressProxies:
+    """The egress proxies of a daemon's ALLOWLIST workspaces: started, replaced, followed, removed.
+
+    Args:
+        backend: the engine.
+        settings: the egress network and the image route.
+        image: the proxy's image (``images.egress_image_ref``), built at first use when missing.
+    """
+
+    def __init__(self, backend: Backend, settings: Settings, image: str) -> None:
+        """Follow no proxy yet."""
+        self.backend = backend
+        self.settings = settings
+        self.image = image
+        self.audit: AuditLog | None = None
+        self._followers: dict[str, asyncio.Task[None]] = {}
+        self._ready: dict[str, asyncio.Event] = {}
+        self._tenants: dict[str, str] = {}
+        self._image_lock = asyncio.Lock()
+        self._image_built = False
+        self._denials: dict[str, tuple[float, int]] = {}
+        """Per workspace: when its denial window began, and the denials in it."""
+
+    async def _ensure_image(self) -> None:
+        """Build the proxy's image at the first ALLOWLIST workspace when ``sandboxd images build`` did not."""
+        if self._image_built:
+            return
+        async with self._image_lock:
+            if not self._image_built:
+                self.image = await ensure_egress_image(
+                    self.backend,
+                    route=self.settings.image_route,
+                    progress=lambda line: log.info("egress.progress", line=line),
+                )
+                self._image_built = True
+
+    async def open(self, workspace_id: str, tenant: str, rules: Sequence[EgressRule]) -> str:
+        """Make the workspace's network and start its proxy; return the network's name (for the container).
+
+        Raises:
+            SandboxdError: the engine refused (the network's address pool is exhausted, the
+                egress network does not exist), or the proxy did not start in time.
+        """
+        network = await self.backend.create_network(workspace_id)
+        try:
+            await self._start(workspace_id, tenant, rules)
+        except BaseException:
+            await asyncio.shield(self.close(workspace_id))
+            raise
+        return network
+
+    async def replace(self, workspace_id: str, tenant: str, rules: Sequence[EgressRule]) -> None:
+        """Put a proxy with new rules in place of the old one (its open connections end)."""
+        await self._stop(workspace_id)
+        await self._start(workspace_id, tenant, rules)
+
+    async def _start(self, workspace_id: str, tenant: str, rules: Sequence[EgressRule]) -> None:
+        await self._ensure_image()
+        self._tenants[workspace_id] = tenant
+        ready = self._ready[workspace_id] = asyncio.Event()
+        await self.backend.start_proxy(
+            workspace_id,
+            image=self.image,
+            env={"SANDBOXD_EGRESS_POLICY": squid_policy(rules)},
+            rules=rules_to_json(rules),
+            alias=PROXY_ALIAS,
+            egress_network=self.settings.egress_network,
+        )
+        self._follow(workspace_id, since=0)
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await ready.wait()
+        except TimeoutError:
+            msg = f"workspace {workspace_id!r}'s egress proxy did not start in {READY_TIMEOUT_S:g} s"
+            raise SandboxdError(msg) from None
+
+    async def rules(self, workspace_id: str) -> tuple[EgressRule, ...] | None:
+        """The rules of the workspace's proxy, or None when it has none (its policy is not ALLOWLIST)."""
+        text = await self.backend.proxy_rules(workspace_id)
+        return None if text is None else rules_from_json(text)
+
+    async def adopt(self, workspaces: dict[str, str]) -> None:
+        """At start: follow the proxies of ``workspaces`` (id → tenant), remove every other one."""
+        for workspace_id in await self.backend.list_proxies():
+            if workspace_id in workspaces:
+                self._tenants[workspace_id] = workspaces[workspace_id]
+                self._ready[workspace_id] = asyncio.Event()
+                self._follow(workspace_id, since=time.time())  # what came before is the last daemon's
+            else:
+                log.info("egress.orphan_removed", workspace_id=workspace_id)
+                await self.close(workspace_id)
+
+    async def close(self, workspace_id: str) -> None:
+        """Remove the workspace's proxy and network (nothing when it has none)."""
+        await self._stop(workspace_id)
+        self._tenants.pop(workspace_id, None)
+        await self.backend.remove_network(workspace_id)
+
+    async def _stop(self, workspace_id: str) -> None:
+        follower = self._followers.pop(workspace_id, None)
+        if follower is not None:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+        self._ready.pop(workspace_id, None)
+        await self.backend.remove_proxy(workspace_id)
+
+    async def shutdown(self) -> None:
+        """Stop following (the proxies stay, like their workspaces, for the next daemon)."""
+        for follower in self._followers.values():
+            follower.cancel()
+        for follower in list(self._followers.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+        self._followers.clear()
+
+    def _follow(self, workspace_id: str, *, since: float) -> None:
+        self._followers[workspace_id] = asyncio.create_task(
+            self._read_log(workspace_id, since), name=f"egress-{workspace_id}"
+        )
+
+    async def _read_log(self, workspace_id: str, since: float) -> None:
+        """Read the proxy's log for as long as it runs: readiness, and every denial."""
+        while True:
+            try:
+                lines = self.backend.proxy_log(workspace_id, max_line_bytes=MAX_LOG_LINE_BYTES, since=since)
+                async for line in lines:
+                    self._on_line(workspace_id, line)
+            except SandboxdError as exc:
+                log.warning("egress.log_unreadable", workspace_id=workspace_id, error=exc.message)
+            since = time.time()
+            await asyncio.sleep(1.0)  # the proxy restarted (the engine's restart policy), or the engine blinked
+
+    def _on_line(self, workspace_id: str, line: str) -> None:
+        if "Accepting HTTP Socket connections" in line:
+            ready = self._ready.get(workspace_id)
+            if ready is not None:
+                ready.set()
+            return
+        denied = _DENIED.search(line)
+        if denied is None:
+            return
+        status, method, host, port = denied.groups()
+        tenant = self._tenants.get(workspace_id, "")
+        now = time.monotonic()
+        began, count = self._denials.get(workspace_id, (now, 0))
+        if now - began >= DENIAL_WINDOW_S:
+            if count > DENIALS_PER_WINDOW and self.audit is not None:
+                self.audit.event(
+                    "egress.denials_counted",
+                    workspace_id=workspace_id,
+                    tenant=tenant,
+                    denials=count - DENIALS_PER_WINDOW,
+                    reason=f"more than {DENIALS_PER_WINDOW} denials in {DENIAL_WINDOW_S:g} s: counted, not listed",
+                )
+            began, count = now, 0
+        self._denials[workspace_id] = (began, count + 1)
+        if count >= DENIALS_PER_WINDOW:
+            return
+        log.warning("egress.denied", workspace_id=workspace_id, host=host, port=int(port), method=method, status=status)
+        if self.audit is not None:
+            self.audit.event(
+                "egress.denied",
+                workspace_id=workspace_id,
+                tenant=tenant,
+                host=host,
+                port=int(port),
+                method=method,
+                reason="not in the workspace's allowlist",
+            )
