@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sandboxd_client import Exited, Output, SandboxClient, Started, default_socket_path
+from sandboxd_client import Exited, Output, SandboxClient, Started, Workspace, default_socket_path
 
 DEMO_COMMAND = (
     'echo "hello from $(hostname) as $(id -un)"; '
@@ -52,6 +52,23 @@ async def wait_for_health(socket_path: str, daemon: subprocess.Popen[bytes], tim
     raise SystemExit(msg)
 
 
+async def forward_demo(workspace: Workspace) -> None:
+    """A web server in the workspace, which has no network, reached from here through its agent."""
+    say("serving /workspace over HTTP inside the workspace (network none) and fetching it through a forward")
+    await workspace.write_file("/workspace/index.html", "<h1>hello from inside the workspace</h1>\n")
+    server = workspace.exec("cd /workspace && exec python3 -u -m http.server 8000 --bind 127.0.0.1", yield_after_s=30)
+    async for event in server:
+        if isinstance(event, Output) and "Serving HTTP" in event.text:
+            break
+    async with workspace.forward(8000) as address:
+        reader, writer = await asyncio.open_connection(*address.rsplit(":", 1))
+        writer.write(b"GET /index.html HTTP/1.0\r\nHost: demo\r\n\r\n")
+        reply = await reader.read()
+        writer.close()
+        status, _, body = reply.partition(b"\r\n\r\n")
+        print(f"    http://{address}/index.html -> {status.splitlines()[0].decode()}: {body.decode().strip()}")
+
+
 async def show(socket_path: str) -> int:
     async with SandboxClient(socket_path=socket_path) as client:
         say("creating a workspace (hardened defaults: non-root, no capabilities, no network)")
@@ -75,6 +92,7 @@ async def show(socket_path: str) -> int:
                             print(f"    {stamp} {event.stream}: {line}", flush=True)
                     case Exited():
                         print(f"    {stamp} exited with code {event.exit_code} ({event.stop_reason})")
+            await forward_demo(workspace)
         finally:
             say(f"deleting {info.workspace_id} (container and volume)")
             await workspace.delete()

@@ -246,19 +246,21 @@ func (a *Agent) adopt(c *conn) {
 func (a *Agent) drop(c *conn) {
 	a.mu.Lock()
 	var orphaned []*session.Session
-	current := a.conn == c
-	if current {
+	var forwards []*forward
+	if a.conn == c {
 		a.conn = nil
 		close(a.changed)
 		a.changed = make(chan struct{})
 		for _, s := range a.sessions {
 			orphaned = append(orphaned, s)
 		}
+		// Taken now: once the lock is let go a new connection may open forwards of its own.
+		forwards = a.forwardsLocked()
 	}
 	a.mu.Unlock()
 	c.close()
-	if current {
-		a.abandonForwards() // a forwarded connection's caller went with the daemon
+	for _, fw := range forwards {
+		a.forgetForward(fw) // a forwarded connection's caller went with the daemon
 	}
 	for _, s := range orphaned {
 		s.ReaderGone() // nobody reads until a daemon is back: keep the head, count the rest

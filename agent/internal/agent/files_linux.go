@@ -50,11 +50,7 @@ type fileOp struct {
 	sent    uint64
 	acked   uint64
 	room    *sync.Cond
-	input   [][]byte
-	held    int
-	ended   bool // the daemon sent FileEnd
-	took    uint64
-	told    uint64
+	input   inbox
 	done    bool
 	exited  bool
 	started bool
@@ -90,20 +86,15 @@ func (a *Agent) dispatchFile(c *conn, f proto.Frame) {
 	switch f.Kind {
 	case proto.FileData:
 		op.mu.Lock()
-		if op.held+len(f.Payload) > fileInputWindow {
-			op.mu.Unlock()
-			a.finishFile(op, "the daemon sent more file data than the agent's window")
-			return
-		}
-		if !op.ended && !op.done {
-			op.input = append(op.input, append([]byte(nil), f.Payload...))
-			op.held += len(f.Payload)
-			op.room.Broadcast()
-		}
+		fits := op.done || op.input.push(f.Payload, fileInputWindow)
+		op.room.Broadcast()
 		op.mu.Unlock()
+		if !fits {
+			a.finishFile(op, "the daemon sent more file data than the agent's window")
+		}
 	case proto.FileEnd:
 		op.mu.Lock()
-		op.ended = true
+		op.input.ended = true
 		op.room.Broadcast()
 		op.mu.Unlock()
 	case proto.FileAck:
@@ -199,22 +190,21 @@ func (op *fileOp) feed() {
 	header := make([]byte, 5)
 	for {
 		op.mu.Lock()
-		for len(op.input) == 0 && !op.ended && !op.done {
+		for !op.input.ready() && !op.done {
 			op.room.Wait()
 		}
 		if op.done {
 			op.mu.Unlock()
 			return
 		}
-		if len(op.input) == 0 { // ended
+		chunk := op.input.pop()
+		if chunk == nil { // ended
 			op.mu.Unlock()
 			header[0] = 'C'
 			binary.BigEndian.PutUint32(header[1:], 0)
 			_, _ = op.stdin.Write(header)
 			return
 		}
-		chunk := op.input[0]
-		op.input = op.input[1:]
 		op.mu.Unlock()
 		header[0] = 'I'
 		binary.BigEndian.PutUint32(header[1:], uint32(len(chunk)))
@@ -222,12 +212,7 @@ func (op *fileOp) feed() {
 			return // the helper stopped reading (it failed early): its error follows
 		}
 		op.mu.Lock()
-		op.held -= len(chunk)
-		op.took += uint64(len(chunk))
-		took, report := op.took, op.took-op.told >= tookStep || len(op.input) == 0
-		if report {
-			op.told = took
-		}
+		took, report := op.input.written(len(chunk), tookStep)
 		op.mu.Unlock()
 		if report {
 			body, _ := json.Marshal(proto.FileTookMsg{Bytes: took})
@@ -289,7 +274,7 @@ func (a *Agent) forgetFile(op *fileOp) {
 	op.mu.Lock()
 	already := op.done
 	op.done = true
-	op.input, op.held = nil, 0
+	op.input.drop()
 	pid, exited := op.pid, op.exited
 	op.room.Broadcast()
 	op.mu.Unlock()

@@ -43,12 +43,8 @@ type forward struct {
 	tcp   *net.TCPConn // nil until connected
 	sent  uint64       // bytes sent to the daemon
 	acked uint64       // of which the daemon holds (ForwardAck)
-	input [][]byte     // the daemon's bytes not yet written
-	held  int
-	ended bool // the daemon's side is done writing (FileEnd)
-	took  uint64
-	told  uint64
-	done  bool // forgotten: its channel is gone
+	input inbox        // the daemon's bytes not yet written
+	done  bool         // forgotten: its channel is gone
 }
 
 func (a *Agent) forwardOn(channel uint32) *forward {
@@ -94,19 +90,15 @@ func (a *Agent) dispatchForward(c *conn, f proto.Frame, fw *forward) {
 	switch f.Kind {
 	case proto.FileData:
 		fw.mu.Lock()
-		over := fw.held+len(f.Payload) > ForwardWindow
-		if !over && !fw.ended && !fw.done {
-			fw.input = append(fw.input, append([]byte(nil), f.Payload...))
-			fw.held += len(f.Payload)
-			fw.room.Broadcast()
-		}
+		fits := fw.done || fw.input.push(f.Payload, ForwardWindow)
+		fw.room.Broadcast()
 		fw.mu.Unlock()
-		if over {
+		if !fits {
 			a.failForward(fw, "protocol", "the daemon sent more data than the forward's window")
 		}
 	case proto.FileEnd:
 		fw.mu.Lock()
-		fw.ended = true
+		fw.input.ended = true
 		fw.room.Broadcast()
 		fw.mu.Unlock()
 	case proto.FileAck:
@@ -222,21 +214,19 @@ func (fw *forward) read(tcp *net.TCPConn) {
 func (fw *forward) write(tcp *net.TCPConn) {
 	for {
 		fw.mu.Lock()
-		for len(fw.input) == 0 && !fw.ended && !fw.done {
+		for !fw.input.ready() && !fw.done {
 			fw.room.Wait()
 		}
 		if fw.done {
 			fw.mu.Unlock()
 			return
 		}
-		if len(fw.input) == 0 {
-			fw.mu.Unlock()
+		chunk := fw.input.pop()
+		fw.mu.Unlock()
+		if chunk == nil {
 			_ = tcp.CloseWrite() // the server reads its end of input; its answer may still come
 			return
 		}
-		chunk := fw.input[0]
-		fw.input = fw.input[1:]
-		fw.mu.Unlock()
 		if _, err := tcp.Write(chunk); err != nil {
 			if !fw.isDone() {
 				fw.agent.failForward(fw, "io", fmt.Sprintf("writing to port %d in the workspace failed: %v", fw.port, err))
@@ -244,12 +234,7 @@ func (fw *forward) write(tcp *net.TCPConn) {
 			return
 		}
 		fw.mu.Lock()
-		fw.held -= len(chunk)
-		fw.took += uint64(len(chunk))
-		took, report := fw.took, fw.took-fw.told >= forwardTookStep || len(fw.input) == 0
-		if report {
-			fw.told = took
-		}
+		took, report := fw.input.written(len(chunk), forwardTookStep)
 		fw.mu.Unlock()
 		if report {
 			body, _ := json.Marshal(proto.FileTookMsg{Bytes: took})
@@ -284,7 +269,7 @@ func (a *Agent) forgetForward(fw *forward) {
 	a.mu.Unlock()
 	fw.mu.Lock()
 	fw.done = true
-	fw.input, fw.held = nil, 0
+	fw.input.drop()
 	tcp := fw.tcp
 	fw.room.Broadcast()
 	fw.mu.Unlock()
@@ -297,12 +282,18 @@ func (a *Agent) forgetForward(fw *forward) {
 // connection (its caller is gone).
 func (a *Agent) abandonForwards() {
 	a.mu.Lock()
-	fws := make([]*forward, 0, len(a.forwards))
-	for _, fw := range a.forwards {
-		fws = append(fws, fw)
-	}
+	fws := a.forwardsLocked()
 	a.mu.Unlock()
 	for _, fw := range fws {
 		a.forgetForward(fw)
 	}
+}
+
+// forwardsLocked lists the open forwards (a.mu held).
+func (a *Agent) forwardsLocked() []*forward {
+	fws := make([]*forward, 0, len(a.forwards))
+	for _, fw := range a.forwards {
+		fws = append(fws, fw)
+	}
+	return fws
 }
