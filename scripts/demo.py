@@ -56,10 +56,12 @@ async def forward_demo(workspace: Workspace) -> None:
     """A web server in the workspace, which has no network, reached from here through its agent."""
     say("serving /workspace over HTTP inside the workspace (network none) and fetching it through a forward")
     await workspace.write_file("/workspace/index.html", "<h1>hello from inside the workspace</h1>\n")
-    server = workspace.exec("cd /workspace && exec python3 -u -m http.server 8000 --bind 127.0.0.1", yield_after_s=30)
-    async for event in server:
-        if isinstance(event, Output) and "Serving HTTP" in event.text:
-            break
+    # In the background (the call returns at once), then until it listens.
+    await workspace.exec(
+        "cd /workspace && python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & "
+        "until python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000))' 2>/dev/null; "
+        "do sleep 0.05; done"
+    ).wait(check=True)
     async with workspace.forward(8000) as address:
         reader, writer = await asyncio.open_connection(*address.rsplit(":", 1))
         writer.write(b"GET /index.html HTTP/1.0\r\nHost: demo\r\n\r\n")
