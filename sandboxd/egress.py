@@ -71,7 +71,8 @@ and the count audited when the window ends (a workspace flooding its proxy canno
 DENIAL_WINDOW_S = 10.0
 
 _LABEL_RULE = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
-_DENIED = re.compile(r"sandboxd-egress TCP_DENIED/?\S* (\d{3}) (\S{1,40}) (\S{1,300}) (\d{1,5}) ")
+_DENIED = re.compile(r"sandboxd-egress TCP_DENIED (\d{3}) (\S{1,40}) (\S{1,300}) (\d{1,5}) \S+$")
+"""An access-log line of a denial, whole: squid's own messages (which may quote a request) never match."""
 
 
 def _check_name(name: str) -> bool:
@@ -301,7 +302,7 @@ class EgressProxies:
             if ready is not None:
                 ready.set()
             return
-        denied = _DENIED.search(line)
+        denied = _DENIED.match(line.rstrip("\r"))
         if denied is None:
             return
         status, method, host, port = denied.groups()

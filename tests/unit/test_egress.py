@@ -107,6 +107,8 @@ def test_denials_are_read_off_the_log_and_audited(tmp_path: Path) -> None:
         "2026/12/02 01:07:25| Accepting HTTP Socket connections at conn1 local=[::]:3128",
         "sandboxd-egress TCP_DENIED 403 GET 169.254.169.254 80 172.24.0.3",
         "garbage sandboxd-egress TCP_DENIED",
+        "2026/12/02 01:07:25| WARNING: sandboxd-egress TCP_DENIED 403 GET forged.test 80 172.24.0.3",
+        "sandboxd-egress TCP_DENIED 403 GET two.test 80 172.24.0.3 sandboxd-egress TCP_DENIED 403 GET x 1 y",
     ):
         proxies._on_line("ws-1", line)
     entries = [json.loads(line) for line in audit_path.read_text().splitlines()]
