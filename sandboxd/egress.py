@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import re
@@ -71,7 +72,7 @@ and the count audited when the window ends (a workspace flooding its proxy canno
 DENIAL_WINDOW_S = 10.0
 
 _LABEL_RULE = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
-_DENIED = re.compile(r"sandboxd-egress TCP_DENIED (\d{3}) (\S{1,40}) (\S{1,300}) (\d{1,5}) \S+$")
+_DENIED = re.compile(r"sandboxd-egress TCP_DENIED (\d{3}) (\S{1,40}) (\S{1,300}) (\d{1,5}) (\S{1,45})$")
 """An access-log line of a denial, whole: squid's own messages (which may quote a request) never match."""
 
 
@@ -117,13 +118,16 @@ def _is_address(host: str) -> bool:
     return True
 
 
-def squid_policy(rules: Iterable[EgressRule]) -> str:
+def squid_policy(rules: Iterable[EgressRule], clients: str) -> str:
     """The squid ``acl`` and ``http_access`` lines of an allowlist (``squid.conf`` denies the rest).
 
-    Every value is one checked by :func:`check_rules`: a name, a pattern, an address, a block or
-    a port (no spaces, no squid syntax).
+    Only ``clients`` (the workspace's network, a CIDR block) may use the proxy: it listens on
+    the egress network too, where other containers are. A name is looked up only once it matched
+    a rule (squid stops at an ACL that fails, and ``never_dst`` comes last): a name that is not
+    listed is never resolved, so nothing of it leaves through DNS. Every value is one checked by
+    :func:`check_rules` or the engine's own block (no spaces, no squid syntax).
     """
-    lines = ["http_access deny !numeric_host never_dst"]
+    lines = [f"acl workspace src {ipaddress.ip_network(clients)}", "http_access deny !workspace"]
     for index, rule in enumerate(rules):
         ports = " ".join(str(port) for port in rule.ports or DEFAULT_PORTS)
         lines.append(f"acl r{index}_port port {ports}")
@@ -132,10 +136,10 @@ def squid_policy(rules: Iterable[EgressRule]) -> str:
             lines.append(f"http_access allow numeric_host r{index}_host r{index}_port")
         elif rule.host.startswith("*."):
             lines.append(f"acl r{index}_host dstdom_regex -i {re.escape('.' + rule.host[2:])}$")
-            lines.append(f"http_access allow !numeric_host r{index}_host r{index}_port")
+            lines.append(f"http_access allow !numeric_host r{index}_host r{index}_port !never_dst")
         else:
             lines.append(f"acl r{index}_host dstdomain {rule.host}")
-            lines.append(f"http_access allow !numeric_host r{index}_host r{index}_port")
+            lines.append(f"http_access allow !numeric_host r{index}_host r{index}_port !never_dst")
     return "\n".join(lines)
 
 
@@ -163,6 +167,18 @@ def proxy_env() -> dict[str, str]:
     }
 
 
+@dataclasses.dataclass
+class _Window:
+    """One workspace's denials in the current ``DENIAL_WINDOW_S``."""
+
+    began: float
+    count: int = 0
+    hosts: set[str] = dataclasses.field(default_factory=set)
+    """Up to 20 of the hosts of denials counted, not listed."""
+    timer: asyncio.TimerHandle | None = None
+    flushed: bool = False
+
+
 class EgressProxies:
     """The egress proxies of a daemon's ALLOWLIST workspaces: started, replaced, followed, removed.
 
@@ -183,8 +199,26 @@ class EgressProxies:
         self._tenants: dict[str, str] = {}
         self._image_lock = asyncio.Lock()
         self._image_built = False
-        self._denials: dict[str, tuple[float, int]] = {}
-        """Per workspace: when its denial window began, and the denials in it."""
+        self._denials: dict[str, _Window] = {}
+        self._clients: dict[str, ipaddress.IPv4Network | ipaddress.IPv6Network] = {}
+        """Each proxy's workspace network: a denial of a request from elsewhere is not its workspace's."""
+
+    def _flush(self, workspace_id: str, window: _Window) -> None:
+        """Audit what a window counted beyond its listed denials (once)."""
+        if window.timer is not None:
+            window.timer.cancel()
+        if window.count <= DENIALS_PER_WINDOW or window.flushed:
+            return
+        window.flushed = True
+        if self.audit is not None:
+            self.audit.event(
+                "egress.denials_counted",
+                workspace_id=workspace_id,
+                tenant=self._tenants.get(workspace_id, ""),
+                denials=window.count - DENIALS_PER_WINDOW,
+                hosts=sorted(window.hosts),
+                reason=f"more than {DENIALS_PER_WINDOW} denials in {DENIAL_WINDOW_S:g} s: counted, not listed",
+            )
 
     async def _ensure_image(self) -> None:
         """Build the proxy's image at the first ALLOWLIST workspace when ``sandboxd images build`` did not."""
@@ -223,10 +257,12 @@ class EgressProxies:
         await self._ensure_image()
         self._tenants[workspace_id] = tenant
         ready = self._ready[workspace_id] = asyncio.Event()
+        clients = await self.backend.network_subnet(workspace_id)
+        self._clients[workspace_id] = ipaddress.ip_network(clients)
         await self.backend.start_proxy(
             workspace_id,
             image=self.image,
-            env={"SANDBOXD_EGRESS_POLICY": squid_policy(rules)},
+            env={"SANDBOXD_EGRESS_POLICY": squid_policy(rules, clients)},
             rules=rules_to_json(rules),
             alias=PROXY_ALIAS,
             egress_network=self.settings.egress_network,
@@ -250,6 +286,8 @@ class EgressProxies:
             if workspace_id in workspaces:
                 self._tenants[workspace_id] = workspaces[workspace_id]
                 self._ready[workspace_id] = asyncio.Event()
+                with contextlib.suppress(SandboxdError, ValueError):
+                    self._clients[workspace_id] = ipaddress.ip_network(await self.backend.network_subnet(workspace_id))
                 self._follow(workspace_id, since=time.time())  # what came before is the last daemon's
             else:
                 log.info("egress.orphan_removed", workspace_id=workspace_id)
@@ -258,7 +296,10 @@ class EgressProxies:
     async def close(self, workspace_id: str) -> None:
         """Remove the workspace's proxy and network (nothing when it has none)."""
         await self._stop(workspace_id)
+        if (window := self._denials.pop(workspace_id, None)) is not None:
+            self._flush(workspace_id, window)
         self._tenants.pop(workspace_id, None)
+        self._clients.pop(workspace_id, None)
         await self.backend.remove_network(workspace_id)
 
     async def _stop(self, workspace_id: str) -> None:
@@ -289,38 +330,52 @@ class EgressProxies:
         while True:
             try:
                 lines = self.backend.proxy_log(workspace_id, max_line_bytes=MAX_LOG_LINE_BYTES, since=since)
-                async for line in lines:
-                    self._on_line(workspace_id, line)
+                async for stream, line in lines:
+                    self._on_line(workspace_id, stream, line)
             except SandboxdError as exc:
                 log.warning("egress.log_unreadable", workspace_id=workspace_id, error=exc.message)
             since = time.time()
             await asyncio.sleep(1.0)  # the proxy restarted (the engine's restart policy), or the engine blinked
 
-    def _on_line(self, workspace_id: str, line: str) -> None:
-        if "Accepting HTTP Socket connections" in line:
-            ready = self._ready.get(workspace_id)
-            if ready is not None:
+    def _on_line(self, workspace_id: str, stream: str, line: str) -> None:
+        """One line of the proxy's log: squid's own messages on stderr, its access log on stdout.
+
+        Only stdout is read for denials (squid's messages may quote a request's headers), and
+        only whole lines of the access log's format.
+        """
+        if stream == "stderr":
+            if "Accepting HTTP Socket connections" in line and (ready := self._ready.get(workspace_id)) is not None:
                 ready.set()
             return
         denied = _DENIED.match(line.rstrip("\r"))
         if denied is None:
             return
-        status, method, host, port = denied.groups()
+        status, method, host, port, client = denied.groups()
+        clients = self._clients.get(workspace_id)
+        try:
+            foreign = clients is not None and ipaddress.ip_address(client) not in clients
+        except ValueError:
+            foreign = True
+        if foreign:
+            # Another container on the egress network tried this workspace's proxy: refused, and no
+            # denial of the workspace's (it must not be able to fill its record, or hide in it).
+            log.warning("egress.foreign_client", workspace_id=workspace_id, client=client, host=host)
+            return
         tenant = self._tenants.get(workspace_id, "")
+        window = self._denials.get(workspace_id)
         now = time.monotonic()
-        began, count = self._denials.get(workspace_id, (now, 0))
-        if now - began >= DENIAL_WINDOW_S:
-            if count > DENIALS_PER_WINDOW and self.audit is not None:
-                self.audit.event(
-                    "egress.denials_counted",
-                    workspace_id=workspace_id,
-                    tenant=tenant,
-                    denials=count - DENIALS_PER_WINDOW,
-                    reason=f"more than {DENIALS_PER_WINDOW} denials in {DENIAL_WINDOW_S:g} s: counted, not listed",
+        if window is None or now - window.began >= DENIAL_WINDOW_S:
+            if window is not None:
+                self._flush(workspace_id, window)
+            window = self._denials[workspace_id] = _Window(began=now)
+        window.count += 1
+        if window.count > DENIALS_PER_WINDOW:
+            if len(window.hosts) < 20:
+                window.hosts.add(f"{host}:{port}")
+            if window.timer is None:  # said at the window's end even if no denial comes after it
+                window.timer = asyncio.get_running_loop().call_later(
+                    DENIAL_WINDOW_S - (now - window.began), self._flush, workspace_id, window
                 )
-            began, count = now, 0
-        self._denials[workspace_id] = (began, count + 1)
-        if count >= DENIALS_PER_WINDOW:
             return
         log.warning("egress.denied", workspace_id=workspace_id, host=host, port=int(port), method=method, status=status)
         if self.audit is not None:

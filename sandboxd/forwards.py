@@ -16,19 +16,40 @@ from collections.abc import AsyncIterator
 
 import structlog
 
-from .agent import ForwardError
+from .agent import ForwardedConnection, ForwardError
 from .errors import FailedPreconditionError, InvalidSpecError, QuotaExceededError
 from .workspaces import WorkspaceManager
 
-__all__ = ["EOF", "MAX_FORWARDS_PER_WORKSPACE", "PortForwarder"]
+__all__ = ["EOF", "MAX_FORWARDS", "MAX_FORWARDS_PER_WORKSPACE", "PortForwarder"]
 
 log = structlog.get_logger(__name__)
 
 MAX_FORWARDS_PER_WORKSPACE = 128
 """Most forwarded connections open at once into one workspace (a browser opens six per host)."""
+MAX_FORWARDS = 512
+"""Most open at once into all of a daemon's workspaces: each may hold about 1.5 MiB of the daemon's
+memory for a caller that stops reading (its window, gRPC's own buffers)."""
 
 EOF = None
 """What :meth:`PortForwarder.forward` yields once the workspace's server closed its side."""
+
+
+async def _read_unless_failed(connection: ForwardedConnection, pump: asyncio.Task[None]) -> bytes | None:
+    """The server's next bytes, unless the caller's side failed first (a bad message, one too large).
+
+    Raises:
+        Exception: the caller's side's failure, at once (the connection is then closed).
+    """
+    if pump.done():
+        return await connection.read()
+    reading = asyncio.ensure_future(connection.read())
+    await asyncio.wait({reading, pump}, return_when=asyncio.FIRST_COMPLETED)
+    if pump.done() and pump.exception() is not None and not reading.done():
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ForwardError):
+            await reading
+        raise pump.exception()  # type: ignore[misc]
+    return await reading
 
 
 class PortForwarder:
@@ -55,7 +76,8 @@ class PortForwarder:
         Raises:
             InvalidSpecError: the port is outside 1-65535.
             WorkspaceNotFoundError: no such workspace of the caller's.
-            QuotaExceededError: ``MAX_FORWARDS_PER_WORKSPACE`` connections are open into it.
+            QuotaExceededError: ``MAX_FORWARDS_PER_WORKSPACE`` connections are open into it, or
+                ``MAX_FORWARDS`` into all workspaces.
             FailedPreconditionError: nothing listens on the port (or the connect failed),
                 or the connection failed midway.
         """
@@ -68,6 +90,9 @@ class PortForwarder:
                 f"workspace {workspace_id!r} has {MAX_FORWARDS_PER_WORKSPACE} forwarded connections open; "
                 "close one before opening another"
             )
+            raise QuotaExceededError(msg)
+        if sum(self._open.values()) >= MAX_FORWARDS:
+            msg = f"the daemon has {MAX_FORWARDS} forwarded connections open; close one before opening another"
             raise QuotaExceededError(msg)
         self._open[workspace_id] = self._open.get(workspace_id, 0) + 1
         pump: asyncio.Task[None] | None = None
@@ -82,7 +107,7 @@ class PortForwarder:
                     await connection.close_write()
 
                 pump = asyncio.create_task(send(), name=f"forward-{workspace_id}-{port}")
-                while (data := await connection.read()) is not None:
+                while (data := await _read_unless_failed(connection, pump)) is not None:
                     yield data
                 yield EOF
                 await pump  # the caller's side ends when it ends (a half-closed connection)
@@ -90,7 +115,7 @@ class PortForwarder:
             if exc.code == "refused":
                 msg = f"nothing listens on port {port} in workspace {workspace_id!r} (connection refused)"
                 raise FailedPreconditionError(msg) from None
-            msg = f"the connection to port {port} in workspace {workspace_id!r} failed: {exc.message}"
+            msg = f"workspace {workspace_id!r}: {exc.message}"
             raise FailedPreconditionError(msg) from None
         finally:
             if pump is not None and not pump.done():

@@ -8,6 +8,7 @@ the log only, never onto the wire.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import secrets
@@ -387,16 +388,27 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], call: _Call) -> Callabl
 def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Callable[..., AsyncIterator[Any]]:
     async def wrapper(request: Any, context: Context) -> AsyncIterator[Any]:
         start, scope = time.monotonic(), None
+        responses: AsyncIterator[Any] | None = None
         try:
             start, scope, request = _begin(context, call, request)
             _refuse_malformed(request)
-            async for response in behavior(request, context):
+            responses = behavior(request, context)
+            async for response in responses:
                 if call.audit is not None:
                     _audit_response(response)
                     if call.method.endswith("/Exec") and response.HasField("started"):
                         call.audit.begin()  # the command runs now, whatever becomes of this call
                 yield response
         except asyncio.CancelledError:
+            _finish(start, grpc.StatusCode.CANCELLED, call)
+            raise
+        except GeneratorExit:
+            # gRPC closes the stream this way when a write to a caller who went away fails: the
+            # servicer's own end (what it records, a forward's byte counts) comes before the record.
+            close = getattr(responses, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
             _finish(start, grpc.StatusCode.CANCELLED, call)
             raise
         except Exception as exc:

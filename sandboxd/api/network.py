@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from sandboxd_protocol.v1 import network_service_pb2 as npb
@@ -14,7 +15,10 @@ from ..workspaces import WorkspaceManager
 from . import convert
 from ._types import Context
 
-__all__ = ["NetworkServicer"]
+__all__ = ["FIRST_MESSAGE_TIMEOUT_S", "NetworkServicer"]
+
+FIRST_MESSAGE_TIMEOUT_S = 30.0
+"""Longest wait for a ForwardPort call's target: a stream that names none holds nothing for long."""
 
 
 class NetworkServicer(ngrpc.NetworkServiceServicer):
@@ -40,7 +44,12 @@ class NetworkServicer(ngrpc.NetworkServiceServicer):
         self, request_iterator: AsyncIterator[npb.ForwardPortRequest], context: Context
     ) -> AsyncIterator[npb.ForwardPortResponse]:
         """Relay one TCP connection; the first request names the target."""
-        first = await anext(aiter(request_iterator), None)
+        try:
+            async with asyncio.timeout(FIRST_MESSAGE_TIMEOUT_S):
+                first = await anext(aiter(request_iterator), None)
+        except TimeoutError:
+            msg = f"the first ForwardPort message must carry the target, within {FIRST_MESSAGE_TIMEOUT_S:g} s"
+            raise InvalidSpecError(msg) from None
         if first is None or first.WhichOneof("message") != "target":
             msg = "the first ForwardPort message must carry the target"
             raise InvalidSpecError(msg)

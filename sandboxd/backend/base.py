@@ -384,10 +384,15 @@ class Backend(Protocol):
         """Workspace ids of this daemon's egress proxies and networks."""
         ...
 
-    def proxy_log(self, workspace_id: str, *, max_line_bytes: int, since: float = 0) -> AsyncIterator[str]:
-        """The proxy's log lines (stdout and stderr, each cut to ``max_line_bytes``) as they come.
+    async def network_subnet(self, workspace_id: str) -> str:
+        """The IPv4 block of the workspace's own network (its proxy serves only that)."""
+        ...
 
-        From ``since`` (a UNIX time) on; 0 is the proxy's start.
+    def proxy_log(self, workspace_id: str, *, max_line_bytes: int, since: float = 0) -> AsyncIterator[tuple[str, str]]:
+        """The proxy's log lines as they come, as ``(stream, line)``: ``stdout`` or ``stderr``.
+
+        Each line is cut to ``max_line_bytes``; from ``since`` (a UNIX time) on, 0 being the
+        proxy's start.
         """
         ...
 

@@ -1131,6 +1131,8 @@ class DockerBackend:
             mem_limit=256 * 1024 * 1024,
             network_mode=name,
             restart_policy={"Name": "unless-stopped"},
+            # It forwards nothing itself: a workspace given NET_ADMIN cannot route through it.
+            sysctls={"net.ipv4.ip_forward": "0"},
         )
         networking = api.create_networking_config({name: api.create_endpoint_config(aliases=[alias])})
         try:
@@ -1153,6 +1155,11 @@ class DockerBackend:
                 f"(egress network {egress_network!r}): {reason}"
             )
             raise BackendError(msg) from None
+
+    async def network_subnet(self, workspace_id: str) -> str:
+        """The IPv4 block of the workspace's network; see Backend."""
+        attrs = await self._call(self._api().inspect_network, self._egress_name(workspace_id), idempotent=True)
+        return str(((attrs.get("IPAM") or {}).get("Config") or [{}])[0].get("Subnet", ""))
 
     async def remove_proxy(self, workspace_id: str) -> None:
         """Remove the workspace's egress proxy; see Backend."""
@@ -1179,7 +1186,9 @@ class DockerBackend:
         found = {(item.get("Labels") or {}).get(LABEL_EGRESS_OF, "") for item in [*containers, *networks]}
         return sorted(found - {""})
 
-    async def proxy_log(self, workspace_id: str, *, max_line_bytes: int, since: float = 0) -> AsyncIterator[str]:
+    async def proxy_log(
+        self, workspace_id: str, *, max_line_bytes: int, since: float = 0
+    ) -> AsyncIterator[tuple[str, str]]:
         """The proxy's log lines as they come; see Backend.
 
         One HTTP/1.0 request to the engine's log endpoint, followed: the engine then sends its
@@ -1200,13 +1209,15 @@ class DockerBackend:
             if status != 200:
                 msg = f"the Docker engine refused the proxy's log (HTTP {status})"
                 raise BackendError(msg)
-            pending = b""
+            pending = {1: b"", 2: b""}
             while (chunk := await stream.read()) is not None:
-                pending += chunk[1]
-                *lines, pending = pending.split(b"\n")
-                pending = pending[-max_line_bytes:]
+                fd, data = chunk
+                if fd not in pending:
+                    continue
+                *lines, rest = (pending[fd] + data).split(b"\n")
+                pending[fd] = rest[-max_line_bytes:]
                 for line in lines:
-                    yield line[:max_line_bytes].decode("utf-8", "replace")
+                    yield ("stdout" if fd == 1 else "stderr"), line[:max_line_bytes].decode("utf-8", "replace")
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             msg = f"the proxy's log broke off: {_reason(exc)}"
             raise BackendError(msg) from None

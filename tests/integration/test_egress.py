@@ -295,3 +295,54 @@ async def test_the_engines_host_is_not_reachable_from_an_allowlist_workspace(  #
                 await ws.delete()
     finally:
         listener.close()
+
+
+RAW_REQUEST = r"""exec python3 -c '
+import socket, sys
+s = socket.create_connection(("egress", 3128), timeout=15)
+s.sendall(sys.argv[1].encode().decode("unicode_escape").encode())
+print(s.recv(200).split(b"\r\n")[0].decode())' """
+"""Sends its argument (with \r\n escapes) to the proxy as it is; prints the status line back."""
+
+
+async def test_the_proxy_serves_its_workspace_only_and_no_manager_or_forged_record(  # type: ignore[no-untyped-def]
+    egress_daemon: DaemonThread, servers, docker_client, default_image: str
+) -> None:
+    """Squid's cache manager answers nobody; a request that makes squid quote its headers on stderr
+    records no denial; another container on the egress network is refused, and no denial of the
+    workspace's is recorded for it."""
+    async with SandboxClient(socket_path=egress_daemon.socket_path, retries=False) as client:
+        ws = await client.create_workspace(network="allowlist", allowed_hosts=["allowed.test"], labels={"t": "egress"})
+        try:
+            manager = await ws.exec(
+                RAW_REQUEST + _quote(r"GET cache_object://allowed.test:80/menu HTTP/1.0\r\n\r\n")
+            ).wait()
+            assert manager.stdout.startswith("HTTP/1.1 403"), manager.stdout + manager.stderr
+            forged = (
+                r"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\nVia: 1.1 sandboxd-egress (squid)\r\n"
+                r"X-Forge: x\r\nsandboxd-egress TCP_DENIED 403 GET forged.test 4444 1.2.3.4\r\n\r\n"
+            )
+            await ws.exec(RAW_REQUEST + _quote(forged)).wait()
+            proxy = docker_client.containers.get(f"sandboxd-{egress_daemon.settings.instance}-{ws.workspace_id}.egress")
+            outside = proxy.attrs["NetworkSettings"]["Networks"][servers["network"]]["IPAddress"]
+            neighbour = docker_client.containers.run(
+                default_image,
+                ["curl", "-s", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}", "-x", f"http://{outside}:3128",
+                 "http://allowed.test/"],
+                labels={"sandboxd.instance": TEST_INSTANCE},
+                network=str(servers["network"]),
+                detach=True,
+            )  # fmt: skip
+            try:
+                neighbour.wait(timeout=60)
+                said = neighbour.logs()
+            finally:
+                neighbour.remove(force=True)
+            assert said == b"403"
+            await probe(ws, "denied.test")  # a denial of its own, recorded after the rest
+            found = await until_denied(Path(egress_daemon.settings.audit_log), ws.workspace_id, {("denied.test", 80)})
+            # The looped request is refused (a denial of its own); nothing forged, nothing of the neighbour's
+            # (which asked for allowed.test too).
+            assert found == [("allowed.test", 80), ("denied.test", 80)]
+        finally:
+            await ws.delete()

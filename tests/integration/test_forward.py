@@ -235,3 +235,80 @@ async def test_busybox_httpd_in_an_image_with_nothing_else(client: SandboxClient
             assert await asyncio.to_thread(http_get, address, "index.html") == b"<h1>busybox</h1>\n"
     finally:
         await workspace.delete()
+
+
+FLOOD_SERVER = """exec python3 -u -c '
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8006)); s.listen(8); print("ready", flush=True)
+block = bytes(1 << 16)
+while True:
+    c, _ = s.accept()
+    try:
+        while True: c.sendall(block)
+    except OSError: c.close()
+'"""
+
+
+@pytest.mark.workspace(runtime="runc")
+async def test_a_bad_message_mid_stream_fails_the_call_at_once_and_every_call_is_audited(  # type: ignore[no-untyped-def]
+    workspace, client: SandboxClient, daemon: DaemonThread, runtime: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second target or an oversized message ends the call with its status (not at the server's EOF);
+    a stream that names no target is refused in time; a call cancelled while the daemon waits to write
+    to it is audited with what it moved."""
+    import json
+
+    from sandboxd.api import network
+
+    if runtime == "runsc":
+        pytest.skip("the daemon's handling, the same under every runtime")
+    await start_ready(workspace, ECHO_SERVER)
+    await start_ready(workspace, FLOOD_SERVER)
+    stub = ngrpc.NetworkServiceStub(client._channel)
+    target = npb.ForwardPortRequest(target=npb.ForwardPortTarget(workspace_id=workspace.workspace_id, port=8001))
+
+    async def status_of(*messages: npb.ForwardPortRequest, hold_s: float = 30) -> tuple[grpc.StatusCode, float]:
+        async def requests():  # type: ignore[no-untyped-def]
+            for message in messages:
+                yield message
+            await asyncio.sleep(hold_s)  # the client's side stays open: only the daemon can end the call
+
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in stub.ForwardPort(requests()):
+                pass
+        return caught.value.code(), time.monotonic() - started
+
+    code, took = await status_of(target, target)
+    assert (code, took < 10) == (grpc.StatusCode.INVALID_ARGUMENT, True)
+    code, took = await status_of(target, npb.ForwardPortRequest(data=b"x"), target)
+    assert (code, took < 10) == (grpc.StatusCode.INVALID_ARGUMENT, True)
+    code, took = await status_of(target, npb.ForwardPortRequest(data=bytes(2 << 20)))
+    assert (code, took < 10) == (grpc.StatusCode.RESOURCE_EXHAUSTED, True)
+    monkeypatch.setattr(network, "FIRST_MESSAGE_TIMEOUT_S", 0.5)
+    code, took = await status_of(hold_s=30)
+    assert (code, took < 10) == (grpc.StatusCode.INVALID_ARGUMENT, True)
+
+    flood = npb.ForwardPortRequest(target=npb.ForwardPortTarget(workspace_id=workspace.workspace_id, port=8006))
+
+    async def never_ends():  # type: ignore[no-untyped-def]
+        yield flood
+        await asyncio.sleep(60)
+
+    call = stub.ForwardPort(never_ends())
+    first = await call.read()
+    assert first.WhichOneof("message") == "connected"
+    audit = Path(daemon.settings.audit_log)
+    before = len(audit.read_text().splitlines())
+    await asyncio.sleep(1.0)  # nothing read: the daemon's writes to this call block, the windows fill
+    call.cancel()
+    deadline = time.monotonic() + 20
+    while True:
+        entries = [json.loads(line) for line in audit.read_text().splitlines()[before:]]
+        mine = [e for e in entries if e.get("rpc") == "ForwardPort" and e.get("port") == 8006 and "code" in e]
+        if mine:
+            break
+        assert time.monotonic() < deadline, "the cancelled call left no audit line"
+        await asyncio.sleep(0.05)
+    assert mine[0]["code"] == "CANCELLED" and mine[0]["bytes_from_workspace"] > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from pathlib import Path
 
@@ -57,21 +58,29 @@ def test_rules_only_for_the_allowlist_and_at_most_128() -> None:
 
 def test_the_squid_policy_of_each_kind_of_rule() -> None:
     policy = squid_policy(
-        check_rules(ALLOW, [EgressRule("a.test"), EgressRule("*.b.test", (8443,)), EgressRule("10.0.0.0/8", (5432,))])
+        check_rules(ALLOW, [EgressRule("a.test"), EgressRule("*.b.test", (8443,)), EgressRule("10.0.0.0/8", (5432,))]),
+        "192.168.48.0/20",
     )
     assert policy.splitlines() == [
-        "http_access deny !numeric_host never_dst",
+        "acl workspace src 192.168.48.0/20",
+        "http_access deny !workspace",
         "acl r0_port port 80 443",
         "acl r0_host dstdomain a.test",
-        "http_access allow !numeric_host r0_host r0_port",
+        # never_dst last: squid stops at the first ACL that fails, so it resolves only listed names
+        "http_access allow !numeric_host r0_host r0_port !never_dst",
         "acl r1_port port 8443",
         r"acl r1_host dstdom_regex -i \.b\.test$",
-        "http_access allow !numeric_host r1_host r1_port",
+        "http_access allow !numeric_host r1_host r1_port !never_dst",
         "acl r2_port port 5432",
         "acl r2_host dst 10.0.0.0/8",
         "http_access allow numeric_host r2_host r2_port",
     ]
-    assert squid_policy([]) == "http_access deny !numeric_host never_dst"  # squid.conf denies the rest
+    assert squid_policy([], "10.0.0.0/24").splitlines() == [
+        "acl workspace src 10.0.0.0/24",
+        "http_access deny !workspace",
+    ]
+    with pytest.raises(ValueError):
+        squid_policy([], "10.0.0.0/24\nhttp_access allow all")  # the engine's block, never text let through
 
 
 def test_the_client_reads_host_and_ports() -> None:
@@ -96,11 +105,14 @@ def _proxies(tmp_path: Path) -> tuple[EgressProxies, Path]:
     proxies = EgressProxies(None, Settings(socket_path=str(tmp_path / "s")), "unused")  # type: ignore[arg-type]
     proxies.audit = AuditLog(str(audit_path))
     proxies._tenants["ws-1"] = "team-a"
+    proxies._clients["ws-1"] = ipaddress.ip_network("172.24.0.0/16")
     return proxies, audit_path
 
 
 def test_denials_are_read_off_the_log_and_audited(tmp_path: Path) -> None:
     proxies, audit_path = _proxies(tmp_path)
+    proxies._on_line("ws-1", "stderr", "sandboxd-egress TCP_DENIED 403 GET from-a-header.test 80 172.24.0.3")
+    proxies._on_line("ws-1", "stdout", "sandboxd-egress TCP_DENIED 403 GET from-elsewhere.test 80 172.17.0.5")
     for line in (
         "sandboxd-egress TCP_DENIED 403 CONNECT denied.test 443 172.24.0.3",
         "sandboxd-egress TCP_MISS 200 GET allowed.test 80 172.24.0.3",
@@ -110,7 +122,7 @@ def test_denials_are_read_off_the_log_and_audited(tmp_path: Path) -> None:
         "2026/12/02 01:07:25| WARNING: sandboxd-egress TCP_DENIED 403 GET forged.test 80 172.24.0.3",
         "sandboxd-egress TCP_DENIED 403 GET two.test 80 172.24.0.3 sandboxd-egress TCP_DENIED 403 GET x 1 y",
     ):
-        proxies._on_line("ws-1", line)
+        proxies._on_line("ws-1", "stdout", line)
     entries = [json.loads(line) for line in audit_path.read_text().splitlines()]
     assert [(e["event"], e["workspace_id"], e["tenant"], e["host"], e["port"], e["method"]) for e in entries] == [
         ("egress.denied", "ws-1", "team-a", "denied.test", 443, "CONNECT"),
@@ -118,16 +130,30 @@ def test_denials_are_read_off_the_log_and_audited(tmp_path: Path) -> None:
     ]
 
 
-def test_a_flood_of_denials_is_counted_not_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_flood_of_denials_is_counted_not_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     proxies, audit_path = _proxies(tmp_path)
     now = [1000.0]
     monkeypatch.setattr(egress.time, "monotonic", lambda: now[0])
-    for _ in range(egress.DENIALS_PER_WINDOW + 50):
-        proxies._on_line("ws-1", "sandboxd-egress TCP_DENIED 403 GET x.test 80 172.24.0.3")
+    for _ in range(egress.DENIALS_PER_WINDOW + 49):
+        proxies._on_line("ws-1", "stdout", "sandboxd-egress TCP_DENIED 403 GET x.test 80 172.24.0.3")
+    proxies._on_line("ws-1", "stdout", "sandboxd-egress TCP_DENIED 403 CONNECT probe.test 443 172.24.0.3")
     now[0] += egress.DENIAL_WINDOW_S
-    proxies._on_line("ws-1", "sandboxd-egress TCP_DENIED 403 GET y.test 80 172.24.0.3")
+    proxies._on_line("ws-1", "stdout", "sandboxd-egress TCP_DENIED 403 GET y.test 80 172.24.0.3")
     entries = [json.loads(line) for line in audit_path.read_text().splitlines()]
     listed = [e for e in entries if e["event"] == "egress.denied"]
     counted = [e for e in entries if e["event"] == "egress.denials_counted"]
     assert len(listed) == egress.DENIALS_PER_WINDOW + 1 and listed[-1]["host"] == "y.test"
-    assert [(e["workspace_id"], e["denials"]) for e in counted] == [("ws-1", 50)]
+    assert [(e["workspace_id"], e["denials"], e["hosts"]) for e in counted] == [
+        ("ws-1", 50, ["probe.test:443", "x.test:80"])
+    ]
+
+
+async def test_a_windows_count_is_audited_when_it_ends_with_no_denial_after(tmp_path: Path) -> None:
+    proxies, audit_path = _proxies(tmp_path)
+    for _ in range(egress.DENIALS_PER_WINDOW + 3):
+        proxies._on_line("ws-1", "stdout", "sandboxd-egress TCP_DENIED 403 GET x.test 80 172.24.0.3")
+    window = proxies._denials["ws-1"]
+    assert window.timer is not None  # due at the window's end
+    window.timer._run()  # what the loop runs then
+    entries = [json.loads(line) for line in audit_path.read_text().splitlines()]
+    assert [e["denials"] for e in entries if e["event"] == "egress.denials_counted"] == [3]

@@ -169,7 +169,11 @@ func (fw *forward) run() {
 }
 
 // read sends the connection's bytes to the daemon within the window, then HungUp at its end.
+// It reads into one buffer and queues a frame of exactly what came: a frame cut from a large
+// buffer would keep all of it alive while queued (a server trickling two bytes at a time
+// then holds 256 KiB per frame, and the agent's memory grows until the OOM killer ends it).
 func (fw *forward) read(tcp *net.TCPConn) {
+	buf := make([]byte, forwardReadBytes)
 	for {
 		fw.mu.Lock()
 		for fw.sent-fw.acked >= ForwardWindow && !fw.done {
@@ -184,13 +188,14 @@ func (fw *forward) read(tcp *net.TCPConn) {
 		if room > forwardReadBytes {
 			room = forwardReadBytes
 		}
-		frame := make([]byte, proto.HeaderSize+room)
-		n, err := tcp.Read(frame[proto.HeaderSize:])
+		n, err := tcp.Read(buf[:room])
 		if n > 0 {
+			frame := make([]byte, proto.HeaderSize+n)
+			copy(frame[proto.HeaderSize:], buf[:n])
 			fw.mu.Lock()
 			fw.sent += uint64(n)
 			fw.mu.Unlock()
-			if !fw.agent.SendFrame(proto.InPlace(frame[:proto.HeaderSize+n], proto.FileOut, fw.channel)) {
+			if !fw.agent.SendFrame(proto.InPlace(frame, proto.FileOut, fw.channel)) {
 				fw.agent.forgetForward(fw)
 				return
 			}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -191,4 +192,37 @@ func contains(list []string, want string) bool {
 		}
 	}
 	return false
+}
+
+func TestATricklingServerCostsTheAgentWhatItSentNotItsReadBuffer(t *testing.T) {
+	const writes = 4000
+	port := listen(t, func(c net.Conn) {
+		_ = c.(*net.TCPConn).SetNoDelay(true)
+		for i := 0; i < writes; i++ {
+			if _, err := c.Write([]byte("ab")); err != nil {
+				return
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	})
+	d, _ := connect(t)
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	channel := openForward(d, port)
+	var got []byte
+	for len(got) < 2*writes {
+		frame := d.forwardFrame(channel)
+		if frame.Kind != proto.FileOut {
+			t.Fatalf("frame %q %s", frame.Kind, frame.Payload)
+		}
+		got = append(got, frame.Payload...)
+		if len(got) > 2*writes-200 && after.HeapAlloc == 0 {
+			runtime.ReadMemStats(&after) // the frames not yet read are still held by the agent
+		}
+	}
+	if grown := int64(after.HeapAlloc) - int64(before.HeapAlloc); grown > 32<<20 {
+		t.Errorf("the agent held %d MiB for %d bytes of 2-byte writes", grown>>20, len(got))
+	}
+	d.send(proto.Discard, channel, nil)
 }
