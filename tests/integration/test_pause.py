@@ -23,8 +23,12 @@ pytestmark = pytest.mark.docker
 
 RUNTIMES = ["runc", pytest.param("runsc", marks=pytest.mark.runsc)]
 
-COUNTER = "i=0; while :; do i=$((i+1)); echo $i; echo $i > /workspace/count; sleep 0.02; done"
-"""Counts for as long as it runs, to stdout and to a file (ready: the file's first number)."""
+COUNTER = (
+    "i=0; while :; do i=$((i+1)); echo $i; echo $i > /workspace/count.new; mv /workspace/count.new /workspace/count; "
+    "sleep 0.02; done"
+)
+"""Counts for as long as it runs, to stdout and to a file (ready: the file's first number). The file is
+replaced whole, never written in place: a pause between a truncation and its write would leave it empty."""
 
 
 def volume_file(docker_client, workspace, name: str) -> Path:  # type: ignore[no-untyped-def]
