@@ -71,6 +71,15 @@ _CLASS_FIELDS = frozenset(
 )
 
 
+def _pool_network(value: object) -> NetworkPolicy:
+    """A class's network: ``none`` or ``bridge`` (an allowlist workspace's network and proxy are its own)."""
+    network = NetworkPolicy(str(value))
+    if network is NetworkPolicy.ALLOWLIST:
+        msg = "network 'allowlist' cannot be pooled: each allowlist workspace gets its own network and proxy"
+        raise ValueError(msg)
+    return network
+
+
 def class_key(spec: WorkspaceSpec) -> tuple[Any, ...]:
     """What a resolved spec (before its user is read from the image) has in common with its class.
 
@@ -166,7 +175,7 @@ def _spec(entry: Mapping[str, Any]) -> WorkspaceSpec:
             pids=number("pids"),
             disk_bytes=number("disk_bytes"),
         ),
-        network=NetworkPolicy(entry.get("network", "none")),
+        network=_pool_network(entry.get("network", "none")),
         runtime=Runtime(entry["runtime"]) if entry.get("runtime") else None,
         idle_ttl_s=0.0,
         security=SecurityOptions(
@@ -202,7 +211,9 @@ class WarmPool:
         self._starts: set[asyncio.Task[None]] = set()
 
     def match(self, spec: WorkspaceSpec) -> PoolClass | None:
-        """The class a resolved spec belongs to, if any."""
+        """The class a resolved spec belongs to, if any (never an allowlist's: no class is one)."""
+        if spec.network is NetworkPolicy.ALLOWLIST:
+            return None
         return self._by_key.get(class_key(spec))
 
     def take(self, pool_class: PoolClass) -> ContainerInfo | None:

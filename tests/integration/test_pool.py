@@ -199,6 +199,7 @@ def test_a_bad_pool_file_stops_the_start_in_one_line(tmp_path: Path) -> None:
         ("- name: a\n  size: -1\n", "size must be an integer"),
         ("- name: a\n  size: 1\n- name: b\n  size: 1\n", "has the spec of 'a'"),
         ("- name: a\n  size: 1\n  memory_bytes: 12\n", "pool class 'a': limits.memory_bytes"),
+        ("- name: a\n  size: 1\n  network: allowlist\n", "network 'allowlist' cannot be pooled"),
     ):
         pool_file = tmp_path / "pool.yaml"
         pool_file.write_text(text)
