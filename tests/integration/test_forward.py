@@ -185,6 +185,9 @@ async def test_sandboxctl_port_forward_serves_until_ctrl_c(workspace, daemon: Da
         if process.poll() is None:
             process.kill()
             process.wait()
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", int(address.rsplit(":", 1)[1])), timeout=5).close()
 
