@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", help="Unix socket path (env SANDBOXD_SOCKET; default: see README)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="also listen on TCP; needs --tls-cert and --tls-key")
     serve.add_argument("--instance", help="label value marking this daemon's containers (env SANDBOXD_INSTANCE)")
+    serve.add_argument(
+        "--metrics-listen", metavar="HOST:PORT", help="serve Prometheus /metrics there (env SANDBOXD_METRICS_ADDRESS)"
+    )
     serve.add_argument("--no-build", action="store_true", help="do not build the default image on start")
     serve.add_argument("--tokens-file", help="bearer tokens and their tenants (env SANDBOXD_TOKENS_FILE)")
     serve.add_argument("--tls-cert", help="PEM server certificate for --listen (env SANDBOXD_TLS_CERT_FILE)")
@@ -124,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings.from_env(
             os.environ,
             socket_path=getattr(opts, "socket", None),
+            metrics_address=getattr(opts, "metrics_listen", None),
             listen_address=getattr(opts, "listen", None),
             instance=getattr(opts, "instance", None),
             tokens_file=getattr(opts, "tokens_file", None),

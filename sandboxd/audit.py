@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from . import metrics
 from .errors import InvalidSpecError
 
 __all__ = ["STATE_CHANGING", "AuditLog", "audit_fields", "start_audit"]
@@ -183,6 +184,7 @@ class AuditLog:
                     view = view[os.write(self._fd, view) :]
                 self._torn = False
             except OSError as exc:  # a full disk must not take calls down; it is logged loudly
+                metrics.AUDIT_WRITE_FAILURES.inc()
                 log.error("audit.write_failed", error=str(exc))  # noqa: TRY400 - no traceback needed
 
     def _reopen_if_moved(self) -> None:

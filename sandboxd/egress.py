@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 
 import structlog
 
+from . import metrics
 from .audit import AuditLog
 from .backend.base import Backend
 from .errors import InvalidSpecError, SandboxdError, quoted
@@ -361,6 +362,7 @@ class EgressProxies:
             # denial of the workspace's (it must not be able to fill its record, or hide in it).
             log.warning("egress.foreign_client", workspace_id=workspace_id, client=client, host=host)
             return
+        metrics.EGRESS_DENIALS.inc()
         tenant = self._tenants.get(workspace_id, "")
         window = self._denials.get(workspace_id)
         now = time.monotonic()

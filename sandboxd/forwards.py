@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 
 import structlog
 
+from . import metrics
 from .agent import ForwardedConnection, ForwardError
 from .errors import FailedPreconditionError, InvalidSpecError, QuotaExceededError
 from .workspaces import WorkspaceManager
@@ -95,6 +96,7 @@ class PortForwarder:
             msg = f"the daemon has {MAX_FORWARDS} forwarded connections open; close one before opening another"
             raise QuotaExceededError(msg)
         self._open[workspace_id] = self._open.get(workspace_id, 0) + 1
+        metrics.FORWARDS_OPEN.inc()
         pump: asyncio.Task[None] | None = None
         try:
             async with self.workspaces.in_use(workspace_id), context.link.forward(port) as connection:
@@ -122,6 +124,7 @@ class PortForwarder:
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError, ForwardError):
                     await pump
+            metrics.FORWARDS_OPEN.dec()
             self._open[workspace_id] -= 1
             if not self._open[workspace_id]:
                 del self._open[workspace_id]

@@ -126,6 +126,10 @@ class Settings:
     with ``--network=none`` (it cannot on engines like this one), so bridge workspaces under runsc
     are refused rather than silently left offline."""
 
+    metrics_address: str = ""
+    """``HOST:PORT`` to serve Prometheus metrics on (``/metrics``); empty: none. Loopback unless
+    told: the endpoint has no authentication."""
+
     egress_network: str = "bridge"
     """The Docker network ALLOWLIST workspaces' egress proxies reach the world through (the proxy
     resolves names there: on a network of your own, its containers' names and aliases)."""

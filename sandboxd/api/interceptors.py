@@ -21,6 +21,7 @@ import grpc
 import structlog
 from sandboxd_protocol.limits import request_limit
 
+from .. import metrics
 from ..audit import STATE_CHANGING, AuditLog, audit_fields, set_audit_tenant, start_audit
 from ..errors import QUOTED_CHARS, InvalidSpecError, RequestTooLargeError, SandboxdError
 from ..logging import cut_text
@@ -298,6 +299,23 @@ def _audit_response(response: Any) -> None:
         )
 
 
+def _count_response(response: Any, start: float) -> None:
+    """What a process stream's response tells the metrics: a start, output, drops, an end."""
+    kind = response.WhichOneof("event") if "event" in response.DESCRIPTOR.oneofs_by_name else None
+    if kind == "started":
+        metrics.EXEC_START_SECONDS.observe(time.monotonic() - start)
+    elif kind == "output":
+        for stream in ("stdout", "stderr"):
+            if size := len(getattr(response.output, stream)):
+                metrics.OUTPUT_BYTES.labels(stream=stream).inc(size)
+    elif kind == "dropped":
+        metrics.OUTPUT_DROPPED_BYTES.inc(response.dropped.dropped_bytes)
+    elif kind == "exited":
+        exited = response.exited
+        reason = exited.DESCRIPTOR.fields_by_name["stop_reason"].enum_type.values_by_number[exited.stop_reason]
+        metrics.PROCESS_ENDS.labels(stop_reason=reason.name.removeprefix("STOP_REASON_").lower()).inc()
+
+
 def _strings(value: Any) -> Iterator[str]:
     """Every string in a request: fields, map keys and values, repeated and nested ones."""
     if isinstance(value, str):
@@ -350,7 +368,11 @@ def _fail(context: Context, start: float, call: _Call, exc: Exception, request: 
 
 
 def _finish(start: float, code: grpc.StatusCode, call: _Call, message: str = "") -> None:
-    duration = round(time.monotonic() - start, 4)
+    elapsed = time.monotonic() - start
+    method = call.method.rsplit("/", 1)[-1]
+    metrics.RPC_REQUESTS.labels(method=method, code=code.name).inc()
+    metrics.RPC_SECONDS.labels(method=method).observe(elapsed)
+    duration = round(elapsed, 4)
     if call.audit is not None:
         call.audit.finish(code=code.name, duration_s=duration, message=message)
     if call.quiet and code == grpc.StatusCode.OK:
@@ -394,6 +416,7 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Ca
             _refuse_malformed(request)
             responses = behavior(request, context)
             async for response in responses:
+                _count_response(response, start)
                 if call.audit is not None:
                     _audit_response(response)
                     if call.method.endswith("/Exec") and response.HasField("started"):

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from sandboxd_protocol.v1 import network_service_pb2 as npb
 from sandboxd_protocol.v1 import network_service_pb2_grpc as ngrpc
 
+from .. import metrics
 from ..audit import audit_fields
 from ..errors import InvalidSpecError
 from ..forwards import EOF, PortForwarder
@@ -78,3 +79,5 @@ class NetworkServicer(ngrpc.NetworkServiceServicer):
                     yield npb.ForwardPortResponse(data=data)
         finally:
             audit_fields(bytes_to_workspace=received, bytes_from_workspace=sent)
+            metrics.FORWARD_BYTES.labels(direction="to_workspace").inc(received)
+            metrics.FORWARD_BYTES.labels(direction="from_workspace").inc(sent)

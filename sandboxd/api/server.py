@@ -36,6 +36,7 @@ from ..files import FileManager
 from ..forwards import PortForwarder
 from ..images import ensure_default_image
 from ..memory import HeapTrimmer
+from ..metrics import MetricsServer, serve_metrics
 from ..pool import WarmPool
 from ..processes import ProcessTable
 from ..secrets import SecretStore
@@ -76,6 +77,7 @@ class Daemon:
     audit: AuditLog
     reaper: asyncio.Task[None] | None = None
     trimmer: asyncio.Task[None] | None = None
+    metrics: MetricsServer | None = None
 
     async def stop(self, grace_s: float) -> None:
         """Stop accepting calls, give in-flight ones ``grace_s`` seconds, then release everything."""
@@ -94,6 +96,8 @@ class Daemon:
         await self.files.close()
         await self.backend.close()
         self.audit.close()
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
         log.info("daemon.stopped")
 
 
@@ -284,6 +288,10 @@ async def start(
             raise SandboxdError(msg)
         host = settings.listen_address.rsplit(":", 1)[0]
         addresses.append(f"{host}:{port}")
+    metrics_server = None
+    if settings.metrics_address:
+        metrics_server = serve_metrics(settings.metrics_address)
+        log.info("metrics.listening", address=metrics_server.address)
     await server.start()
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -306,6 +314,7 @@ async def start(
         audit=audit,
         reaper=asyncio.create_task(_reap_forever(workspaces, audit), name="idle-reaper"),
         trimmer=asyncio.create_task(trimmer.run(), name="heap-trimmer"),
+        metrics=metrics_server,
     )
 
 

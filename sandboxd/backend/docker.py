@@ -29,6 +29,7 @@ import structlog
 import tenacity
 from docker.types import DriverConfig, Mount
 
+from .. import metrics
 from ..errors import (
     BackendError,
     DockerUnavailableError,
@@ -174,15 +175,20 @@ class DockerBackend:
 
         async def attempt() -> T:
             try:
-                return await asyncio.to_thread(probed)
+                result = await asyncio.to_thread(probed)
             except (docker.errors.NotFound, docker.errors.ImageNotFound):
+                metrics.DOCKER_CALLS.labels(outcome="not_found").inc()
                 raise
             except Exception as exc:  # every SDK failure is translated, none escapes raw
                 error = self._translate(exc)
+                unavailable = isinstance(error, DockerUnavailableError)
+                metrics.DOCKER_CALLS.labels(outcome="unavailable" if unavailable else "error").inc()
                 if isinstance(error, DockerUnavailableError):
                     # The pool's connections died with the engine: start over with fresh ones.
                     await self.close()
                 raise error from exc
+            metrics.DOCKER_CALLS.labels(outcome="ok").inc()
+            return result
 
         if not (idempotent and self._retries):
             return await attempt()
@@ -191,9 +197,7 @@ class DockerBackend:
             wait=tenacity.wait_exponential_jitter(multiplier=0.1, exp_base=2, max=1.0, jitter=0.3),
             # Bounded so that an engine that is gone is reported UNAVAILABLE within a few seconds.
             stop=tenacity.stop_after_attempt(4) | tenacity.stop_after_delay(2.5),
-            before_sleep=lambda state: log.warning(
-                "retry.scheduled", call=getattr(fn, "__name__", str(fn)), attempt=state.attempt_number
-            ),
+            before_sleep=_retrying(getattr(fn, "__name__", str(fn))),
             reraise=True,
         )
         return await retrying(attempt)
@@ -1344,6 +1348,16 @@ def _in_container(pid: int, container_id: str) -> bool:
             return container_id in groups.read()
     except OSError:
         return False
+
+
+def _retrying(call: str) -> Callable[[tenacity.RetryCallState], None]:
+    """What a retry of an engine call says: a log line and a count."""
+
+    def said(state: tenacity.RetryCallState) -> None:
+        metrics.DOCKER_RETRIES.inc()
+        log.warning("retry.scheduled", call=call, attempt=state.attempt_number)
+
+    return said
 
 
 async def _no_exit_code() -> int | None:

@@ -1,0 +1,121 @@
+"""Prometheus metrics of the daemon, with prometheus_client (never hand-written exposition).
+
+Off unless ``SANDBOXD_METRICS_ADDRESS`` / ``--metrics-listen HOST:PORT`` is set; then
+``/metrics`` is served there (the loopback unless told otherwise). Label values are few and
+fixed: RPC method names, gRPC code names, runtimes, outcome words. Never a workspace id, a
+process id or a tenant token, so the number of series stays bounded whatever callers do.
+
+The metric objects live in this module's own registry: several daemons in one process (the
+test suite's) count into the same series, which one exposition serves.
+"""
+
+from __future__ import annotations
+
+import threading
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from .errors import InvalidSpecError
+
+__all__ = [
+    "AUDIT_WRITE_FAILURES",
+    "DOCKER_CALLS",
+    "DOCKER_RETRIES",
+    "EGRESS_DENIALS",
+    "EXEC_START_SECONDS",
+    "FORWARDS_OPEN",
+    "FORWARD_BYTES",
+    "OUTPUT_BYTES",
+    "OUTPUT_DROPPED_BYTES",
+    "PROCESS_ENDS",
+    "REGISTRY",
+    "RPC_REQUESTS",
+    "RPC_SECONDS",
+    "MetricsServer",
+    "serve_metrics",
+]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+RPC_REQUESTS = Counter(
+    "sandboxd_rpc_requests", "RPCs finished, by method and gRPC code.", ["method", "code"], registry=REGISTRY
+)
+RPC_SECONDS = Histogram(
+    "sandboxd_rpc_duration_seconds",
+    "How long RPCs took, by method (a stream: until it ended).",
+    ["method"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    registry=REGISTRY,
+)
+EXEC_START_SECONDS = Histogram(
+    "sandboxd_exec_start_seconds",
+    "From an Exec call's arrival to its command running (the started event).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
+OUTPUT_BYTES = Counter(
+    "sandboxd_output_bytes", "Command output bytes streamed to callers, by stream.", ["stream"], registry=REGISTRY
+)
+OUTPUT_DROPPED_BYTES = Counter(
+    "sandboxd_output_dropped_bytes", "Command output bytes dropped because nobody read them.", registry=REGISTRY
+)
+PROCESS_ENDS = Counter(
+    "sandboxd_process_ends",
+    "Commands whose end a caller saw, by stop reason (exited, timeout, killed, interrupted, oom, failed...).",
+    ["stop_reason"],
+    registry=REGISTRY,
+)
+FORWARDS_OPEN = Gauge("sandboxd_forwards_open", "Forwarded connections open now.", registry=REGISTRY)
+FORWARD_BYTES = Counter(
+    "sandboxd_forward_bytes", "Bytes carried by forwarded connections, by direction.", ["direction"], registry=REGISTRY
+)
+EGRESS_DENIALS = Counter(
+    "sandboxd_egress_denials", "Requests the allowlist workspaces' egress proxies refused.", registry=REGISTRY
+)
+DOCKER_CALLS = Counter(
+    "sandboxd_docker_calls",
+    "Docker engine calls, by outcome (ok, not_found, unavailable, error).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+DOCKER_RETRIES = Counter("sandboxd_docker_retries", "Docker engine calls tried again.", registry=REGISTRY)
+AUDIT_WRITE_FAILURES = Counter(
+    "sandboxd_audit_write_failures", "Audit records that could not be written.", registry=REGISTRY
+)
+
+
+class MetricsServer:
+    """The running ``/metrics`` endpoint: its address, and how to stop it."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
+        """Wrap what prometheus_client started."""
+        self._server, self._thread = server, thread
+        host, port = server.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+def serve_metrics(address: str) -> MetricsServer:
+    """Serve ``/metrics`` on ``HOST:PORT`` (port 0: any free one).
+
+    Raises:
+        InvalidSpecError: the address is not ``HOST:PORT``, or cannot be listened on.
+    """
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        server, thread = start_http_server(int(port), addr=host, registry=REGISTRY)
+    except ValueError:
+        msg = f"SANDBOXD_METRICS_ADDRESS={address!r} is not HOST:PORT"
+        raise InvalidSpecError(msg) from None
+    except OSError as exc:
+        msg = f"cannot serve metrics on {address}: {exc.strerror or exc}"
+        raise InvalidSpecError(msg) from None
+    return MetricsServer(server, thread)
