@@ -12,9 +12,12 @@ test suite's) count into the same series, which one exposition serves.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from .errors import InvalidSpecError
 
@@ -26,13 +29,16 @@ __all__ = [
     "EXEC_START_SECONDS",
     "FORWARDS_OPEN",
     "FORWARD_BYTES",
+    "LIVE",
     "OUTPUT_BYTES",
     "OUTPUT_DROPPED_BYTES",
     "PROCESS_ENDS",
     "REGISTRY",
     "RPC_REQUESTS",
     "RPC_SECONDS",
+    "SESSIONS_EVICTED",
     "MetricsServer",
+    "Samples",
     "serve_metrics",
 ]
 
@@ -83,6 +89,49 @@ DOCKER_RETRIES = Counter("sandboxd_docker_retries", "Docker engine calls tried a
 AUDIT_WRITE_FAILURES = Counter(
     "sandboxd_audit_write_failures", "Audit records that could not be written.", registry=REGISTRY
 )
+SESSIONS_EVICTED = Counter(
+    "sandboxd_sessions_evicted", "Process sessions evicted to make room for new ones.", registry=REGISTRY
+)
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+"""Gauge values by (metric name, sorted labels)."""
+
+_GAUGES = {
+    "sandboxd_workspaces": (
+        "Workspaces, by state and runtime (as of the last look, every 15 s).",
+        ["state", "runtime"],
+    ),
+    "sandboxd_engine_up": ("1 when the Docker engine answered the last look, else 0.", []),
+    "sandboxd_sessions": ("Process sessions the daemon holds, by state (running, exited).", ["state"]),
+    "sandboxd_pool_members": ("Warm pool members, by class and state (ready, starting).", ["pool_class", "state"]),
+}
+
+
+class _Live(Collector):
+    """Gauges read at each scrape from what the daemons in this process hold (summed across them)."""
+
+    def __init__(self) -> None:
+        self.sources: list[Callable[[], Samples]] = []
+
+    def collect(self) -> Iterator[Metric]:
+        totals: Samples = {}
+        for source in list(self.sources):
+            for key, amount in source().items():
+                totals[key] = totals.get(key, 0.0) + amount
+        for name, (documentation, labels) in _GAUGES.items():
+            family = GaugeMetricFamily(name, documentation, labels=labels)
+            for (metric, found), amount in sorted(totals.items()):
+                if metric == name:
+                    family.add_metric([dict(found).get(label, "") for label in labels], amount)
+            yield family
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+LIVE = _Live()
+"""Where a daemon adds (and at its stop removes) the function that reports its gauges."""
+REGISTRY.register(LIVE)
 
 
 class MetricsServer:

@@ -39,6 +39,7 @@ from sandboxd_protocol.limits import (
     utf8_size,
 )
 
+from . import metrics
 from .agent import (
     MAX_MESSAGE_CHARS,
     AgentLink,
@@ -1052,6 +1053,11 @@ class ProcessTable:
         """Return the sessions of one workspace, oldest first."""
         return [s for s in self._sessions.values() if s.context.workspace_id == workspace_id]
 
+    def session_counts(self) -> dict[str, int]:
+        """How many sessions the table holds, running and exited (for the metrics)."""
+        running = sum(1 for s in self._sessions.values() if s.exit is None)
+        return {"running": running, "exited": len(self._sessions) - running}
+
     def check_spec(self, spec: ExecSpec) -> None:
         """Check every field of an Exec against its bound (``sandboxd_protocol.limits``), before any work.
 
@@ -1187,6 +1193,7 @@ class ProcessTable:
         self._sessions.pop(victim.process_id, None)
         self._remember_evicted(victim.process_id, f"was evicted: {why}", victim.context.tenant)
         log.info("process.evicted", process_id=victim.process_id, reason=why)
+        metrics.SESSIONS_EVICTED.inc()
         task = asyncio.create_task(self._retire(victim))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)

@@ -36,7 +36,7 @@ from ..files import FileManager
 from ..forwards import PortForwarder
 from ..images import ensure_default_image
 from ..memory import HeapTrimmer
-from ..metrics import MetricsServer, serve_metrics
+from ..metrics import LIVE, MetricsServer, Samples, serve_metrics
 from ..pool import WarmPool
 from ..processes import ProcessTable
 from ..secrets import SecretStore
@@ -78,10 +78,14 @@ class Daemon:
     reaper: asyncio.Task[None] | None = None
     trimmer: asyncio.Task[None] | None = None
     metrics: MetricsServer | None = None
+    looker: asyncio.Task[None] | None = None
+    gauges: Callable[[], Samples] | None = None
 
     async def stop(self, grace_s: float) -> None:
         """Stop accepting calls, give in-flight ones ``grace_s`` seconds, then release everything."""
-        for task in (self.reaper, self.trimmer):
+        if self.gauges is not None and self.gauges in LIVE.sources:
+            LIVE.sources.remove(self.gauges)
+        for task in (self.reaper, self.trimmer, self.looker):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -99,6 +103,47 @@ class Daemon:
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
         log.info("daemon.stopped")
+
+
+LOOK_INTERVAL_S = 15.0
+"""How often the workspaces' states are read for the metrics (one listing of the engine's)."""
+
+
+class _Gauges:
+    """This daemon's gauges for the metrics: what it holds, and what the engine said last."""
+
+    def __init__(self, workspaces: WorkspaceManager, processes: ProcessTable) -> None:
+        self.workspaces, self.processes = workspaces, processes
+        self.states: list[tuple[str, str]] = []
+        self.engine_up = 0.0
+
+    async def look_forever(self) -> None:
+        """Read the workspaces' states every ``LOOK_INTERVAL_S`` (an engine outage is a 0)."""
+        while True:
+            try:
+                self.states = await self.workspaces.backend.container_states()
+                self.engine_up = 1.0
+            except SandboxdError:
+                self.engine_up = 0.0
+            except Exception:  # the metrics must never take the daemon down
+                log.exception("metrics.look_failed")
+            await asyncio.sleep(LOOK_INTERVAL_S)
+
+    def __call__(self) -> Samples:
+        samples: Samples = {("sandboxd_engine_up", ()): self.engine_up}
+        for state, runtime in self.states:
+            key = ("sandboxd_workspaces", (("runtime", runtime or "default"), ("state", state)))
+            samples[key] = samples.get(key, 0.0) + 1
+        for state, count in self.processes.session_counts().items():
+            samples[("sandboxd_sessions", (("state", state),))] = float(count)
+        if self.workspaces.pool is not None:
+            for status in self.workspaces.pool.status():
+                name = status.pool_class.name
+                samples[("sandboxd_pool_members", (("pool_class", name), ("state", "ready")))] = float(status.ready)
+                samples[("sandboxd_pool_members", (("pool_class", name), ("state", "starting")))] = float(
+                    status.starting
+                )
+        return samples
 
 
 REAP_INTERVAL_S = 1.0
@@ -288,9 +333,12 @@ async def start(
             raise SandboxdError(msg)
         host = settings.listen_address.rsplit(":", 1)[0]
         addresses.append(f"{host}:{port}")
-    metrics_server = None
+    metrics_server, gauges, looker = None, None, None
     if settings.metrics_address:
         metrics_server = serve_metrics(settings.metrics_address)
+        gauges = _Gauges(workspaces, processes)
+        LIVE.sources.append(gauges)
+        looker = asyncio.create_task(gauges.look_forever(), name="metrics-look")
         log.info("metrics.listening", address=metrics_server.address)
     await server.start()
     for name in ("", *SERVICE_NAMES):
@@ -315,6 +363,8 @@ async def start(
         reaper=asyncio.create_task(_reap_forever(workspaces, audit), name="idle-reaper"),
         trimmer=asyncio.create_task(trimmer.run(), name="heap-trimmer"),
         metrics=metrics_server,
+        looker=looker,
+        gauges=gauges,
     )
 
 

@@ -244,6 +244,10 @@ class Backend(Protocol):
         """Labels of each of this daemon's workspace containers, by workspace id (one cheap listing)."""
         ...
 
+    async def container_states(self) -> list[tuple[str, str]]:
+        """``(state, runtime)`` of each workspace container (``running``, ``paused``, ``stopped``...)."""
+        ...
+
     async def volume_labels(self, workspace_id: str) -> Mapping[str, str] | None:
         """Labels of a workspace's volume, or None when there is none."""
         ...

@@ -582,6 +582,24 @@ class DockerBackend:
         labelled = (self._labels(summary.get("Labels") or {}) for summary in listed)
         return {labels[LABEL_WORKSPACE]: labels for labels in labelled if labels.get(LABEL_WORKSPACE)}
 
+    async def container_states(self) -> list[tuple[str, str]]:
+        """``(state, runtime)`` of each workspace container, from one listing (no inspects)."""
+        await self._load_claims()
+        filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
+        listed = await self._call(self._api().containers, all=True, filters=filters, idempotent=True)
+        states = []
+        for summary in listed:
+            labels = self._labels(summary.get("Labels") or {})
+            if not labels.get("sandboxd.spec") or labels.get(LABEL_POOL):
+                continue
+            try:
+                runtime = str(json.loads(labels["sandboxd.spec"]).get("runtime") or "")
+            except (ValueError, AttributeError):
+                runtime = ""
+            state = str(summary.get("State") or "unknown")
+            states.append(("stopped" if state in {"exited", "created", "dead"} else state, runtime))
+        return states
+
     async def volume_labels(self, workspace_id: str) -> Mapping[str, str] | None:
         """Labels of the workspace's volume (a claimed one's: its claim record), or None when there is none."""
         await self._load_claims()

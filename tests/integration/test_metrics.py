@@ -40,6 +40,9 @@ async def test_metrics_count_calls_without_ids_in_labels(tmp_path: Path) -> None
                 result = await ws.exec("printf 12345; exit 3").wait()
                 assert result.exit_code == 3
                 await ws.write_file("/workspace/a.txt", "x")
+                _, during = scrape(address)
+                assert value(during, "sandboxd_sessions", state="exited") >= 1  # the finished command, kept
+                assert value(during, "sandboxd_engine_up") == 1
             finally:
                 await ws.delete()
         text, after = scrape(address)
