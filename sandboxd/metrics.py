@@ -30,6 +30,7 @@ __all__ = [
     "FORWARDS_OPEN",
     "FORWARD_BYTES",
     "LIVE",
+    "OOM_KILLS",
     "OUTPUT_BYTES",
     "OUTPUT_DROPPED_BYTES",
     "PROCESS_ENDS",
@@ -68,9 +69,12 @@ OUTPUT_DROPPED_BYTES = Counter(
 )
 PROCESS_ENDS = Counter(
     "sandboxd_process_ends",
-    "Commands whose end a caller saw, by stop reason (exited, timeout, killed, interrupted, oom, failed...).",
+    "Commands whose end a caller saw, by stop reason (exited, interrupted, timeout, killed, failed).",
     ["stop_reason"],
     registry=REGISTRY,
+)
+OOM_KILLS = Counter(
+    "sandboxd_oom_kills", "Commands whose end a caller saw that the OOM killer had a hand in.", registry=REGISTRY
 )
 FORWARDS_OPEN = Gauge("sandboxd_forwards_open", "Forwarded connections open now.", registry=REGISTRY)
 FORWARD_BYTES = Counter(

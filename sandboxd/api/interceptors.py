@@ -314,6 +314,8 @@ def _count_response(response: Any, start: float) -> None:
         exited = response.exited
         reason = exited.DESCRIPTOR.fields_by_name["stop_reason"].enum_type.values_by_number[exited.stop_reason]
         metrics.PROCESS_ENDS.labels(stop_reason=reason.name.removeprefix("STOP_REASON_").lower()).inc()
+        if exited.oom_killed:
+            metrics.OOM_KILLS.inc()
 
 
 def _strings(value: Any) -> Iterator[str]:

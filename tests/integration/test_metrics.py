@@ -35,11 +35,13 @@ async def test_metrics_count_calls_without_ids_in_labels(tmp_path: Path) -> None
         address = thread.daemon.metrics.address
         _, before = scrape(address)
         async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
-            ws = await client.create_workspace(labels={"test": "metrics"})
+            ws = await client.create_workspace(labels={"test": "metrics"}, memory_bytes=256 * 1024**2)
             try:
                 result = await ws.exec("printf 12345; exit 3").wait()
                 assert result.exit_code == 3
                 await ws.write_file("/workspace/a.txt", "x")
+                bomb = await ws.exec("""python3 -c "a=[b'x'*10**7 for _ in range(10**6)]" """, timeout_s=30).wait()
+                assert bomb.oom_killed
                 _, during = scrape(address)
                 assert value(during, "sandboxd_sessions", state="exited") >= 1  # the finished command, kept
                 assert value(during, "sandboxd_engine_up") == 1
@@ -53,7 +55,8 @@ async def test_metrics_count_calls_without_ids_in_labels(tmp_path: Path) -> None
             ("sandboxd_rpc_duration_seconds_count", {"method": "Exec"}, 1),
             ("sandboxd_exec_start_seconds_count", {}, 1),
             ("sandboxd_output_bytes_total", {"stream": "stdout"}, 5),
-            ("sandboxd_process_ends_total", {"stop_reason": "exited"}, 1),
+            ("sandboxd_process_ends_total", {"stop_reason": "exited"}, 2),
+            ("sandboxd_oom_kills_total", {}, 1),
         ):
             assert value(after, name, **labels) - value(before, name, **labels) >= grew, (name, labels)
         assert value(after, "sandboxd_docker_calls_total", outcome="ok") > value(
