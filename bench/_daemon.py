@@ -24,6 +24,15 @@ def private_daemon(*, pool_size: int = 0, pool_file: str = "") -> Iterator[str]:
     The warm pool is off unless ``pool_size`` (or ``pool_file``) says otherwise: a create is then
     a container started, as the create figures mean.
     """
+    with private_daemon_process(pool_size=pool_size, pool_file=pool_file) as (socket_path, _pid):
+        yield socket_path
+
+
+@contextlib.contextmanager
+def private_daemon_process(
+    *, pool_size: int = 0, pool_file: str = "", env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """:func:`private_daemon` with more settings (``env``), yielding the socket path and the daemon's pid."""
     with tempfile.TemporaryDirectory() as tmp:
         socket_path = str(Path(tmp) / "bench.sock")
         env = {
@@ -33,6 +42,7 @@ def private_daemon(*, pool_size: int = 0, pool_file: str = "") -> Iterator[str]:
             "SANDBOXD_LOG_LEVEL": "warning",
             "SANDBOXD_POOL_SIZE": str(pool_size),
             "SANDBOXD_POOL_FILE": pool_file,
+            **(env or {}),
         }
         daemon = subprocess.Popen([str(Path(sys.executable).with_name("sandboxd")), "serve", "--no-build"], env=env)
         try:
@@ -40,7 +50,7 @@ def private_daemon(*, pool_size: int = 0, pool_file: str = "") -> Iterator[str]:
                 if Path(socket_path).exists():
                     break
                 time.sleep(0.1)
-            yield socket_path
+            yield socket_path, daemon.pid
         finally:
             daemon.terminate()
             daemon.wait(30)

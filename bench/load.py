@@ -1,0 +1,178 @@
+"""Load: many workspaces, each running four kinds of calls in loops at once; then unread floods.
+
+Usage: ``.venv/bin/python bench/load.py [--workspaces 32] [--seconds 60] [--floods 10]``.
+Starts a private daemon (no warm pool) with enough process sessions for the load, and prints
+the setting.
+
+  load     every workspace runs four loops at once for --seconds, one of each kind:
+             true       exec("true") to its exit
+             seq        exec("seq 1 100000"), all 588,895 bytes of it streamed back
+             file       a 1 MiB write_file, then `wc -c` of it in the workspace
+             ctrl_c     exec("sleep 100") yielded, then Input("\\u0003") until it exits 130
+           and prints calls per second, p50/p99 latency and errors per kind.
+  floods   --floods workspaces each start `yes` that nobody reads, for --seconds.
+
+The daemon's RSS (/proc) is sampled every half second: before, at its peak and after each part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+from _daemon import private_daemon_process
+from sandboxd_client import Exited, SandboxClient, Workspace, Yielded
+
+KINDS = ("true", "seq", "file", "ctrl_c")
+ONE_MIB = b"x" * (1 << 20)
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Sampler:
+    """The daemon's RSS every half second while a part runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Sampler:
+        self.before = rss_mib(self.pid)
+        self.peak = self.before
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        while True:
+            self.peak = max(self.peak, rss_mib(self.pid))
+            await asyncio.sleep(0.5)
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self.after = rss_mib(self.pid)
+
+
+async def call_true(ws: Workspace) -> None:
+    result = await ws.exec("true").wait()
+    assert result.exit_code == 0, result
+
+
+async def call_seq(ws: Workspace) -> None:
+    result = await ws.exec("seq 1 100000").wait()
+    assert result.exit_code == 0, result
+    assert len(result.stdout) == 588_895, len(result.stdout)
+
+
+async def call_file(ws: Workspace) -> None:
+    await ws.write_file("/workspace/load.bin", ONE_MIB)
+    result = await ws.exec("wc -c < /workspace/load.bin").wait()
+    assert result.stdout.strip() == str(1 << 20), result.stdout
+
+
+async def call_ctrl_c(ws: Workspace) -> None:
+    events = [event async for event in ws.exec("sleep 100", yield_after_s=0.25)]
+    assert isinstance(events[-1], Yielded), events[-1]
+    process_id = events[-1].process_id
+    events = [event async for event in ws.client.input(process_id, "\u0003")]
+    while isinstance(events[-1], Yielded):
+        events = [event async for event in ws.client.input(process_id, yield_after_s=1)]
+    assert isinstance(events[-1], Exited), events[-1]
+    assert events[-1].exit_code == 130, events[-1]
+
+
+CALLS: dict[str, Callable[[Workspace], Awaitable[None]]] = {
+    "true": call_true,
+    "seq": call_seq,
+    "file": call_file,
+    "ctrl_c": call_ctrl_c,
+}
+
+
+async def loop(
+    ws: Workspace, kind: str, until: float, times: dict[str, list[float]], errors: dict[str, list[str]]
+) -> None:
+    while time.monotonic() < until:
+        start = time.perf_counter()
+        try:
+            await CALLS[kind](ws)
+        except Exception as exc:  # every failure is counted and shown, the loop goes on
+            errors[kind].append(f"{type(exc).__name__}: {exc}"[:200])
+        else:
+            times[kind].append(time.perf_counter() - start)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+async def run(socket_path: str, pid: int, opts: argparse.Namespace) -> int:
+    async with SandboxClient(socket_path=socket_path, retries=False) as client:
+        made = time.perf_counter()
+        workspaces = await asyncio.gather(
+            *(client.create_workspace(labels={"bench": "load"}) for _ in range(opts.workspaces))
+        )
+        print(f"created {len(workspaces)} workspaces in {time.perf_counter() - made:.1f} s")
+        try:
+            times: dict[str, list[float]] = {kind: [] for kind in KINDS}
+            errors: dict[str, list[str]] = {kind: [] for kind in KINDS}
+            async with Sampler(pid) as load:
+                until = time.monotonic() + opts.seconds
+                await asyncio.gather(*(loop(ws, kind, until, times, errors) for ws in workspaces for kind in KINDS))
+            print(f"\nload: {opts.workspaces} workspaces x {len(KINDS)} loops for {opts.seconds:g} s")
+            print(f"{'kind':8}{'calls':>8}{'per s':>9}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
+            for kind in KINDS:
+                done = times[kind]
+                p50, p99 = percentile(done, 0.5) * 1000, percentile(done, 0.99) * 1000
+                print(
+                    f"{kind:8}{len(done):8}{len(done) / opts.seconds:9.1f}{p50:10.1f}{p99:10.1f}{len(errors[kind]):8}"
+                )
+                for error in sorted(set(errors[kind]))[:3]:
+                    print(f"    {error}")
+            print(f"daemon RSS: before {load.before:.1f} MiB, peak {load.peak:.1f}, after {load.after:.1f}")
+            flooders = workspaces[: opts.floods]
+            async with Sampler(pid) as floods:
+                for ws in flooders:
+                    events = [event async for event in ws.exec("yes", yield_after_s=0.25, timeout_s=opts.seconds + 30)]
+                    assert isinstance(events[-1], Yielded), events[-1]
+                await asyncio.sleep(opts.seconds)
+            print(f"\nfloods: {len(flooders)} unread `yes` for {opts.seconds:g} s")
+            print(
+                f"daemon RSS: before {floods.before:.1f} MiB, peak {floods.peak:.1f}, after {floods.after:.1f} "
+                f"(growth {floods.peak - floods.before:+.1f} MiB)"
+            )
+            total_errors = sum(len(e) for e in errors.values())
+        finally:
+            await asyncio.gather(*(ws.delete() for ws in workspaces), return_exceptions=True)
+    return 1 if total_errors else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workspaces", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--floods", type=int, default=10)
+    opts = parser.parse_args()
+    # Running at once: one per loop, the floods; finished ones are evicted first, so twice that holds.
+    sessions = 2 * (opts.workspaces * len(KINDS) + opts.floods)
+    started = datetime.datetime.now(datetime.UTC)
+    print(f"{started:%Y-%m-%d %H:%M} UTC; SANDBOXD_MAX_SESSIONS={sessions} (twice what runs at once)")
+    env = {"SANDBOXD_MAX_SESSIONS": str(sessions)}
+    with private_daemon_process(env=env) as (socket_path, pid):
+        return asyncio.run(run(socket_path, pid, opts))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
