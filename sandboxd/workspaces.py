@@ -1254,8 +1254,13 @@ class WorkspaceManager:
         return [info.workspace_id for info in infos]
 
     async def _network_of(self, info: ContainerInfo) -> tuple[NetworkPolicy, tuple[EgressRule, ...]]:
-        """A workspace's policy as its container's networks (and its proxy's rules) say."""
-        if (rules := await self.egress.rules(info.workspace_id)) is not None:
+        """A workspace's policy as its container's networks (and its proxy's rules) say.
+
+        Only a workspace on a network of its own (an allowlist's) costs a look at its proxy: at
+        start that is one inspect per allowlist workspace, not one per workspace.
+        """
+        own = set(info.networks) - {"none", "bridge"}
+        if own and (rules := await self.egress.rules(info.workspace_id)) is not None:
             return NetworkPolicy.ALLOWLIST, rules
         return (NetworkPolicy.BRIDGE if "bridge" in info.networks else NetworkPolicy.NONE), ()
 
