@@ -4,6 +4,7 @@
 //
 //	sandboxd-agent [serve]   the container's main process: serves the daemon (PROTOCOL.md)
 //	sandboxd-agent bridge    stdin/stdout to the agent's socket (what the daemon execs)
+//	sandboxd-agent hold      reads stdin to its end: a daemon's lease on its instance label
 //	sandboxd-agent version   prints the version
 //
 // "spawn" is the agent's own helper, started by it for every command and file operation.
@@ -11,6 +12,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -54,10 +56,14 @@ func main() {
 			fmt.Fprintln(os.Stderr, "sandboxd-agent:", err)
 			os.Exit(1)
 		}
+	case "hold":
+		// A daemon's lease on its instance label: the container lives while the daemon holds
+		// its stdin open, and ends when the daemon goes, however it goes (kill -9 included).
+		_, _ = io.Copy(io.Discard, os.Stdin)
 	case "version":
 		fmt.Println(version)
 	default:
-		fmt.Fprintf(os.Stderr, "sandboxd-agent: unknown mode %q (serve, bridge, version)\n", mode)
+		fmt.Fprintf(os.Stderr, "sandboxd-agent: unknown mode %q (serve, bridge, hold, version)\n", mode)
 		os.Exit(2)
 	}
 }
