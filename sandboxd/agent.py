@@ -31,17 +31,19 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
 from typing import Any, Protocol
 
+import grpc
 import structlog
 
 from .agentbuild import AGENT_PATH
 from .backend.base import Backend, ExecStream
-from .errors import FailedPreconditionError, SandboxdError
+from .errors import DockerUnavailableError, FailedPreconditionError, SandboxdError
 
 __all__ = [
     "AGENT_PATH",
     "MAX_MESSAGE_CHARS",
     "MAX_PAYLOAD_BYTES",
     "PROTOCOL_VERSION",
+    "AgentBehindEngine",
     "AgentLink",
     "AgentLost",
     "ExitReport",
@@ -140,6 +142,17 @@ class ProtocolError(SandboxdError):
 
 class AgentLost(FailedPreconditionError):
     """The workspace's agent cannot be reached right now (or was restarted)."""
+
+
+class AgentBehindEngine(AgentLost):
+    """The agent cannot be reached because the Docker engine cannot (restarting): UNAVAILABLE.
+
+    An :class:`AgentLost` still, so that whatever waits out a lost agent (a reconnect, a
+    resent start) waits this out too; but the caller is told what it is, as for any call
+    made while the engine is away.
+    """
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
 
 
 class FileOperationError(FailedPreconditionError):
@@ -998,6 +1011,8 @@ class AgentLink:
                 stream = await self.backend.exec_stream(
                     self.workspace_id, [AGENT_PATH, "bridge"], env={}, user="0:0", container_id=self.container_id
                 )
+            except DockerUnavailableError as exc:
+                raise AgentBehindEngine(exc.message) from None
             except SandboxdError as exc:
                 msg = f"workspace {self.workspace_id!r}'s agent cannot be reached: {exc.message}"
                 raise AgentLost(msg) from None

@@ -40,11 +40,13 @@ __all__ = [
     "QUOTED_CHARS",
     "AlreadyExistsError",
     "BackendError",
+    "DaemonStoppingError",
     "DockerUnavailableError",
     "ExecTimeoutError",
     "FailedPreconditionError",
     "ImageNotFoundError",
     "InvalidSpecError",
+    "LeaseHeldError",
     "NotFoundError",
     "PathExistsError",
     "PathNotFoundError",
@@ -166,6 +168,21 @@ class QuotaExceededError(SandboxdError):
 
 class RequestTooLargeError(QuotaExceededError):
     """A request message is larger than its RPC takes (see ``sandboxd_protocol.limits``)."""
+
+
+class LeaseHeldError(FailedPreconditionError):
+    """Another daemon holds this instance label on the engine (``sandboxd.lease``)."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        """``holder``: the lease's ``sandboxd.lease`` label, as the other daemon wrote it (JSON)."""
+        super().__init__(message)
+        self.holder = holder
+
+
+class DaemonStoppingError(SandboxdError):
+    """The daemon is stopping (SIGTERM): the call was refused, or ended at the shutdown grace."""
+
+    grpc_code = grpc.StatusCode.UNAVAILABLE
 
 
 class DockerUnavailableError(SandboxdError):

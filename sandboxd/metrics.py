@@ -106,6 +106,7 @@ _GAUGES = {
         ["state", "runtime"],
     ),
     "sandboxd_engine_up": ("1 when the Docker engine answered the last look, else 0.", []),
+    "sandboxd_lease_held": ("1 while the daemon holds its instance label's lease on the engine, else 0.", []),
     "sandboxd_sessions": ("Process sessions the daemon holds, by state (running, exited).", ["state"]),
     "sandboxd_pool_members": ("Warm pool members, by class and state (ready, starting).", ["pool_class", "state"]),
 }

@@ -1025,6 +1025,7 @@ class ProcessTable:
         self.settings = settings
         self._tenants = tenants
         self._sessions: dict[str, ProcessSession] = {}
+        self._stopping = False
         self._evicted: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
         """Ids no longer in the table: why (a sentence's predicate) and the tenant that may hear it."""
         self._lock = asyncio.Lock()
@@ -1134,6 +1135,7 @@ class ProcessTable:
                 background=self._retiring,
             )
             self._sessions[process_id] = session
+            session.shutting_down = self._stopping
         try:
             started = await session.start()
         except BaseException:
@@ -1263,15 +1265,25 @@ class ProcessTable:
             session.start_time = start_time
             session.adopt(state)
             self._sessions[state.process_id] = session
+            session.shutting_down = self._stopping
             adopted.append(state.process_id)
         if adopted:
             log.info("process.adopted", workspace_id=context.workspace_id, process_ids=adopted)
         return adopted
 
-    async def close(self) -> None:
-        """Release every session's stream; the commands themselves keep running (each under its timeout)."""
+    def stop_interrupting(self) -> None:
+        """The daemon is stopping: a stream that ends now (its call ended by the stop) Ctrl-Cs nothing.
+
+        A caller who leaves an exec's stream early means Ctrl-C (SPEC §2.3); a daemon that stops
+        does not: its commands run on, for the next daemon to adopt.
+        """
+        self._stopping = True
         for session in list(self._sessions.values()):
             session.shutting_down = True
+
+    async def close(self) -> None:
+        """Release every session's stream; the commands themselves keep running (each under its timeout)."""
+        self.stop_interrupting()
         for session in list(self._sessions.values()):
             await session.close("the daemon is shutting down")
         self._sessions.clear()

@@ -195,6 +195,15 @@ def docker_client():  # type: ignore[no-untyped-def]
     except Exception as exc:
         pytest.fail(f"these tests need a running Docker engine: {exc}")
     yield client
+    # A daemon killed at a test's end (SIGKILL) takes its lease with it, but not at once: the
+    # engine ends and removes it within moments, which are waited for (a lease left longer is
+    # a leftover like any other).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+        container.labels.get("sandboxd.instance") in INSTANCES
+        for container in client.containers.list(all=True, filters={"label": "sandboxd.lease"})
+    ):
+        time.sleep(0.1)
     leftovers, volumes, networks = [], [], []
     for instance in sorted(INSTANCES):
         selector = {"label": f"sandboxd.instance={instance}"}

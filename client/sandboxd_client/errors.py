@@ -15,12 +15,14 @@
     ├── InternalError               INTERNAL, UNKNOWN and anything unlisted
     └── CommandFailedError          (a non-zero exit with check=True; also an ExecResult)
 
-A cancelled call comes back as ``asyncio.CancelledError``, not as an error.
+A call cancelled by its caller ends in ``asyncio.CancelledError``, as any cancelled
+awaitable does (gRPC raises it itself). A call the *daemon* ended with CANCELLED (which gRPC
+does to calls that arrive as a daemon stops) is an :class:`UnavailableError`: a cancel the
+caller never asked for must not look like one, and UNAVAILABLE is what it means, retried as
+such.
 """
 
 from __future__ import annotations
-
-import asyncio
 
 import grpc
 
@@ -105,10 +107,16 @@ _ERRORS: dict[grpc.StatusCode, type[SandboxError]] = {
 
 
 def from_rpc_error(error: grpc.RpcError) -> BaseException:
-    """Return the exception to raise for a failed call (``CancelledError`` for a cancel)."""
+    """Return the exception to raise for a failed call.
+
+    A status of CANCELLED reaches here only from the daemon's side (a caller's own cancel
+    is raised by gRPC as ``asyncio.CancelledError`` and never becomes an ``RpcError``), so
+    it is an :class:`UnavailableError`.
+    """
     code = error.code() if hasattr(error, "code") else None
     details = (error.details() if hasattr(error, "details") else None) or str(code)
     if code == grpc.StatusCode.CANCELLED:
-        return asyncio.CancelledError(details)
+        message = f"the daemon ended the call ({details}): it may be stopping or restarting"
+        return UnavailableError(message, code=grpc.StatusCode.UNAVAILABLE)
     cls = _ERRORS.get(code, InternalError) if code is not None else InternalError
     return cls(details, code=code)

@@ -23,19 +23,82 @@ from sandboxd_protocol.limits import request_limit
 
 from .. import metrics
 from ..audit import STATE_CHANGING, AuditLog, audit_fields, set_audit_tenant, start_audit
-from ..errors import QUOTED_CHARS, InvalidSpecError, RequestTooLargeError, SandboxdError
+from ..errors import QUOTED_CHARS, DaemonStoppingError, InvalidSpecError, RequestTooLargeError, SandboxdError
 from ..logging import cut_text
 from ..memory import HeapTrimmer
 from ..tenancy import Authenticator, reset_tenant, tenant_scope
 from ._types import Context
 
-__all__ = ["ErrorInterceptor"]
+__all__ = ["Drain", "ErrorInterceptor"]
 
 log = structlog.get_logger("sandboxd.rpc")
 
 _HEALTH_AND_REFLECTION = ("/grpc.health.", "/grpc.reflection.")
 MAX_STATUS_MESSAGE_CHARS = 2000
 """Longest status message sent: gRPC carries it in trailers, and HTTP/2 bounds their size."""
+
+
+class Drain:
+    """The daemon's graceful stop as its calls see it (SIGTERM; ``SANDBOXD_SHUTDOWN_GRACE_S``).
+
+    Once :meth:`run` begins, a new call is refused with UNAVAILABLE by the daemon itself,
+    while the server still accepts connections: stopping the server outright instead makes
+    gRPC cancel whatever arrives in that moment, which callers see as CANCELLED, a word they
+    take for their own cancel. Calls in flight get the grace to end; any still running then
+    (a long command's stream, a forward) ends with UNAVAILABLE saying so. Health checks and
+    reflection are never refused: health says NOT_SERVING.
+    """
+
+    def __init__(self) -> None:
+        """Nothing is stopping yet."""
+        self.stopping = False
+        self.expired = False
+        self._grace_s = 0.0
+        self._calls: dict[asyncio.Task[Any], Context] = {}
+        self._idle = asyncio.Event()
+
+    def enter(self, context: Context) -> bool:
+        """Count a call in; return False when it is not counted (no task: a test's direct call).
+
+        Raises:
+            DaemonStoppingError: the daemon is stopping.
+        """
+        if self.stopping:
+            msg = "the daemon is stopping; call again once a daemon serves (a successor adopts the workspaces)"
+            raise DaemonStoppingError(msg)
+        task = asyncio.current_task()
+        if task is None:
+            return False
+        self._calls[task] = context
+        return True
+
+    def leave(self) -> None:
+        """Count the current call out."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._calls.pop(task, None)
+        if self.stopping and not self._calls:
+            self._idle.set()
+
+    async def run(self, grace_s: float) -> None:
+        """Refuse new calls, wait up to ``grace_s`` for those in flight, then end the rest (UNAVAILABLE)."""
+        self.stopping, self._grace_s = True, grace_s
+        if not self._calls:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+            return
+        self.expired = True
+        message = (
+            f"the daemon stopped before this call ended (its shutdown grace is {self._grace_s:g} s); "
+            "a command it started runs on in its workspace, for the next daemon to adopt"
+        )
+        for task, context in list(self._calls.items()):
+            context.set_code(grpc.StatusCode.UNAVAILABLE)
+            context.set_details(message)
+            task.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), 2.0)
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -46,6 +109,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             reflection need none).
         audit: where state-changing calls are recorded.
         trimmer: told the size of every large request, so that their memory is given back.
+        drain: the graceful stop every call but health and reflection is counted in.
     """
 
     def __init__(
@@ -53,11 +117,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         authenticator: Authenticator | None = None,
         audit: AuditLog | None = None,
         trimmer: HeapTrimmer | None = None,
+        drain: Drain | None = None,
     ) -> None:
-        """Configure authentication, auditing and memory trimming."""
+        """Configure authentication, auditing, memory trimming and the graceful stop."""
         self.authenticator = authenticator or Authenticator()
         self.audit = audit
         self.trimmer = trimmer
+        self.drain = drain or Drain()
 
     async def intercept_service(
         self,
@@ -71,7 +137,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         quiet = method.startswith(_HEALTH_AND_REFLECTION)
         audited = self.audit is not None and self.audit.enabled and method.rsplit("/", 1)[-1] in STATE_CHANGING
-        call = _Call(method, quiet, None if quiet else self.authenticator, self.audit if audited else None)
+        call = _Call(
+            method,
+            quiet,
+            None if quiet else self.authenticator,
+            self.audit if audited else None,
+            None if quiet else self.drain,
+        )
         deserializer = _tolerant(handler.request_deserializer, method.rsplit("/", 1)[-1], self.trimmer)
         # A refused unary call returns None with its status set (see _fail): nothing to serialise.
         serializer = handler.response_serializer
@@ -218,6 +290,7 @@ class _Call:
     quiet: bool
     authenticator: Authenticator | None
     audit: AuditLog | None
+    drain: Drain | None
 
 
 def _begin(context: Context, call: _Call, request: Any) -> tuple[float, contextvars.Token[str] | None, Any]:
@@ -387,14 +460,17 @@ def _finish(start: float, code: grpc.StatusCode, call: _Call, message: str = "")
 
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]], call: _Call) -> Callable[..., Awaitable[Any]]:
     async def wrapper(request: Any, context: Context) -> Any:
-        start, scope = time.monotonic(), None
+        start, scope, counted = time.monotonic(), None, False
         try:
             start, scope, request = _begin(context, call, request)
+            counted = call.drain is not None and call.drain.enter(context)
             _refuse_malformed(request)
             response = await behavior(request, context)
             if call.audit is not None:
                 _audit_response(response)
         except asyncio.CancelledError:
+            if _ended_by_drain(call, start):
+                return None
             _finish(start, grpc.StatusCode.CANCELLED, call)
             raise
         except Exception as exc:
@@ -403,6 +479,8 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], call: _Call) -> Callabl
         finally:
             if scope is not None:
                 reset_tenant(scope)
+            if counted and call.drain is not None:
+                call.drain.leave()
         _finish(start, grpc.StatusCode.OK, call)
         return response
 
@@ -411,10 +489,11 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], call: _Call) -> Callabl
 
 def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Callable[..., AsyncIterator[Any]]:
     async def wrapper(request: Any, context: Context) -> AsyncIterator[Any]:
-        start, scope = time.monotonic(), None
+        start, scope, counted = time.monotonic(), None, False
         responses: AsyncIterator[Any] | None = None
         try:
             start, scope, request = _begin(context, call, request)
+            counted = call.drain is not None and call.drain.enter(context)
             _refuse_malformed(request)
             responses = behavior(request, context)
             async for response in responses:
@@ -425,6 +504,8 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Ca
                         call.audit.begin()  # the command runs now, whatever becomes of this call
                 yield response
         except asyncio.CancelledError:
+            if _ended_by_drain(call, start):
+                return
             _finish(start, grpc.StatusCode.CANCELLED, call)
             raise
         except GeneratorExit:
@@ -442,6 +523,19 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], call: _Call) -> Ca
         finally:
             if scope is not None:
                 reset_tenant(scope)
+            if counted and call.drain is not None:
+                call.drain.leave()
         _finish(start, grpc.StatusCode.OK, call)
 
     return wrapper
+
+
+def _ended_by_drain(call: _Call, start: float) -> bool:
+    """Whether a cancel is the drain's, ending the call at the shutdown grace (its status is set)."""
+    if call.drain is None or not call.drain.expired:
+        return False
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()  # the drain's cancel is answered: the call ends with its status
+    _finish(start, grpc.StatusCode.UNAVAILABLE, call, "the daemon stopped before this call ended")
+    return True

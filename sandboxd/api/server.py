@@ -35,6 +35,7 @@ from ..errors import InvalidSpecError, SandboxdError
 from ..files import FileManager
 from ..forwards import PortForwarder
 from ..images import ensure_default_image
+from ..lease import InstanceLease
 from ..memory import HeapTrimmer
 from ..metrics import LIVE, MetricsServer, Samples, serve_metrics
 from ..pool import WarmPool
@@ -44,7 +45,7 @@ from ..settings import Settings
 from ..tenancy import Authenticator
 from ..workspaces import WorkspaceManager
 from .files import FileServicer
-from .interceptors import ErrorInterceptor
+from .interceptors import Drain, ErrorInterceptor
 from .network import NetworkServicer
 from .processes import ProcessServicer
 from .workspaces import WorkspaceServicer
@@ -75,6 +76,8 @@ class Daemon:
     health: health.aio.HealthServicer
     addresses: list[str]
     audit: AuditLog
+    lease: InstanceLease
+    drain: Drain
     reaper: asyncio.Task[None] | None = None
     trimmer: asyncio.Task[None] | None = None
     metrics: MetricsServer | None = None
@@ -82,7 +85,11 @@ class Daemon:
     gauges: Callable[[], Samples] | None = None
 
     async def stop(self, grace_s: float) -> None:
-        """Stop accepting calls, give in-flight ones ``grace_s`` seconds, then release everything."""
+        """Refuse new calls (UNAVAILABLE), give in-flight ones ``grace_s`` seconds, then release everything.
+
+        Workspaces and their commands stay as they are, for the next daemon to adopt; the
+        instance's lease goes last.
+        """
         if self.gauges is not None and self.gauges in LIVE.sources:
             LIVE.sources.remove(self.gauges)
         for task in (self.reaper, self.trimmer, self.looker):
@@ -91,13 +98,17 @@ class Daemon:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace_s)
+        self.processes.stop_interrupting()
+        await self.drain.run(grace_s)
+        # Nothing is in flight now but what the drain has just ended: a moment for its status.
+        await self.server.stop(1.0)
         if self.workspaces.pool is not None:
             await self.workspaces.pool.close()
         await self.workspaces.egress.shutdown()
         await self.processes.close()
         await self.workspaces.close()
         await self.files.close()
+        await self.lease.release()  # last of all: until now, a successor would fight this one
         await self.backend.close()
         self.audit.close()
         if self.metrics is not None:
@@ -112,8 +123,8 @@ LOOK_INTERVAL_S = 15.0
 class _Gauges:
     """This daemon's gauges for the metrics: what it holds, and what the engine said last."""
 
-    def __init__(self, workspaces: WorkspaceManager, processes: ProcessTable) -> None:
-        self.workspaces, self.processes = workspaces, processes
+    def __init__(self, workspaces: WorkspaceManager, processes: ProcessTable, lease: InstanceLease) -> None:
+        self.workspaces, self.processes, self.lease = workspaces, processes, lease
         self.states: list[tuple[str, str]] = []
         self.engine_up = 0.0
 
@@ -130,7 +141,10 @@ class _Gauges:
             await asyncio.sleep(LOOK_INTERVAL_S)
 
     def __call__(self) -> Samples:
-        samples: Samples = {("sandboxd_engine_up", ()): self.engine_up}
+        samples: Samples = {
+            ("sandboxd_engine_up", ()): self.engine_up,
+            ("sandboxd_lease_held", ()): float(self.lease.held),
+        }
         for state, runtime in self.states:
             key = ("sandboxd_workspaces", (("runtime", runtime or "default"), ("state", state)))
             samples[key] = samples.get(key, 0.0) + 1
@@ -150,10 +164,15 @@ REAP_INTERVAL_S = 1.0
 """How often idle workspaces are looked for; a TTL is honoured to within about this."""
 
 
-async def _reap_forever(workspaces: WorkspaceManager, audit: AuditLog) -> None:
-    """Remove workspaces idle past their TTL, for the daemon's whole life (engine outages included)."""
+async def _reap_forever(workspaces: WorkspaceManager, audit: AuditLog, lease: InstanceLease) -> None:
+    """Remove workspaces idle past their TTL, for the daemon's whole life (engine outages included).
+
+    Only while the daemon holds its instance's lease: without it, they may be another's.
+    """
     while True:
         await asyncio.sleep(REAP_INTERVAL_S)
+        if not lease.held:
+            continue
         try:
             await workspaces.reap_idle(audit)
         except SandboxdError as exc:
@@ -278,40 +297,103 @@ async def start(
     processes = ProcessTable(backend, settings, tenants=authenticator.tenant_count)
     workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store, agent=agent)
     workspaces.pool = WarmPool(workspaces, workspaces.pool_classes())  # a bad pool file stops the start
+    lease = InstanceLease(
+        backend,
+        settings,
+        [f"unix:{socket_path}", *([settings.listen_address] if settings.listen_address else [])],
+        image=agent.image if agent is not None else "",
+    )
     try:
-        orphans = await backend.remove_orphans()
-        if orphans:
-            log.warning("daemon.orphans_removed", names=orphans)
-        log.info("daemon.adopted", workspaces=await workspaces.adopt(audit))
-    except SandboxdError as exc:
-        # The engine may be down now and back later: serve anyway, calls get UNAVAILABLE meanwhile.
-        log.error("daemon.adopt_failed", error=exc.message)  # noqa: TRY400
-    workspaces.pool.start()
-    trimmer = HeapTrimmer()
-    server = grpc.aio.server(
-        interceptors=[ErrorInterceptor(authenticator, audit, trimmer)],
-        options=[
-            ("grpc.max_send_message_length", _MAX_SEND_BYTES),
-            # The largest legitimate request: anything bigger is refused by the transport before
-            # it is parsed (RESOURCE_EXHAUSTED), and each RPC's own smaller cap is checked on the
-            # raw bytes (see interceptors._tolerant).
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.so_reuseport", 0),
-        ],
-    )
-    workspace_service_pb2_grpc.add_WorkspaceServiceServicer_to_server(WorkspaceServicer(workspaces), server)
-    process_service_pb2_grpc.add_ProcessServiceServicer_to_server(ProcessServicer(workspaces, processes), server)
-    files = FileManager(backend, workspaces)
-    file_service_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(files), server)
-    network_service_pb2_grpc.add_NetworkServiceServicer_to_server(
-        NetworkServicer(PortForwarder(workspaces), workspaces), server
-    )
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-        server,
-    )
+        # Before any container is touched: another daemon's workspaces are not this one's to adopt.
+        if await lease.take():
+            try:
+                orphans = await backend.remove_orphans()
+                if orphans:
+                    log.warning("daemon.orphans_removed", names=orphans)
+                log.info("daemon.adopted", workspaces=await workspaces.adopt(audit))
+            except SandboxdError as exc:
+                # The engine may be down now and back later: serve anyway, calls get UNAVAILABLE meanwhile.
+                log.error("daemon.adopt_failed", error=exc.message)  # noqa: TRY400
+        else:
+            log.error("daemon.adopt_skipped", reason="the instance's lease is not held yet")
+        lease.keep()
+        workspaces.pool.start()
+        trimmer = HeapTrimmer()
+        drain = Drain()
+        server = grpc.aio.server(
+            interceptors=[ErrorInterceptor(authenticator, audit, trimmer, drain)],
+            options=[
+                ("grpc.max_send_message_length", _MAX_SEND_BYTES),
+                # The largest legitimate request: anything bigger is refused by the transport before
+                # it is parsed (RESOURCE_EXHAUSTED), and each RPC's own smaller cap is checked on the
+                # raw bytes (see interceptors._tolerant).
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        workspace_service_pb2_grpc.add_WorkspaceServiceServicer_to_server(WorkspaceServicer(workspaces), server)
+        process_service_pb2_grpc.add_ProcessServiceServicer_to_server(ProcessServicer(workspaces, processes), server)
+        files = FileManager(backend, workspaces)
+        file_service_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(files), server)
+        network_service_pb2_grpc.add_NetworkServiceServicer_to_server(
+            NetworkServicer(PortForwarder(workspaces), workspaces), server
+        )
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
+        addresses = _listen(server, socket_path, settings.listen_address, credentials)
+        metrics_server, gauges, looker = None, None, None
+        if settings.metrics_address:
+            metrics_server = serve_metrics(settings.metrics_address)
+            gauges = _Gauges(workspaces, processes, lease)
+            LIVE.sources.append(gauges)
+            looker = asyncio.create_task(gauges.look_forever(), name="metrics-look")
+            log.info("metrics.listening", address=metrics_server.address)
+        await server.start()
+        for name in ("", *SERVICE_NAMES):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "daemon.listening",
+            addresses=addresses,
+            instance=settings.instance,
+            tokens=authenticator.required,
+            mutual_tls=bool(settings.tls_client_ca_file),
+            audit_log=settings.audit_log,
+        )
+        return Daemon(
+            server=server,
+            backend=backend,
+            processes=processes,
+            workspaces=workspaces,
+            files=files,
+            health=health_servicer,
+            addresses=addresses,
+            audit=audit,
+            lease=lease,
+            drain=drain,
+            reaper=asyncio.create_task(_reap_forever(workspaces, audit, lease), name="idle-reaper"),
+            trimmer=asyncio.create_task(trimmer.run(), name="heap-trimmer"),
+            metrics=metrics_server,
+            looker=looker,
+            gauges=gauges,
+        )
+    except BaseException:
+        # A start that fails (a port taken, say) must not keep the label from its next try.
+        await asyncio.shield(_abandon_start(workspaces, lease))
+        raise
+
+
+def _listen(
+    server: grpc.aio.Server, socket_path: Path, tcp_address: str, credentials: grpc.ServerCredentials | None
+) -> list[str]:
+    """Bind the Unix socket (0600) and, with credentials, the TCP address; return the addresses.
+
+    Raises:
+        SandboxdError: one of them cannot be bound.
+    """
     addresses = []
     old_umask = os.umask(0o177)  # the socket is born 0600, not chmod-ed after the fact
     try:
@@ -325,47 +407,24 @@ async def start(
     addresses.append(f"unix:{socket_path}")
     if credentials is not None:
         try:
-            port = server.add_secure_port(settings.listen_address, credentials)
+            port = server.add_secure_port(tcp_address, credentials)
         except RuntimeError:
             port = 0
         if port == 0:
-            msg = f"cannot listen on {settings.listen_address}"
+            msg = f"cannot listen on {tcp_address}"
             raise SandboxdError(msg)
-        host = settings.listen_address.rsplit(":", 1)[0]
+        host = tcp_address.rsplit(":", 1)[0]
         addresses.append(f"{host}:{port}")
-    metrics_server, gauges, looker = None, None, None
-    if settings.metrics_address:
-        metrics_server = serve_metrics(settings.metrics_address)
-        gauges = _Gauges(workspaces, processes)
-        LIVE.sources.append(gauges)
-        looker = asyncio.create_task(gauges.look_forever(), name="metrics-look")
-        log.info("metrics.listening", address=metrics_server.address)
-    await server.start()
-    for name in ("", *SERVICE_NAMES):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info(
-        "daemon.listening",
-        addresses=addresses,
-        instance=settings.instance,
-        tokens=authenticator.required,
-        mutual_tls=bool(settings.tls_client_ca_file),
-        audit_log=settings.audit_log,
-    )
-    return Daemon(
-        server=server,
-        backend=backend,
-        processes=processes,
-        workspaces=workspaces,
-        files=files,
-        health=health_servicer,
-        addresses=addresses,
-        audit=audit,
-        reaper=asyncio.create_task(_reap_forever(workspaces, audit), name="idle-reaper"),
-        trimmer=asyncio.create_task(trimmer.run(), name="heap-trimmer"),
-        metrics=metrics_server,
-        looker=looker,
-        gauges=gauges,
-    )
+    return addresses
+
+
+async def _abandon_start(workspaces: WorkspaceManager, lease: InstanceLease) -> None:
+    """Undo a start that failed after taking the lease: the pool's tasks, the agents' links, the lease."""
+    with contextlib.suppress(Exception):
+        if workspaces.pool is not None:
+            await workspaces.pool.close()
+        await workspaces.close()
+    await lease.release()
 
 
 async def serve(
@@ -401,9 +460,13 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # A signal, or the lease gone to another daemon (after an engine restart): either ends it.
+    waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(daemon.lease.taken.wait())]
     try:
-        await stop.wait()
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        for waiter in waiters:
+            waiter.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
@@ -411,3 +474,5 @@ async def serve(
         await daemon.stop(settings.shutdown_grace_s)
         with contextlib.suppress(FileNotFoundError):
             await asyncio.to_thread(Path(settings.socket_path).unlink)
+    if daemon.lease.taken.is_set():
+        raise SandboxdError(daemon.lease.refusal)

@@ -18,6 +18,7 @@ from typing import Protocol
 __all__ = [
     "LABEL_EGRESS_OF",
     "LABEL_EGRESS_RULES",
+    "LABEL_LEASE",
     "LABEL_POOL",
     "LABEL_SNAPSHOT_PART",
     "Backend",
@@ -25,6 +26,7 @@ __all__ = [
     "ContainerSpec",
     "ExecStream",
     "ImageInfo",
+    "Lease",
 ]
 
 LABEL_POOL = "sandboxd.pool"
@@ -35,6 +37,9 @@ LABEL_EGRESS_OF = "sandboxd.egress_of"
 ``sandboxd.managed`` label, so nothing that lists workspaces sees them)."""
 LABEL_EGRESS_RULES = "sandboxd.egress_rules"
 """On an egress proxy: its allowlist (``egress.rules_to_json``)."""
+LABEL_LEASE = "sandboxd.lease"
+"""On an instance's lease (``sandboxd.lease``): its holder, as JSON (pid, host, socket, since).
+Like an egress proxy it has no ``sandboxd.managed`` label: no workspace listing sees it."""
 LABEL_SNAPSHOT_PART = "sandboxd.snapshot_part"
 """``true`` on the intermediate image and container of a snapshot being taken (debris if the
 daemon dies then, which a start removes); such an image is no workspace's image."""
@@ -146,6 +151,18 @@ class ExecStream(Protocol):
         Stdin already written but not yet taken is delivered first (within a few
         seconds), unless ``discard_input``: then the connection is dropped at once.
         """
+        ...
+
+
+class Lease(Protocol):
+    """A daemon's hold on its instance label on one engine (:meth:`Backend.take_lease`)."""
+
+    async def lost(self) -> None:
+        """Return when the hold is gone: the engine restarted, or its connection broke."""
+        ...
+
+    async def release(self) -> None:
+        """Give the hold up at once (a successor may take it the moment this returns)."""
         ...
 
 
@@ -397,6 +414,21 @@ class Backend(Protocol):
 
         Each line is cut to ``max_line_bytes``; from ``since`` (a UNIX time) on, 0 being the
         proxy's start.
+        """
+        ...
+
+    async def take_lease(self, *, image: str, argv: Sequence[str], holder: str, wait_s: float) -> Lease:
+        """Hold this instance's label on the engine for as long as this process lives.
+
+        The hold is a container of ``image`` running ``argv`` (a program that reads its stdin
+        to the end) whose stdin this process keeps open: however the process ends, kill -9
+        included, the engine closes that stdin and the container ends and goes. ``holder``
+        (JSON) says who holds it, for whoever finds it taken.
+
+        Raises:
+            LeaseHeldError: another process still held it after ``wait_s`` seconds.
+            ImageNotFoundError: ``image`` is not on the engine.
+            DockerUnavailableError: the engine does not answer.
         """
         ...
 

@@ -36,6 +36,7 @@ from ..errors import (
     FailedPreconditionError,
     ImageNotFoundError,
     InvalidSpecError,
+    LeaseHeldError,
     QuotaExceededError,
     SandboxdError,
     WorkspaceExistsError,
@@ -45,6 +46,7 @@ from ..errors import (
 from .base import (
     LABEL_EGRESS_OF,
     LABEL_EGRESS_RULES,
+    LABEL_LEASE,
     LABEL_POOL,
     LABEL_SNAPSHOT_PART,
     ContainerInfo,
@@ -959,10 +961,24 @@ class DockerBackend:
     ) -> DockerExecStream:
         """Start ``argv`` with stdin attached; return the raw multiplexed stream."""
         exec_id = await self._exec_create(workspace_id, argv, env=env, user=user, stdin=True, container_id=container_id)
-        reader, writer = await self._connect()
         body = json.dumps({"Detach": False, "Tty": False}).encode()
+        reader, writer, status = await self._hijack(f"exec/{exec_id}/start", body, "starting an exec")
+        if status not in (101, 200):
+            writer.close()
+            msg = f"Docker engine refused to start the exec (HTTP {status})"
+            if status == 409:
+                msg = f"workspace {workspace_id!r} is not running"
+                raise WorkspaceNotRunningError(msg)
+            raise BackendError(msg)
+        return DockerExecStream(reader, writer, inspect=functools.partial(self._exec_exit_code, exec_id))
+
+    async def _hijack(
+        self, path: str, body: bytes, doing: str
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
+        """POST ``path`` asking the engine to upgrade the connection to a raw stream; return it and the HTTP status."""
+        reader, writer = await self._connect()
         request = (
-            f"POST /v{API_VERSION}/exec/{exec_id}/start HTTP/1.1\r\n"
+            f"POST /v{API_VERSION}/{path} HTTP/1.1\r\n"
             "Host: docker\r\nContent-Type: application/json\r\n"
             "Connection: Upgrade\r\nUpgrade: tcp\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
@@ -973,20 +989,12 @@ class DockerBackend:
             head = await reader.readuntil(b"\r\n\r\n")
         except (OSError, asyncio.IncompleteReadError) as exc:
             writer.close()
-            msg = f"Docker engine at {self.docker_host} hung up starting an exec: {_reason(exc)}"
+            msg = f"Docker engine at {self.docker_host} hung up {doing}: {_reason(exc)}"
             raise DockerUnavailableError(msg) from exc
         except BaseException:
             writer.close()  # cancelled (the daemon stopping): the connection must not outlive its loop
             raise
-        status = int(head.split(b" ", 2)[1])
-        if status not in (101, 200):
-            writer.close()
-            msg = f"Docker engine refused to start the exec (HTTP {status})"
-            if status == 409:
-                msg = f"workspace {workspace_id!r} is not running"
-                raise WorkspaceNotRunningError(msg)
-            raise BackendError(msg)
-        return DockerExecStream(reader, writer, inspect=functools.partial(self._exec_exit_code, exec_id))
+        return reader, writer, int(head.split(b" ", 2)[1])
 
     async def _exec_exit_code(self, exec_id: str) -> int | None:
         try:
@@ -1078,6 +1086,92 @@ class DockerBackend:
             log.warning("backend.socket_not_the_containers", path=host_path, uid=uid, pid=pid)
             return None
         return UnixSocketStream(reader, writer)
+
+    # -- the instance's lease (sandboxd.lease) ------------------------------------------------
+    async def take_lease(self, *, image: str, argv: Sequence[str], holder: str, wait_s: float) -> DockerLease:
+        """Hold this instance's label: a container named ``sandboxd-<instance>.lease`` (see Backend).
+
+        The engine's names are unique, so one container of that name is the whole lock. It is
+        created with stdin open for one attach, attached to before it starts (as ``docker run``
+        does, so no moment exists when it runs with nobody attached), and removed by the
+        engine when it ends. One found running is waited for up to ``wait_s`` (a daemon just
+        gone takes its lease with it within moments); one found not running is debris of a
+        start cut short, or of an engine restart, and is removed.
+        """
+        api = self._api()
+        name = f"sandboxd-{self.instance}.lease"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            try:
+                attrs = await self._call(api.inspect_container, name, idempotent=True)
+            except docker.errors.NotFound:
+                attrs = None
+            if attrs is not None:
+                if (attrs.get("State") or {}).get("Running"):
+                    if loop.time() < deadline:
+                        await asyncio.sleep(0.1)
+                        continue
+                    labels = (attrs.get("Config") or {}).get("Labels") or {}
+                    msg = f"the lease {name} is held"
+                    raise LeaseHeldError(msg, labels.get(LABEL_LEASE, ""))
+                try:
+                    await self._call(api.remove_container, attrs["Id"], force=True)
+                except docker.errors.NotFound:
+                    pass
+                except BackendError:
+                    await asyncio.sleep(0.05)  # the engine removing it already (it ended)
+                continue
+            try:
+                created = await self._call(
+                    api.create_container,
+                    image,
+                    name=name,
+                    entrypoint=list(argv),
+                    command=[],
+                    user="65534:65534",
+                    # Not detached: the SDK sets StdinOnce, so the engine closes its stdin when the
+                    # first attach (this daemon's) ends.
+                    stdin_open=True,
+                    labels={LABEL_INSTANCE: self.instance, LABEL_LEASE: holder},
+                    network_disabled=True,
+                    host_config=api.create_host_config(
+                        auto_remove=True,
+                        network_mode="none",
+                        cap_drop=["ALL"],
+                        security_opt=["no-new-privileges:true"],
+                        read_only=True,
+                        pids_limit=16,
+                        mem_limit=32 * 1024 * 1024,
+                    ),
+                )
+            except docker.errors.ImageNotFound as exc:
+                msg = f"image {image!r} is not present on the Docker engine"
+                raise ImageNotFoundError(msg) from exc
+            except BackendError as exc:
+                if "Conflict" in exc.message or "already in use" in exc.message:
+                    continue  # another daemon's, made just now: looked at again above
+                raise
+            reader, writer, status = await self._hijack(
+                f"containers/{created['Id']}/attach?stream=1&stdin=1&stdout=1&stderr=1", b"", "attaching"
+            )
+            if status not in (101, 200):
+                writer.close()
+                continue  # removed as debris by another daemon starting at this moment
+            lease = DockerLease(reader, writer, functools.partial(self._drop_lease, created["Id"]))
+            try:
+                await self._call(api.start, created["Id"])
+            except docker.errors.NotFound:
+                await lease.release()
+                continue
+            except BaseException:
+                await lease.release()
+                raise
+            return lease
+
+    async def _drop_lease(self, container_id: str) -> None:
+        with contextlib.suppress(docker.errors.NotFound, SandboxdError):
+            await self._call(self._api().remove_container, container_id, force=True)
 
     # -- egress: the ALLOWLIST policy's network and proxy (sandboxd.egress) ----------------------
     def _egress_name(self, workspace_id: str) -> str:
@@ -1313,6 +1407,27 @@ class DockerExecStream(_Connection):
     async def exit_code(self) -> int | None:
         """Return the exec's exit code once Docker reports it ended, else None."""
         return await self._inspect()
+
+
+class DockerLease:
+    """A held lease: the attach to its container's stdin (see :meth:`DockerBackend.take_lease`)."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, drop: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Wrap the attach connection; ``drop`` removes the container."""
+        self._reader, self._writer, self._drop = reader, writer, drop
+
+    async def lost(self) -> None:
+        """Return when the attach ends: the container ended (an engine restart), or the engine hung up."""
+        with contextlib.suppress(ConnectionError, OSError):
+            while await self._reader.read(4096):
+                pass  # the holder prints nothing; whatever comes is not the end
+
+    async def release(self) -> None:
+        """Close the attach (the holder sees the end of its stdin and ends) and remove the container."""
+        self._writer.transport.abort()
+        await self._drop()
 
 
 class UnixSocketStream(_Connection):

@@ -1,0 +1,125 @@
+"""SIGTERM during load: the daemon drains within ``SANDBOXD_SHUTDOWN_GRACE_S`` and loses nothing.
+
+A real daemon process under concurrent calls of every kind (commands, a flood of output,
+file writes and reads) is sent SIGTERM: calls in flight end with their results or a clean
+UNAVAILABLE, the process exits 0 within the grace (plus its own release), and its successor
+on the same label lists every workspace, runs commands in each, and still holds the command
+started before the stop, running on in its workspace all along.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+from sandboxd_client import SandboxClient, UnavailableError
+
+from ..conftest import new_instance, spawned_daemon
+from .helpers import start_ready, until_caught
+
+GRACE_S = 3.0
+RELEASE_S = 4.0
+"""What the stop may take beyond the grace: closing sessions, links and the lease."""
+
+
+async def test_sigterm_under_load_drains_within_the_grace_and_loses_no_workspace(
+    tmp_path: Path, default_image: str
+) -> None:
+    instance = new_instance()
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    with spawned_daemon(tmp_path / "first", instance, SANDBOXD_SHUTDOWN_GRACE_S=str(GRACE_S)) as (daemon, socket, _):
+        async with SandboxClient(socket_path=socket, retries=False) as client:
+            workspaces = [await client.create_workspace() for _ in range(4)]
+            beating = await start_ready(workspaces[0], "echo ready; while :; do date +%s%N >> beat; sleep 0.05; done")
+            outcomes: list[tuple[float, str]] = []
+
+            async def loop(workspace, kind: str) -> None:  # type: ignore[no-untyped-def]
+                n = 0
+                while True:
+                    n += 1
+                    try:
+                        if kind == "true":
+                            result = await workspace.exec("true").wait()
+                            ok = result.exit_code == 0
+                        elif kind == "seq":
+                            result = await workspace.exec("seq 1 100000").wait()
+                            ok = result.exit_code == 0 and result.stdout.endswith("\n100000\n")
+                        else:
+                            data = f"{n}\n" * 100_000
+                            await workspace.write_file(f"file-{n % 3}.txt", data)
+                            read = await workspace.exec(f"md5sum < file-{n % 3}.txt").wait()
+                            ok = read.exit_code == 0
+                        outcomes.append((time.monotonic(), "ok" if ok else "wrong result"))
+                    except UnavailableError:
+                        outcomes.append((time.monotonic(), "UNAVAILABLE"))
+                        return
+                    except Exception as exc:  # any other outcome is what this test exists to catch
+                        outcomes.append((time.monotonic(), f"{type(exc).__name__}: {exc}"))
+                        return
+
+            # A stream the grace cannot wait out: a command that runs past it, its output followed.
+            long_call = workspaces[1].exec("echo started; sleep 60; echo done", yield_after_s=120)
+            long_started = asyncio.Event()
+
+            async def follow_long() -> BaseException | None:
+                try:
+                    async for event in long_call:
+                        if getattr(event, "text", "") == "started\n":
+                            long_started.set()
+                except Exception as exc:  # its end is what is asserted
+                    return exc
+                return None
+
+            long_task = asyncio.create_task(follow_long())
+            await asyncio.wait_for(long_started.wait(), 30)
+            kinds = ("true", "seq", "file")
+            loops = [
+                asyncio.create_task(loop(workspace, kinds[i % 3]))
+                for i, workspace in enumerate(workspaces)
+                for _ in range(2)
+            ]
+            while len(outcomes) < 24:
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(until_caught, daemon.pid, signal.SIGTERM)
+            signalled = time.monotonic()
+            daemon.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(daemon.wait, GRACE_S + RELEASE_S + 30)
+            took = time.monotonic() - signalled
+            await asyncio.wait_for(asyncio.gather(*loops), 30)
+            long_end = await asyncio.wait_for(long_task, 30)
+        assert code == 0
+        assert took < GRACE_S + RELEASE_S, took
+        # Before the signal: all fine. After it: results, or UNAVAILABLE (nothing else, no hang).
+        assert {outcome for at, outcome in outcomes if at < signalled} == {"ok"}
+        # The stream still open at the grace ended UNAVAILABLE, saying the command runs on.
+        assert isinstance(long_end, UnavailableError), long_end
+        assert f"its shutdown grace is {GRACE_S:g} s" in long_end.message
+        assert "runs on in its workspace" in long_end.message
+        assert {outcome for _, outcome in outcomes} <= {"ok", "UNAVAILABLE"}, [
+            (round(at - signalled, 3), outcome) for at, outcome in outcomes[-12:]
+        ]
+    with spawned_daemon(tmp_path / "second", instance) as (_successor, socket, _):
+        async with SandboxClient(socket_path=socket, retries=False) as client:
+            listed = {info.workspace_id for info in await client.list_workspaces()}
+            assert listed == {workspace.workspace_id for workspace in workspaces}
+            for info in listed:
+                result = await client.exec(info, "echo $((6 * 7))").wait()
+                assert (result.exit_code, result.stdout) == (0, "42\n")
+            # The commands started before the stop ran on, and are this daemon's now.
+            running = [
+                process.process_id
+                for workspace in workspaces[:2]
+                for process in await client.list_processes(workspace.workspace_id)
+                if process.running
+            ]
+            assert sorted(running) == sorted([beating, long_call.process_id])
+            before = (await client.exec(workspaces[0].workspace_id, "wc -l < beat").wait()).stdout
+            deadline = time.monotonic() + 10
+            while (await client.exec(workspaces[0].workspace_id, "wc -l < beat").wait()).stdout == before:
+                assert time.monotonic() < deadline, "the command started before the stop is not running"
+                await asyncio.sleep(0.1)
+            for info in listed:
+                await client.delete_workspace(info)

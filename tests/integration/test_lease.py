@@ -1,0 +1,219 @@
+"""One daemon per instance label and engine (sandboxd.lease), on the real engine.
+
+The lease is a container named ``sandboxd-<instance>.lease`` whose stdin the holding daemon
+keeps open: these tests start real daemon processes, kill them with SIGKILL, plant debris and
+forged holders, and end a holder behind its daemon's back, as an engine restart does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import grpc
+import pytest
+from sandboxd_protocol.v1 import workspace_service_pb2, workspace_service_pb2_grpc
+
+from sandboxd.agentbuild import AgentBuild, agent_digest
+
+from ..conftest import new_instance, spawned_daemon
+
+pytestmark = pytest.mark.usefixtures("default_image")
+
+
+def _lease_name(instance: str) -> str:
+    return f"sandboxd-{instance}.lease"
+
+
+def _second_daemon(tmp_path: Path, instance: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Start another daemon on ``instance`` (its own socket) and wait for it to end; return it and its time."""
+    started = time.monotonic()
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sandboxd",
+            "--socket",
+            str(tmp_path / "second" / "sandboxd.sock"),
+            "--instance",
+            instance,
+            "--no-build",
+        ],
+        env={**os.environ, "SANDBOXD_POOL_SIZE": "0", "SANDBOXD_AUDIT_LOG": str(tmp_path / "second.jsonl")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return run, time.monotonic() - started
+
+
+def _hold_argv() -> list[str]:
+    return [f"{AgentBuild.binary_dir(docker.from_env().info()['Architecture'])}/sandboxd-agent", "hold"]
+
+
+def _fake_holder(client: docker.DockerClient, instance: str, holder: str) -> docker.models.containers.Container:
+    """A running lease container nobody attaches to (its stdin stays open): a holder that never goes."""
+    return client.containers.run(
+        AgentBuild(agent_digest()).image,
+        entrypoint=_hold_argv(),
+        command=[],
+        name=_lease_name(instance),
+        labels={"sandboxd.instance": instance, "sandboxd.lease": holder},
+        stdin_open=True,
+        network_mode="none",
+        detach=True,
+    )
+
+
+def _until_gone(client: docker.DockerClient, instance: str, within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while client.containers.list(all=True, filters={"name": _lease_name(instance)}):
+        assert time.monotonic() < deadline, "the lease outlived its daemon"
+        time.sleep(0.05)
+
+
+def _create_workspace(socket_path: str, workspace_id: str) -> None:
+    with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+        stub = workspace_service_pb2_grpc.WorkspaceServiceStub(channel)
+        stub.CreateWorkspace(workspace_service_pb2.CreateWorkspaceRequest(workspace_id=workspace_id), timeout=60)
+
+
+def _listed(socket_path: str) -> list[str]:
+    with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+        stub = workspace_service_pb2_grpc.WorkspaceServiceStub(channel)
+        reply = stub.ListWorkspaces(workspace_service_pb2.ListWorkspacesRequest(), timeout=30)
+    return [workspace.workspace_id for workspace in reply.workspaces]
+
+
+def _events(log_path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+
+
+def test_a_second_daemon_on_the_label_refuses_in_one_line_and_a_killed_ones_successor_starts(
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    instance = new_instance()
+    first_dir, third_dir = tmp_path / "first", tmp_path / "third"
+    first_dir.mkdir()
+    third_dir.mkdir()
+    with spawned_daemon(first_dir, instance) as (first, socket_path, _log):
+        _create_workspace(socket_path, "kept")
+        run, took = _second_daemon(tmp_path, instance)
+        assert run.returncode == 1, run.stderr
+        assert took < 5.0
+        failed = [line for line in run.stderr.splitlines() if "daemon.failed" in line]
+        assert len(failed) == 1, run.stderr
+        message = str(json.loads(failed[0])["error"]) if failed[0].startswith("{") else failed[0]
+        assert f"instance {instance!r} is already served on this Docker engine by sandboxd pid {first.pid}" in message
+        assert f"unix:{socket_path}" in message
+        assert "Traceback" not in run.stderr
+        assert "daemon.adopted" not in run.stderr  # refused before touching a container
+        assert first.poll() is None
+        assert _listed(socket_path) == ["kept"]  # the first daemon's workspaces are its own still
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        killed = time.monotonic()
+        with spawned_daemon(third_dir, instance) as (_third, third_socket, third_log):
+            assert time.monotonic() - killed < 10.0
+            assert _listed(third_socket) == ["kept"]  # adopted by the successor
+            events = [event["event"] for event in _events(third_log)]
+            assert events.index("lease.taken") < events.index("daemon.adopted")
+            with grpc.insecure_channel(f"unix:{third_socket}") as channel:
+                stub = workspace_service_pb2_grpc.WorkspaceServiceStub(channel)
+                stub.DeleteWorkspace(workspace_service_pb2.DeleteWorkspaceRequest(workspace_id="kept"), timeout=60)
+    # The last daemon was killed (SIGKILL) too: its lease goes with it, within moments.
+    _until_gone(docker_client, instance)
+
+
+def test_a_graceful_stop_hands_the_lease_over_at_once(tmp_path: Path, docker_client: docker.DockerClient) -> None:
+    instance = new_instance()
+    (tmp_path / "a").mkdir()
+    with spawned_daemon(tmp_path / "a", instance) as (first, _socket, _log):
+        holder = docker_client.containers.get(_lease_name(instance))
+        assert holder.labels["sandboxd.instance"] == instance
+        assert "sandboxd.managed" not in holder.labels  # no workspace listing sees it
+        assert json.loads(holder.labels["sandboxd.lease"])["pid"] == first.pid
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=30) == 0
+    # Gone when the daemon is: a successor has nothing to wait for.
+    assert docker_client.containers.list(all=True, filters={"name": _lease_name(instance)}) == []
+
+
+def test_debris_of_a_lease_is_cleared_and_a_forged_holder_is_named_plainly(
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    instance = new_instance()
+    # A lease container that never started (a start cut short): debris, removed by the next daemon.
+    docker_client.containers.create(
+        AgentBuild(agent_digest()).image,
+        entrypoint=_hold_argv(),
+        command=[],
+        name=_lease_name(instance),
+        labels={"sandboxd.instance": instance, "sandboxd.lease": "{}"},
+        stdin_open=True,
+        network_mode="none",
+    )
+    (tmp_path / "a").mkdir()
+    with spawned_daemon(tmp_path / "a", instance) as (first, _socket, _log):
+        assert (
+            json.loads(docker_client.containers.get(_lease_name(instance)).labels["sandboxd.lease"])["pid"] == first.pid
+        )
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=30)
+    # A running holder whose label is not JSON (or 100 KiB of it): the refusal is one plain line.
+    fake = _fake_holder(docker_client, instance, "\x1b[2J" + "x" * 100_000)
+    try:
+        run, took = _second_daemon(tmp_path, instance)
+    finally:
+        fake.remove(force=True)
+    assert run.returncode == 1
+    assert took < 5.0
+    failed = [line for line in run.stderr.splitlines() if "daemon.failed" in line]
+    assert len(failed) == 1, run.stderr
+    assert f"by another daemon (its lease is the container {_lease_name(instance)})" in failed[0]
+    assert len(failed[0]) < 1000
+
+
+def test_a_lease_ended_behind_the_daemons_back_is_taken_again_or_the_daemon_stops(
+    tmp_path: Path, docker_client: docker.DockerClient
+) -> None:
+    """What an engine restart does to a lease (its holder ends), played by ending the holder."""
+    instance = new_instance()
+    (tmp_path / "a").mkdir()
+    with spawned_daemon(tmp_path / "a", instance) as (first, socket_path, log_path):
+        original = docker_client.containers.get(_lease_name(instance))
+        original.kill()
+        deadline = time.monotonic() + 10
+        while True:
+            taken = [event for event in _events(log_path) if event["event"] == "lease.taken"]
+            if len(taken) == 2:
+                break
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        assert "lease.lost" in [event["event"] for event in _events(log_path)]
+        again = docker_client.containers.get(_lease_name(instance))
+        assert again.id != original.id
+        assert json.loads(again.labels["sandboxd.lease"])["pid"] == first.pid
+        assert _listed(socket_path) == []  # serving throughout
+        # Now another holder takes the name while this one's lease is away: this daemon must stop,
+        # not go on serving workspaces that are no longer its own. (Renamed first, so that the
+        # other can take the name while this daemon still holds its own, then that one ends.)
+        again.rename(f"{_lease_name(instance)}-old")
+        other = _fake_holder(docker_client, instance, json.dumps({"pid": 4242, "host": "elsewhere", "since": "then"}))
+        try:
+            again.kill()
+            assert first.wait(timeout=20) == 1
+        finally:
+            other.remove(force=True)
+        events = _events(log_path)
+        failed = [event for event in events if event["event"] == "daemon.failed"]
+        assert len(failed) == 1
+        assert "by sandboxd pid 4242 on host elsewhere, since then" in str(failed[0]["error"])
+        assert events[-2]["event"] == "daemon.stopped"
