@@ -9,7 +9,9 @@ the setting.
              seq        exec("seq 1 100000"), all 588,895 bytes of it streamed back
              file       a 1 MiB write_file, then `wc -c` of it in the workspace
              ctrl_c     exec("sleep 100") yielded, then Input("\\u0003") until it exits 130
-           and prints calls per second, p50/p99 latency and errors per kind.
+           and prints calls per second, p50/p99 latency and errors per kind, and where the
+           machine's CPU went: the daemon, this client, the workspaces (agents and
+           commands, by cgroup), the engine's processes, the rest.
   floods   --floods workspaces each start `yes` that nobody reads, for --seconds.
 
 The daemon's RSS (/proc) is sampled every half second: before, at its peak and after each part.
@@ -19,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
 
-from _daemon import private_daemon_process
+from _daemon import INSTANCE, private_daemon_process
 from sandboxd_client import Exited, SandboxClient, Workspace, Yielded
 
 KINDS = ("true", "seq", "file", "ctrl_c")
@@ -37,6 +41,92 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+_ENGINE = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2", "docker-init", "runsc", "runsc-gofer")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def engine_cpu_s() -> float:
+    """CPU seconds of the engine's own processes: dockerd, containerd and the shims (by name)."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as comm:
+                    name = comm.read().strip()
+            except OSError:
+                continue
+            if name in _ENGINE:
+                total += process_cpu_s(int(entry))
+    return total
+
+
+def containers_cpu_s() -> float:
+    """CPU seconds of everything in the run's workspace containers (cgroup v1 cpuacct, or v2 cpu.stat)."""
+    import docker
+
+    client = docker.from_env()
+    total = 0.0
+    try:
+        for container in client.containers.list(filters={"label": f"sandboxd.instance={INSTANCE}"}):
+            for path in (f"/sys/fs/cgroup/cpuacct/docker/{container.id}/cpuacct.usage",):
+                with contextlib.suppress(OSError), open(path) as usage:
+                    total += int(usage.read()) / 1e9
+    finally:
+        client.close()
+    return total
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent not idle (/proc/stat)."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / _TICK
+
+
+class CpuShare:
+    """Where the machine's CPU went during a part: the daemon, this client, the workspaces, the engine."""
+
+    def __init__(self, daemon_pid: int) -> None:
+        self.daemon_pid = daemon_pid
+
+    def read(self) -> dict[str, float]:
+        return {
+            "machine": machine_busy_s(),
+            "daemon": process_cpu_s(self.daemon_pid),
+            "bench client": process_cpu_s(os.getpid()),
+            "workspaces": containers_cpu_s(),
+            "engine": engine_cpu_s(),
+        }
+
+    def __enter__(self) -> CpuShare:
+        self.before = self.read()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.spent = {key: value - self.before[key] for key, value in self.read().items()}
+
+    def line(self, seconds: float) -> str:
+        spent = dict(self.spent)
+        machine = spent.pop("machine")
+        parts = ", ".join(f"{name} {value:.0f}" for name, value in spent.items())
+        other = machine - sum(spent.values())
+        return (
+            f"CPU seconds ({os.cpu_count()} cores x {seconds:g} s = {os.cpu_count() * seconds:.0f}): "
+            f"machine busy {machine:.0f}: {parts}, the rest {other:.0f}"
+        )
 
 
 class Sampler:
@@ -128,9 +218,10 @@ async def run(socket_path: str, pid: int, opts: argparse.Namespace) -> int:
         try:
             times: dict[str, list[float]] = {kind: [] for kind in KINDS}
             errors: dict[str, list[str]] = {kind: [] for kind in KINDS}
-            async with Sampler(pid) as load:
-                until = time.monotonic() + opts.seconds
-                await asyncio.gather(*(loop(ws, kind, until, times, errors) for ws in workspaces for kind in KINDS))
+            with CpuShare(pid) as cpu:
+                async with Sampler(pid) as load:
+                    until = time.monotonic() + opts.seconds
+                    await asyncio.gather(*(loop(ws, kind, until, times, errors) for ws in workspaces for kind in KINDS))
             print(f"\nload: {opts.workspaces} workspaces x {len(KINDS)} loops for {opts.seconds:g} s")
             print(f"{'kind':8}{'calls':>8}{'per s':>9}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}")
             for kind in KINDS:
@@ -142,6 +233,7 @@ async def run(socket_path: str, pid: int, opts: argparse.Namespace) -> int:
                 for error in sorted(set(errors[kind]))[:3]:
                     print(f"    {error}")
             print(f"daemon RSS: before {load.before:.1f} MiB, peak {load.peak:.1f}, after {load.after:.1f}")
+            print(cpu.line(opts.seconds))
             flooders = workspaces[: opts.floods]
             async with Sampler(pid) as floods:
                 for ws in flooders:

@@ -2,9 +2,11 @@
 
 Restarting the machine's engine would end every other test's containers; a second dockerd
 with its own sockets, data root and containerd (the one it starts for itself) is a real
-engine to restart at will. It has no bridge network (workspaces with network ``none`` need
-none) and leaves the host's iptables alone; it takes the machine engine's runtimes (runsc),
-storage driver and MTU. Everything it holds goes with its data root when the test ends.
+engine to restart at will. It runs in a network namespace of its own with no bridge network
+(workspaces with network ``none`` need none, and the daemon reaches it and its agents by Unix
+sockets, which are files), so it cannot touch the machine's interfaces or iptables; it takes
+the machine engine's runtimes (runsc), storage driver and MTU. Everything it holds goes with
+its data root when the test ends.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ class PrivateEngine:
         with self._log.open("ab") as log:
             self._process = subprocess.Popen(
                 [
+                    # A network namespace of its own: a dockerd told --bridge=none deletes the
+                    # docker0 it finds, and the machine's engine would lose its bridge.
+                    "unshare",
+                    "--net",
                     "dockerd",
                     f"--config-file={self.root / 'daemon.json'}",
                     f"--host={self.host}",
@@ -120,8 +126,8 @@ class PrivateEngine:
 @contextlib.contextmanager
 def private_engine(*images: str) -> Iterator[PrivateEngine]:
     """A started private engine holding ``images``; skipped where dockerd cannot run (not root)."""
-    if shutil.which("dockerd") is None or not _is_root():
-        pytest.skip("a private engine needs dockerd and root")
+    if shutil.which("dockerd") is None or shutil.which("unshare") is None or not _is_root():
+        pytest.skip("a private engine needs dockerd, unshare and root")
     root = Path(tempfile.mkdtemp(prefix="sbx-engine-", dir="/tmp"))
     engine = PrivateEngine(root)
     try:
