@@ -1420,14 +1420,21 @@ class DockerLease:
 
     async def lost(self) -> None:
         """Return when the attach ends: the container ended (an engine restart), or the engine hung up."""
-        with contextlib.suppress(ConnectionError, OSError):
-            while await self._reader.read(4096):
-                pass  # the holder prints nothing; whatever comes is not the end
+        try:
+            with contextlib.suppress(ConnectionError, OSError):
+                while await self._reader.read(4096):
+                    pass  # the holder prints nothing; whatever comes is not the end
+        finally:
+            self._close()
 
     async def release(self) -> None:
         """Close the attach (the holder sees the end of its stdin and ends) and remove the container."""
-        self._writer.transport.abort()
+        self._close()
         await self._drop()
+
+    def _close(self) -> None:
+        self._writer.close()
+        self._writer.transport.abort()  # nothing is left to flush: the holder reads nothing of it
 
 
 class UnixSocketStream(_Connection):

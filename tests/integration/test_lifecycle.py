@@ -153,7 +153,9 @@ class TestRestart:
                 with pytest.raises(NotFoundError, match=r"^process 'p-000000000000' not found$"):
                     await client.kill("p-000000000000")
                 owned = {w.workspace_id for w in await client.list_workspaces()}
-                containers = client_docker.containers.list(all=True, filters={"label": f"sandboxd.instance={instance}"})
+                containers = client_docker.containers.list(
+                    all=True, filters={"label": [f"sandboxd.instance={instance}", "sandboxd.managed=true"]}
+                )
                 names = {c.name for c in containers}
                 assert f"sandboxd-{instance}-half" not in names
                 assert {c.labels["sandboxd.workspace_id"] for c in containers} <= owned

@@ -45,6 +45,7 @@ async def test_metrics_count_calls_without_ids_in_labels(tmp_path: Path) -> None
                 _, during = scrape(address)
                 assert value(during, "sandboxd_sessions", state="exited") >= 1  # the finished command, kept
                 assert value(during, "sandboxd_engine_up") == 1
+                assert value(during, "sandboxd_lease_held") >= 1  # summed over this process's daemons
             finally:
                 await ws.delete()
         text, after = scrape(address)

@@ -41,7 +41,10 @@ async def until_ready(client: SandboxClient, ready: int, name: str = "default", 
 
 
 def containers(docker_client, instance: str) -> list:  # type: ignore[type-arg, no-untyped-def]
-    return docker_client.containers.list(all=True, filters={"label": f"sandboxd.instance={instance}"})
+    # Workspaces and members: the instance's lease (no sandboxd.managed label) is none of them.
+    return docker_client.containers.list(
+        all=True, filters={"label": [f"sandboxd.instance={instance}", "sandboxd.managed=true"]}
+    )
 
 
 def stop(thread: DaemonThread) -> None:
@@ -118,7 +121,7 @@ async def test_what_a_claim_applies(pooled, docker_client) -> None:
     (default,) = await client.get_pool()
     assert default.claims == 1  # the refused create took no member
     deadline = time.monotonic() + 20
-    while docker_client.containers.list(all=True, filters={"id": ws.info.container_id}):
+    while docker_client.api.containers(all=True, filters={"id": ws.info.container_id}):  # summaries: no inspect to race
         assert time.monotonic() < deadline, "the claimer's idle TTL did not remove it"
         await asyncio.sleep(0.2)
 
@@ -255,7 +258,7 @@ async def test_a_claimed_member_whose_claim_record_is_lost_is_never_handed_out(t
     try:
         async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
             await until_ready(client, 2)
-            assert not docker_client.containers.list(all=True, filters={"id": ws.info.container_id})
+            assert not docker_client.api.containers(all=True, filters={"id": ws.info.container_id})
             for _ in range(3):
                 other = await client.create_workspace()
                 assert other.info.container_id != ws.info.container_id
@@ -280,7 +283,7 @@ async def test_creates_the_caller_gives_up_on_leave_nothing(pooled, docker_clien
         (default,) = await client.get_pool()
         # Summaries: a listing that inspects each would trip over one being removed meanwhile.
         present = docker_client.api.containers(
-            all=True, filters={"label": f"sandboxd.instance={thread.settings.instance}"}
+            all=True, filters={"label": [f"sandboxd.instance={thread.settings.instance}", "sandboxd.managed=true"]}
         )
         if default.ready == 2 and default.starting == 0 and len(present) == 2:
             break
@@ -339,7 +342,9 @@ async def test_a_claimed_container_removed_behind_the_daemons_back_frees_its_id(
     with pytest.raises(NotFoundError):
         await client.get_workspace("ws-again")
     await until_ready(client, 2)
-    present = docker_client.api.containers(all=True, filters={"label": f"sandboxd.instance={thread.settings.instance}"})
+    present = docker_client.api.containers(
+        all=True, filters={"label": [f"sandboxd.instance={thread.settings.instance}", "sandboxd.managed=true"]}
+    )
     assert len(present) == 2  # the members, nothing else
     volumes = docker_client.volumes.list(filters={"label": f"sandboxd.instance={thread.settings.instance}"})
     assert not [v.name for v in volumes if "ws-again" in v.name]
