@@ -37,7 +37,7 @@ __all__ = ["FIRST_WAIT_S", "InstanceLease"]
 
 log = structlog.get_logger(__name__)
 
-FIRST_WAIT_S = 2.0
+FIRST_WAIT_S = 1.5
 """How long a starting daemon waits for a lease found held to go: a daemon that has just
 ended (kill -9) takes its lease with it in well under this; a live one keeps it."""
 
@@ -82,10 +82,11 @@ class InstanceLease:
         """Whether this daemon holds the lease now."""
         return self._lease is not None
 
-    async def take(self) -> bool:
+    async def take(self, *, quiet: bool = False) -> bool:
         """Take the lease at start; return whether it is held (False: the engine or the image is away).
 
-        Not held, the keeper (:meth:`keep`) goes on asking.
+        Not held, the keeper (:meth:`keep`) goes on asking. ``quiet``: a failure is not logged
+        (a first try, before the agent's image is built).
 
         Raises:
             LeaseHeldError: another daemon serves this label on this engine (one line naming it).
@@ -95,7 +96,8 @@ class InstanceLease:
         except LeaseHeldError as exc:
             raise LeaseHeldError(self._refusal(exc.holder), exc.holder) from None
         except SandboxdError as exc:
-            log.error("lease.pending", instance=self.instance, error=exc.message)  # noqa: TRY400
+            if not quiet:
+                log.error("lease.pending", instance=self.instance, error=exc.message)  # noqa: TRY400
             return False
         log.info("lease.taken", instance=self.instance)
         return True
@@ -145,14 +147,15 @@ class InstanceLease:
         if not self._argv:
             directory = AgentBuild.binary_dir(await self.backend.architecture())
             self._argv = [f"{directory}/sandboxd-agent", "hold"]
-        try:
-            return await self.backend.take_lease(image=self.image, argv=self._argv, holder=self._holder, wait_s=wait_s)
-        except LeaseHeldError as exc:
-            if _field(exc.holder, "token") != self._token:
-                raise
-        # Its own lease from before the engine restarted, which the engine kept running
-        # (live-restore): it goes, and this daemon takes the lease anew.
-        return await self.backend.take_lease(image=self.image, argv=self._argv, holder=self._holder, wait_s=wait_s)
+        # Its own lease from before, which the engine kept running (live-restore, a `docker
+        # restart` of it): it goes, and this daemon takes the lease anew.
+        return await self.backend.take_lease(
+            image=self.image,
+            argv=self._argv,
+            holder=self._holder,
+            wait_s=wait_s,
+            stale=lambda holder: _field(holder, "token") == self._token,
+        )
 
     def _refusal(self, holder: str) -> str:
         name = f"sandboxd-{self.instance}.lease"

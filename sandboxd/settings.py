@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from typing import Literal, get_args, get_origin, get_type_hints
 
@@ -194,6 +195,13 @@ class Settings:
                 values[field.name] = _parse(field.name, hints[field.name], raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)  # type: ignore[arg-type]
+        if not _INSTANCE_RE.fullmatch(settings.instance):
+            # It names containers (sandboxd-<instance>-<id>, the lease): the engine's rule for names.
+            msg = (
+                f"instance {settings.instance!r} is not a valid instance label: 1-63 of letters, digits, "
+                "'_', '.' and '-', starting with a letter or digit"
+            )
+            raise InvalidSpecError(msg)
         if not settings.socket_path:
             settings = dataclasses.replace(settings, socket_path=default_socket_path(environ))
         if not settings.audit_log:
@@ -209,6 +217,8 @@ def default_audit_path(environ: Mapping[str, str]) -> str:
     state = environ.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state")
     return os.path.join(state, "sandboxd", "audit.jsonl")
 
+
+_INSTANCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})

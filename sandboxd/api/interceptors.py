@@ -80,14 +80,19 @@ class Drain:
         if self.stopping and not self._calls:
             self._idle.set()
 
-    async def run(self, grace_s: float) -> None:
-        """Refuse new calls, wait up to ``grace_s`` for those in flight, then end the rest (UNAVAILABLE)."""
+    async def run(self, grace_s: float, *, expiring: Callable[[], None] = lambda: None) -> None:
+        """Refuse new calls, wait up to ``grace_s`` for those in flight, then end the rest (UNAVAILABLE).
+
+        ``expiring`` is called just before the rest are ended (the daemon's commands must not
+        take that end for their callers leaving).
+        """
         self.stopping, self._grace_s = True, grace_s
         if not self._calls:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), grace_s)
             return
+        expiring()
         self.expired = True
         message = (
             f"the daemon stopped before this call ended (its shutdown grace is {self._grace_s:g} s); "

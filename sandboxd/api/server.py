@@ -98,8 +98,9 @@ class Daemon:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.health.enter_graceful_shutdown()
+        # A caller who leaves in the grace still means Ctrl-C; the drain's own end of a call does not.
+        await self.drain.run(grace_s, expiring=self.processes.stop_interrupting)
         self.processes.stop_interrupting()
-        await self.drain.run(grace_s)
         # Nothing is in flight now but what the drain has just ended: a moment for its status.
         await self.server.stop(1.0)
         if self.workspaces.pool is not None:
@@ -292,20 +293,27 @@ async def start(
     # Before touching any container: a socket that cannot be made stops the start at once.
     socket_path = Path(settings.socket_path)
     await asyncio.to_thread(_prepare_socket, socket_path)
-    if agent is None:
-        agent = await _find_agent(settings, backend, progress)
-    processes = ProcessTable(backend, settings, tenants=authenticator.tenant_count)
-    workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store, agent=agent)
-    workspaces.pool = WarmPool(workspaces, workspaces.pool_classes())  # a bad pool file stops the start
     lease = InstanceLease(
         backend,
         settings,
         [f"unix:{socket_path}", *([settings.listen_address] if settings.listen_address else [])],
         image=agent.image if agent is not None else "",
     )
+    # First of all, before the agent is looked for (that runs a container): a second daemon is
+    # refused at once, and another daemon's workspaces are never this one's to touch. The
+    # agent's image may be missing yet (a first start builds it): the lease is asked for again.
+    held = await lease.take(quiet=True)
     try:
-        # Before any container is touched: another daemon's workspaces are not this one's to adopt.
-        if await lease.take():
+        if agent is None:
+            agent = await _find_agent(settings, backend, progress)
+        processes = ProcessTable(backend, settings, tenants=authenticator.tenant_count)
+        workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store, agent=agent)
+        workspaces.pool = WarmPool(workspaces, workspaces.pool_classes())  # a bad pool file stops the start
+    except BaseException:
+        await asyncio.shield(lease.release())
+        raise
+    try:
+        if held or await lease.take():
             try:
                 orphans = await backend.remove_orphans()
                 if orphans:
@@ -444,35 +452,48 @@ async def serve(
         progress: receives image-build progress lines.
         environ: the daemon's environment (``SANDBOXD_SECRET_<NAME>`` secrets).
     """
-    if build_image and settings.build_default_image:
-        try:
-            await ensure_default_image(
-                backend,
-                settings.default_image,
-                route=settings.image_route,
-                progress=progress or (lambda line: log.info("image.progress", line=line)),
-            )
-        except SandboxdError as exc:
-            # Serve anyway: workspaces on other images work, and the error says what to do.
-            log.error("image.unavailable", image=settings.default_image, error=exc.message)  # noqa: TRY400
-    daemon = await start(settings, backend, environ=environ, progress=progress)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(number: int) -> None:
+        if stop.is_set():
+            # A second SIGTERM (or Ctrl-C) must not cut the drain short: commands and streams
+            # would lose what the grace is for. SIGKILL is there for an immediate end.
+            log.warning("daemon.already_stopping", signal=signal.Signals(number).name)
+        stop.set()
+
+    # From the first moment: a signal during the start (an image build) is a graceful stop too.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    # A signal, or the lease gone to another daemon (after an engine restart): either ends it.
-    waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(daemon.lease.taken.wait())]
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        if build_image and settings.build_default_image:
+            try:
+                await ensure_default_image(
+                    backend,
+                    settings.default_image,
+                    route=settings.image_route,
+                    progress=progress or (lambda line: log.info("image.progress", line=line)),
+                )
+            except SandboxdError as exc:
+                # Serve anyway: workspaces on other images work, and the error says what to do.
+                log.error("image.unavailable", image=settings.default_image, error=exc.message)  # noqa: TRY400
+        if stop.is_set():
+            return  # stopped before it served: nothing to drain
+        daemon = await start(settings, backend, environ=environ, progress=progress)
+        # A signal, or the lease gone to another daemon (after an engine restart): either ends it.
+        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(daemon.lease.taken.wait())]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            log.info("daemon.stopping", grace_s=settings.shutdown_grace_s)
+            await daemon.stop(settings.shutdown_grace_s)
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(Path(settings.socket_path).unlink)
     finally:
-        for waiter in waiters:
-            waiter.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
-        log.info("daemon.stopping", grace_s=settings.shutdown_grace_s)
-        await daemon.stop(settings.shutdown_grace_s)
-        with contextlib.suppress(FileNotFoundError):
-            await asyncio.to_thread(Path(settings.socket_path).unlink)
     if daemon.lease.taken.is_set():
         raise SandboxdError(daemon.lease.refusal)

@@ -417,13 +417,22 @@ class Backend(Protocol):
         """
         ...
 
-    async def take_lease(self, *, image: str, argv: Sequence[str], holder: str, wait_s: float) -> Lease:
+    async def take_lease(
+        self,
+        *,
+        image: str,
+        argv: Sequence[str],
+        holder: str,
+        wait_s: float,
+        stale: Callable[[str], bool] = lambda holder: False,
+    ) -> Lease:
         """Hold this instance's label on the engine for as long as this process lives.
 
         The hold is a container of ``image`` running ``argv`` (a program that reads its stdin
         to the end) whose stdin this process keeps open: however the process ends, kill -9
         included, the engine closes that stdin and the container ends and goes. ``holder``
-        (JSON) says who holds it, for whoever finds it taken.
+        (JSON) says who holds it, for whoever finds it taken; ``stale`` tells a holder that is
+        this process from before (an engine restart that kept it running), which goes.
 
         Raises:
             LeaseHeldError: another process still held it after ``wait_s`` seconds.

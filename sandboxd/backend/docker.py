@@ -1088,15 +1088,26 @@ class DockerBackend:
         return UnixSocketStream(reader, writer)
 
     # -- the instance's lease (sandboxd.lease) ------------------------------------------------
-    async def take_lease(self, *, image: str, argv: Sequence[str], holder: str, wait_s: float) -> DockerLease:
+    async def take_lease(
+        self,
+        *,
+        image: str,
+        argv: Sequence[str],
+        holder: str,
+        wait_s: float,
+        stale: Callable[[str], bool] = lambda holder: False,
+    ) -> DockerLease:
         """Hold this instance's label: a container named ``sandboxd-<instance>.lease`` (see Backend).
 
         The engine's names are unique, so one container of that name is the whole lock. It is
         created with stdin open for one attach, attached to before it starts (as ``docker run``
         does, so no moment exists when it runs with nobody attached), and removed by the
         engine when it ends. One found running is waited for up to ``wait_s`` (a daemon just
-        gone takes its lease with it within moments); one found not running is debris of a
-        start cut short, or of an engine restart, and is removed.
+        gone takes its lease with it within moments), unless ``stale`` says its holder is this
+        very process from before (the engine kept it running): that one goes. One created but
+        not started is another daemon's take under way, and is waited for too, unless older
+        than ``_LEASE_START_S`` (its daemon died in the middle); one that ended is debris of an
+        engine restart. Debris is removed.
         """
         api = self._api()
         name = f"sandboxd-{self.instance}.lease"
@@ -1108,13 +1119,16 @@ class DockerBackend:
             except docker.errors.NotFound:
                 attrs = None
             if attrs is not None:
-                if (attrs.get("State") or {}).get("Running"):
+                state = attrs.get("State") or {}
+                labels = (attrs.get("Config") or {}).get("Labels") or {}
+                held_by = labels.get(LABEL_LEASE, "")
+                starting = state.get("Status") == "created" and _age_s(attrs.get("Created", "")) < _LEASE_START_S
+                if (state.get("Running") or starting or state.get("Status") == "removing") and not stale(held_by):
                     if loop.time() < deadline:
                         await asyncio.sleep(0.1)
                         continue
-                    labels = (attrs.get("Config") or {}).get("Labels") or {}
                     msg = f"the lease {name} is held"
-                    raise LeaseHeldError(msg, labels.get(LABEL_LEASE, ""))
+                    raise LeaseHeldError(msg, held_by)
                 try:
                     await self._call(api.remove_container, attrs["Id"], force=True)
                 except docker.errors.NotFound:
@@ -1161,8 +1175,12 @@ class DockerBackend:
             lease = DockerLease(reader, writer, functools.partial(self._drop_lease, created["Id"]))
             try:
                 await self._call(api.start, created["Id"])
-            except docker.errors.NotFound:
+            except (docker.errors.NotFound, BackendError):
+                # Removed as debris meanwhile (NotFound, or "marked for removal"): looked at again.
                 await lease.release()
+                if loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.05)
                 continue
             except BaseException:
                 await lease.release()
@@ -1407,6 +1425,19 @@ class DockerExecStream(_Connection):
     async def exit_code(self) -> int | None:
         """Return the exec's exit code once Docker reports it ended, else None."""
         return await self._inspect()
+
+
+_LEASE_START_S = 15.0
+"""A lease container created this long ago and never started is debris: its daemon died taking it."""
+
+
+def _age_s(created: str) -> float:
+    """Seconds since an engine timestamp (RFC 3339, nanoseconds); unparsable counts as old."""
+    try:
+        moment = datetime.datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return float("inf")
+    return (datetime.datetime.now(datetime.UTC) - moment).total_seconds()
 
 
 class DockerLease:

@@ -123,3 +123,48 @@ async def test_sigterm_under_load_drains_within_the_grace_and_loses_no_workspace
                 await asyncio.sleep(0.1)
             for info in listed:
                 await client.delete_workspace(info)
+
+
+async def test_a_second_sigterm_waits_for_the_first_and_a_caller_leaving_in_the_grace_still_means_ctrl_c(
+    tmp_path: Path, default_image: str
+) -> None:
+    instance = new_instance()
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    with spawned_daemon(tmp_path / "first", instance, SANDBOXD_SHUTDOWN_GRACE_S=str(GRACE_S)) as (daemon, socket, _):
+        async with SandboxClient(socket_path=socket, retries=False) as client:
+            ws = await client.create_workspace()
+            calls = [ws.exec("echo started; sleep 60", yield_after_s=120) for _ in range(2)]
+            started = [asyncio.Event(), asyncio.Event()]
+
+            async def follow(n: int) -> BaseException | None:
+                try:
+                    async for event in calls[n]:
+                        if getattr(event, "text", "") == "started\n":
+                            started[n].set()
+                except Exception as exc:  # its end is what is asserted
+                    return exc
+                return None
+
+            followers = [asyncio.create_task(follow(n)) for n in range(2)]
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 30)
+            await asyncio.to_thread(until_caught, daemon.pid, signal.SIGTERM)
+            signalled = time.monotonic()
+            daemon.send_signal(signal.SIGTERM)
+            daemon.send_signal(signal.SIGTERM)  # impatience: it must not cut the drain short
+            followers[1].cancel()  # this caller leaves within the grace: Ctrl-C, as ever
+            code = await asyncio.to_thread(daemon.wait, GRACE_S + RELEASE_S + 30)
+            took = time.monotonic() - signalled
+            kept = await asyncio.wait_for(followers[0], 30)
+        assert code == 0
+        assert GRACE_S <= took < GRACE_S + RELEASE_S
+        assert isinstance(kept, UnavailableError), kept
+        assert "runs on in its workspace" in kept.message
+    with spawned_daemon(tmp_path / "second", instance) as (_successor, socket, _):
+        async with SandboxClient(socket_path=socket, retries=False) as client:
+            processes = {p.process_id: p for p in await client.list_processes(ws.workspace_id)}
+            assert processes[calls[0].process_id].running
+            left = processes[calls[1].process_id]
+            assert not left.running
+            assert left.exited is not None and left.exited.stop_reason == "interrupted", left
+            await client.delete_workspace(ws.workspace_id)

@@ -71,3 +71,9 @@ def test_every_setting_is_in_the_readme_table() -> None:
         if f"`{name}`" not in table
     ]
     assert missing == []
+
+
+@pytest.mark.parametrize("instance", ["", "x y", "-lead", "a/b", "x" * 64, "emoji\u2603"])
+def test_an_instance_the_engine_cannot_name_containers_after_is_refused(instance: str) -> None:
+    with pytest.raises(InvalidSpecError, match="is not a valid instance label"):
+        Settings.from_env({}, instance=instance)
