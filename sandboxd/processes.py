@@ -521,8 +521,10 @@ class ProcessSession:
                 self._fail(f"the workspace's agent did not start the command within {START_TIMEOUT_S:g} s")
                 await self._started  # raises the failure
         except asyncio.CancelledError:
-            # The caller left while the command was starting: it must not live on unseen.
-            self._spawn(self._abandon())
+            # The caller left while the command was starting: it must not live on unseen. Unless
+            # the daemon is stopping (its drain ended the call): then it is the next daemon's.
+            if not self.shutting_down:
+                self._spawn(self._abandon())
             raise
         except BaseException:
             channel.close()

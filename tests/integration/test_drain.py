@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from sandboxd_client import SandboxClient, UnavailableError
 
 from ..conftest import new_instance, spawned_daemon
@@ -167,4 +168,41 @@ async def test_a_second_sigterm_waits_for_the_first_and_a_caller_leaving_in_the_
             left = processes[calls[1].process_id]
             assert not left.running
             assert left.exited is not None and left.exited.stop_reason == "interrupted", left
+            await client.delete_workspace(ws.workspace_id)
+
+
+async def test_a_command_still_starting_when_the_grace_ends_runs_on_for_the_successor(
+    tmp_path: Path, default_image: str, docker_client
+) -> None:  # type: ignore[no-untyped-def]
+    """The workspace frozen (docker pause) as the command is sent: its start is not answered in the grace."""
+    instance = new_instance()
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    with spawned_daemon(tmp_path / "first", instance, SANDBOXD_SHUTDOWN_GRACE_S="1") as (daemon, socket, _):
+        async with SandboxClient(socket_path=socket, retries=False) as client:
+            ws = await client.create_workspace()
+            container = docker_client.containers.get(ws.info.container_id)
+            container.pause()
+            try:
+                starting = asyncio.create_task(ws.exec("date > started; sleep 60", yield_after_s=120).wait())
+                # Sent: the daemon holds its session (the frozen agent has not answered the start).
+                deadline = time.monotonic() + 20
+                while not await client.list_processes(ws.workspace_id):
+                    assert time.monotonic() < deadline, "the exec never reached the daemon"
+                    await asyncio.sleep(0.05)
+                await asyncio.to_thread(until_caught, daemon.pid, signal.SIGTERM)
+                daemon.send_signal(signal.SIGTERM)
+                assert await asyncio.to_thread(daemon.wait, 30) == 0
+                with pytest.raises(UnavailableError, match="runs on in its workspace"):
+                    await asyncio.wait_for(starting, 30)
+            finally:
+                container.unpause()
+    with spawned_daemon(tmp_path / "second", instance) as (_successor, socket, _):
+        async with SandboxClient(socket_path=socket, retries=False) as client:
+            deadline = time.monotonic() + 20
+            while (await client.exec(ws.workspace_id, "cat started").wait()).exit_code != 0:
+                assert time.monotonic() < deadline, "the command sent before the stop never ran"
+                await asyncio.sleep(0.1)
+            processes = await client.list_processes(ws.workspace_id)
+            assert any(p.command.startswith("date > started") and p.running for p in processes), processes
             await client.delete_workspace(ws.workspace_id)

@@ -31,20 +31,24 @@ def _lease_name(instance: str) -> str:
     return f"sandboxd-{instance}.lease"
 
 
+def _daemon_command(socket_path: Path, instance: str) -> list[str]:
+    return [sys.executable, "-m", "sandboxd", "--socket", str(socket_path), "--instance", instance, "--no-build"]
+
+
+def _until_taken(log_path: Path, times: int, daemon: subprocess.Popen[bytes]) -> None:
+    """Wait (15 s at most) until the daemon has logged ``lease.taken`` ``times`` times, alive all along."""
+    deadline = time.monotonic() + 15
+    while len([event for event in _events(log_path) if event["event"] == "lease.taken"]) < times:
+        assert daemon.poll() is None, log_path.read_text()[-2000:]
+        assert time.monotonic() < deadline, log_path.read_text()[-2000:]
+        time.sleep(0.05)
+
+
 def _second_daemon(tmp_path: Path, instance: str) -> tuple[subprocess.CompletedProcess[str], float]:
     """Start another daemon on ``instance`` (its own socket) and wait for it to end; return it and its time."""
     started = time.monotonic()
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sandboxd",
-            "--socket",
-            str(tmp_path / "second" / "sandboxd.sock"),
-            "--instance",
-            instance,
-            "--no-build",
-        ],
+        _daemon_command(tmp_path / "second" / "sandboxd.sock", instance),
         env={**os.environ, "SANDBOXD_POOL_SIZE": "0", "SANDBOXD_AUDIT_LOG": str(tmp_path / "second.jsonl")},
         capture_output=True,
         text=True,
@@ -55,7 +59,11 @@ def _second_daemon(tmp_path: Path, instance: str) -> tuple[subprocess.CompletedP
 
 
 def _hold_argv() -> list[str]:
-    return [f"{AgentBuild.binary_dir(docker.from_env().info()['Architecture'])}/sandboxd-agent", "hold"]
+    client = docker.from_env()
+    try:
+        return [f"{AgentBuild.binary_dir(client.info()['Architecture'])}/sandboxd-agent", "hold"]
+    finally:
+        client.close()
 
 
 def _fake_holder(client: docker.DockerClient, instance: str, holder: str) -> docker.models.containers.Container:
@@ -192,13 +200,7 @@ def test_a_lease_ended_behind_the_daemons_back_is_taken_again_or_the_daemon_stop
     with spawned_daemon(tmp_path / "a", instance) as (first, socket_path, log_path):
         original = docker_client.containers.get(_lease_name(instance))
         original.kill()
-        deadline = time.monotonic() + 10
-        while True:
-            taken = [event for event in _events(log_path) if event["event"] == "lease.taken"]
-            if len(taken) == 2:
-                break
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.05)
+        _until_taken(log_path, 2, first)
         assert "lease.lost" in [event["event"] for event in _events(log_path)]
         again = docker_client.containers.get(_lease_name(instance))
         assert again.id != original.id
@@ -229,11 +231,7 @@ def test_a_lease_restarted_behind_the_daemons_back_is_still_its_own(
     (tmp_path / "a").mkdir()
     with spawned_daemon(tmp_path / "a", instance) as (first, _socket, log_path):
         docker_client.containers.get(_lease_name(instance)).restart(timeout=1)
-        deadline = time.monotonic() + 15
-        while len([e for e in _events(log_path) if e["event"] == "lease.taken"]) < 2:
-            assert first.poll() is None, log_path.read_text()[-2000:]
-            assert time.monotonic() < deadline, log_path.read_text()[-2000:]
-            time.sleep(0.05)
+        _until_taken(log_path, 2, first)
         assert first.poll() is None  # it did not refuse itself
         holder = docker_client.containers.get(_lease_name(instance))
         assert json.loads(holder.labels["sandboxd.lease"])["pid"] == first.pid
@@ -247,16 +245,7 @@ def test_two_daemons_started_at_once_one_serves_and_the_other_refuses(tmp_path: 
     for attempt in range(2):
         runs = [
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "sandboxd",
-                    "--socket",
-                    str(tmp_path / f"{attempt}-{n}" / "sandboxd.sock"),
-                    "--instance",
-                    instance,
-                    "--no-build",
-                ],
+                _daemon_command(tmp_path / f"{attempt}-{n}" / "sandboxd.sock", instance),
                 env={
                     **os.environ,
                     "SANDBOXD_POOL_SIZE": "0",
