@@ -423,6 +423,8 @@ class ProcessSession:
         """Calls that have streamed (or polled) this session's output."""
         self._background: set[asyncio.Task[None]] = background if background is not None else set()
         self.shutting_down = False
+        self.yield_now = False
+        """Set as the daemon's drain ends: a call streaming this command yields at once."""
         """Set when the daemon stops: departing streams then leave their commands alone."""
 
     # -- life cycle ------------------------------------------------------------------------------
@@ -970,7 +972,7 @@ class ProcessSession:
                     yield self.exit
                     return
                 now = time.monotonic()
-                if now >= deadline:
+                if now >= deadline or self.yield_now:
                     finished = True
                     await leave()
                     yield Yielded(process_id=self.process_id, elapsed_s=self.elapsed_s)
@@ -1272,6 +1274,17 @@ class ProcessTable:
         if adopted:
             log.info("process.adopted", workspace_id=context.workspace_id, process_ids=adopted)
         return adopted
+
+    def yield_all(self) -> None:
+        """The daemon's grace is over: every call streaming a command yields now, with its process id.
+
+        The caller polls that process id again once a daemon serves (C13): the command runs on,
+        for the next daemon to adopt; nothing is interrupted.
+        """
+        self.stop_interrupting()
+        for session in list(self._sessions.values()):
+            session.yield_now = True
+            session.output.changed.set()
 
     def stop_interrupting(self) -> None:
         """The daemon is stopping: a stream that ends now (its call ended by the stop) Ctrl-Cs nothing.

@@ -38,15 +38,20 @@ MAX_STATUS_MESSAGE_CHARS = 2000
 """Longest status message sent: gRPC carries it in trailers, and HTTP/2 bounds their size."""
 
 
+_YIELD_S = 1.0
+"""How long the calls streaming commands get to yield once the grace is over."""
+
+
 class Drain:
     """The daemon's graceful stop as its calls see it (SIGTERM; ``SANDBOXD_SHUTDOWN_GRACE_S``).
 
     Once :meth:`run` begins, a new call is refused with UNAVAILABLE by the daemon itself,
     while the server still accepts connections: stopping the server outright instead makes
     gRPC cancel whatever arrives in that moment, which callers see as CANCELLED, a word they
-    take for their own cancel. Calls in flight get the grace to end; any still running then
-    (a long command's stream, a forward) ends with UNAVAILABLE saying so. Health checks and
-    reflection are never refused: health says NOT_SERVING.
+    take for their own cancel. Calls in flight get the grace to end. Then a call streaming a
+    command yields (its final event names the process, to poll once a daemon serves again:
+    C13); any other still running (a forward, an upload) ends with UNAVAILABLE saying so.
+    Health checks and reflection are never refused: health says NOT_SERVING.
     """
 
     def __init__(self) -> None:
@@ -83,8 +88,8 @@ class Drain:
     async def run(self, grace_s: float, *, expiring: Callable[[], None] = lambda: None) -> None:
         """Refuse new calls, wait up to ``grace_s`` for those in flight, then end the rest (UNAVAILABLE).
 
-        ``expiring`` is called just before the rest are ended (the daemon's commands must not
-        take that end for their callers leaving).
+        ``expiring`` is called when the grace is over, and given a moment to end calls its own
+        way (a command's stream yields, with its process id); the rest are then ended.
         """
         self.stopping, self._grace_s = True, grace_s
         if not self._calls:
@@ -93,6 +98,9 @@ class Drain:
             await asyncio.wait_for(self._idle.wait(), grace_s)
             return
         expiring()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), _YIELD_S)
+            return
         self.expired = True
         message = (
             f"the daemon stopped before this call ended (its shutdown grace is {self._grace_s:g} s); "

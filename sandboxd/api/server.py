@@ -98,8 +98,9 @@ class Daemon:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.health.enter_graceful_shutdown()
-        # A caller who leaves in the grace still means Ctrl-C; the drain's own end of a call does not.
-        await self.drain.run(grace_s, expiring=self.processes.stop_interrupting)
+        # A caller who leaves in the grace still means Ctrl-C; the drain's own end of a call does
+        # not: commands' streams yield, and their commands run on.
+        await self.drain.run(grace_s, expiring=self.processes.yield_all)
         self.processes.stop_interrupting()
         # Nothing is in flight now but what the drain has just ended: a moment for its status.
         await self.server.stop(1.0)
