@@ -153,6 +153,10 @@ _STOP_PRIORITY = (StopReason.INTERRUPTED, StopReason.TIMEOUT, StopReason.FAILED,
 _STDERR_TAIL_BYTES = 4096
 
 
+MAX_KILL_GRACE_S = 60.0
+"""Longest grace a Kill may ask for between SIGTERM and SIGKILL (C12: a ladder always ends)."""
+
+
 def clamp_yield(requested_s: float | None, timeout_s: float, default_s: float = DEFAULT_YIELD_S) -> float:
     """Clamp a yield window to ``[250 ms, timeout - 1 s]`` (SPEC §6).
 

@@ -159,6 +159,8 @@ CAPABILITIES = frozenset(
 )
 """Linux capability names a caller may add back (SPEC §2.2: all are dropped by default)."""
 
+MIN_IDLE_TTL_S = 1.0
+"""Shortest idle TTL other than 0 (never): the idle reaper looks once a second."""
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 # Docker's reference grammar, simplified: [registry[:port]/]path[:tag][@digest], lowercase path.
 _IMAGE_RE = re.compile(
@@ -484,8 +486,9 @@ class WorkspaceManager:
         if spec.security.user and not _USER_RE.fullmatch(spec.security.user):
             msg = f"security.user {quoted(spec.security.user)} is not a user name, uid or uid:gid"
             raise InvalidSpecError(msg)
-        if spec.idle_ttl_s is not None and spec.idle_ttl_s < 0:
-            msg = "idle_ttl must not be negative"
+        if spec.idle_ttl_s is not None and (spec.idle_ttl_s < 0 or 0 < spec.idle_ttl_s < MIN_IDLE_TTL_S):
+            # The reaper looks once a second: a shorter TTL would reap a workspace as it is made.
+            msg = f"idle_ttl must be 0 (never) or at least {MIN_IDLE_TTL_S:g} s, got {spec.idle_ttl_s:g} s"
             raise InvalidSpecError(msg)
         if spec.image and not _IMAGE_RE.fullmatch(spec.image):
             msg = (

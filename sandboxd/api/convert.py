@@ -83,15 +83,30 @@ _STOP_TO_PB = {
 }
 
 
-def duration_s(value: duration_pb2.Duration) -> float:
-    """Return a Duration in seconds.
+_MAX_NANOS = 999_999_999
+
+
+def duration_s(value: duration_pb2.Duration, field: str = "duration", *, high_s: float | None = None) -> float:
+    """Return a Duration in seconds, checked as ``field``.
+
+    A well-formed Duration (google/protobuf/duration.proto) has ``nanos`` within
+    ±999,999,999 and of the same sign as ``seconds``.
 
     Raises:
-        InvalidSpecError: the duration is negative.
+        InvalidSpecError: the Duration is malformed, negative, or longer than ``high_s``.
     """
+    if abs(value.nanos) > _MAX_NANOS or (value.seconds and value.nanos and (value.seconds < 0) != (value.nanos < 0)):
+        msg = (
+            f"{field} is not a well-formed Duration: nanos must be within ±{_MAX_NANOS:,} and of the "
+            f"sign of seconds (got seconds={value.seconds}, nanos={value.nanos})"
+        )
+        raise InvalidSpecError(msg)
     seconds = value.seconds + value.nanos / 1e9
     if seconds < 0:
-        msg = f"durations must not be negative, got {seconds:g} s"
+        msg = f"{field} must not be negative, got {seconds:g} s"
+        raise InvalidSpecError(msg)
+    if high_s is not None and seconds > high_s:
+        msg = f"{field} must be at most {high_s:g} s, got {seconds:g} s"
         raise InvalidSpecError(msg)
     return seconds
 
@@ -142,7 +157,7 @@ def workspace_spec(message: wpb.WorkspaceSpec) -> WorkspaceSpec:
         network=_enum(_NETWORK_FROM_PB, message.network, "network"),  # type: ignore[arg-type]
         allowed_hosts=egress_rules(message.allowed_hosts),
         runtime=_enum(_RUNTIME_FROM_PB, message.runtime, "runtime"),  # type: ignore[arg-type]
-        idle_ttl_s=duration_s(message.idle_ttl) if message.HasField("idle_ttl") else None,
+        idle_ttl_s=duration_s(message.idle_ttl, "idle_ttl") if message.HasField("idle_ttl") else None,
         security=SecurityOptions(
             added_capabilities=tuple(message.security.added_capabilities),
             allow_new_privileges=message.security.allow_new_privileges,
@@ -219,8 +234,8 @@ def exec_spec(request: ppb.ExecRequest) -> ExecSpec:
         command=request.command,
         workdir=request.workdir,
         env=dict(request.env),
-        yield_after_s=duration_s(request.yield_after) if request.HasField("yield_after") else None,
-        timeout_s=duration_s(request.timeout) if request.HasField("timeout") else None,
+        yield_after_s=duration_s(request.yield_after, "yield_after") if request.HasField("yield_after") else None,
+        timeout_s=duration_s(request.timeout, "timeout") if request.HasField("timeout") else None,
         max_output_bytes=request.max_output_bytes,
         tty=request.tty,
         columns=size.columns or 80,

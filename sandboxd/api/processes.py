@@ -13,7 +13,7 @@ from sandboxd_protocol.v1 import process_service_pb2_grpc as pgrpc
 from ..audit import audit_fields
 from ..errors import InvalidSpecError, quoted
 from ..models import StopReason
-from ..processes import ProcessTable, clamp_yield
+from ..processes import MAX_KILL_GRACE_S, ProcessTable, clamp_yield
 from ..workspaces import WorkspaceManager
 from . import convert
 from ._types import Context
@@ -80,7 +80,7 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
         session = self.processes.get(request.process_id)
         audit_fields(workspace_id=session.context.workspace_id)
         await self.workspaces.awake(session.context.workspace_id)
-        requested = convert.duration_s(request.yield_after) if request.HasField("yield_after") else None
+        requested = convert.duration_s(request.yield_after, "yield_after") if request.HasField("yield_after") else None
         if request.HasField("terminal_size"):
             size = request.terminal_size
             await session.resize(size.columns or 80, size.rows or 24)
@@ -107,7 +107,9 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
         session = self.processes.get(request.process_id)
         audit_fields(workspace_id=session.context.workspace_id)
         await self.workspaces.awake(session.context.workspace_id)
-        grace = convert.duration_s(request.grace) if request.HasField("grace") else None
+        grace = (
+            convert.duration_s(request.grace, "grace", high_s=MAX_KILL_GRACE_S) if request.HasField("grace") else None
+        )
         status = await session.kill(reason=StopReason.KILLED, grace_s=grace)
         return ppb.KillResponse(exited=convert.exit_to_proto(status))
 

@@ -11,6 +11,7 @@ from sandboxd_client import (
     Dropped,
     Exited,
     Heartbeat,
+    InvalidArgumentError,
     NotFoundError,
     Output,
     ResourceExhaustedError,
@@ -191,6 +192,29 @@ class TestKillAndTimeout:
         process_id = await start_yielded(workspace, "sleep 1000")
         exited = await client.kill(process_id)
         assert (exited.exit_code, exited.signal, exited.stop_reason) == (143, "SIGTERM", "killed")
+
+    async def test_a_shorter_kill_brings_a_running_ladder_forward(self, client, workspace) -> None:
+        """C12: Kill(grace 50 s) of a command ignoring SIGTERM, then Kill(grace 0.5 s): SIGKILL within seconds."""
+        process_id = await start_trapped(workspace, "trap 'echo TERM >> term' TERM", "while :; do sleep 0.1; done")
+        first = asyncio.create_task(client.kill(process_id, grace_s=50))
+        # The first ladder has begun once its SIGTERM has landed (and been shrugged off).
+        deadline = time.monotonic() + 20
+        while "TERM" not in (await workspace.exec("cat term 2>/dev/null").wait()).stdout:
+            assert time.monotonic() < deadline, "the first Kill's SIGTERM never landed"
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        second = await client.kill(process_id, grace_s=0.5)
+        assert time.monotonic() - started < 8
+        assert (second.exit_code, second.signal, second.stop_reason) == (137, "SIGKILL", "killed")
+        assert (await asyncio.wait_for(first, 10)).signal == "SIGKILL"
+
+    async def test_a_kill_grace_past_the_bound_is_refused(self, client, workspace) -> None:
+        """C12: a grace over 60 s (a ladder that would never end) is INVALID_ARGUMENT, naming the bound."""
+        process_id = await start_yielded(workspace, "sleep 1000")
+        with pytest.raises(InvalidArgumentError, match=r"grace must be at most 60 s, got 1e\+10 s"):
+            await client.kill(process_id, grace_s=1e10)
+        exited = await client.kill(process_id, grace_s=1)
+        assert exited.stop_reason == "killed"
 
     async def test_timeout_kills_the_whole_tree(self, workspace) -> None:
         """A 2 s timeout ends sleep &, setsid sleep & and a busy loop within 5 s; none is left."""

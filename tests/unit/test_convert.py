@@ -112,3 +112,37 @@ class TestEvents:
         assert convert.input_response(OutputDropped(dropped_bytes=1)).WhichOneof("event") == "dropped"
         with pytest.raises(AssertionError):
             convert.input_response(ExecStarted(process_id="p", pid=1, start_time=datetime.datetime.now(datetime.UTC)))
+
+
+class TestDurations:
+    """Every Duration a caller sends is checked as its field (C12): well-formed, not negative, bounded."""
+
+    @pytest.mark.parametrize(
+        ("seconds", "nanos", "message"),
+        [
+            (0, 1_000_000_000, "grace is not a well-formed Duration"),
+            (0, -1_000_000_000, "grace is not a well-formed Duration"),
+            (5, -1, "grace is not a well-formed Duration"),
+            (-1, 0, "grace must not be negative"),
+            (0, -5, "grace must not be negative"),
+            (61, 0, "grace must be at most 60 s, got 61 s"),
+            (10_000_000_000, 0, "grace must be at most 60 s"),
+        ],
+    )
+    def test_refused(self, seconds: int, nanos: int, message: str) -> None:
+        from google.protobuf import duration_pb2
+
+        with pytest.raises(InvalidSpecError, match=message.replace("(", r"\(")):
+            convert.duration_s(duration_pb2.Duration(seconds=seconds, nanos=nanos), "grace", high_s=60)
+
+    def test_accepted(self) -> None:
+        from google.protobuf import duration_pb2
+
+        assert convert.duration_s(duration_pb2.Duration(seconds=60), "grace", high_s=60) == 60
+        assert convert.duration_s(duration_pb2.Duration(seconds=1, nanos=500_000_000), "grace") == 1.5
+
+    def test_an_exec_names_its_field(self) -> None:
+        request = ppb.ExecRequest(workspace_id="ws-1", command="true")
+        request.yield_after.nanos = 2_000_000_000
+        with pytest.raises(InvalidSpecError, match="yield_after is not a well-formed Duration"):
+            convert.exec_spec(request)

@@ -552,8 +552,24 @@ func (s *Session) killDeadline() time.Time {
 // startKill is the first rung of the ladder: SIGTERM to the whole tree, SIGKILL after grace.
 func (s *Session) startKill(grace time.Duration) {
 	s.mu.Lock()
-	if s.killing || !s.started {
+	if !s.started {
 		s.mu.Unlock()
+		return
+	}
+	if s.killing {
+		// A ladder runs already (a timeout's, an earlier Kill's): a shorter grace brings its
+		// SIGKILL forward; a longer one never puts it off.
+		at := time.Now().Add(grace)
+		sooner := s.exit == nil && !s.killAt.IsZero() && at.Before(s.killAt)
+		if sooner {
+			s.killAt = at
+		}
+		s.mu.Unlock()
+		if sooner {
+			clock.AfterFunc(grace, func() {
+				proctree.HardKill(s.pid, s.marker, s.cred)
+			})
+		}
 		return
 	}
 	s.killing = true
