@@ -39,7 +39,9 @@ def _leftovers() -> tuple[list[str], list[str]]:
     client = docker.from_env()
     try:
         selector = {"label": f"sandboxd.instance={E2E_INSTANCE}"}
-        containers = [c.name for c in client.containers.list(all=True, filters=selector)]
+        # Workspaces left behind: the running daemon's own lease (no sandboxd.managed label) is none.
+        managed = {"label": [f"sandboxd.instance={E2E_INSTANCE}", "sandboxd.managed=true"]}
+        containers = [c.name for c in client.containers.list(all=True, filters=managed)]
         volumes = [v.name for v in client.volumes.list(filters=selector)]
         return containers, volumes
     finally:
