@@ -721,8 +721,18 @@ class FileManager:
         return (await self._call(workspace_id, {"op": "stat", "path": resolve_path(path), "follow": follow})).result
 
     async def remove(self, workspace_id: str, path: str, *, recursive: bool = False) -> str:
-        """Delete a file, link or (recursive) directory."""
+        """Delete a file, link or (recursive) directory.
+
+        Raises:
+            InvalidSpecError: ``path`` is the root directory (C11: refused in plain words, before
+                a recursive removal empties the workspace's root filesystem and then fails on
+                its mounts).
+        """
         resolved = resolve_path(path)
+        # "//", "/./", "/tmp/.." all name it (normpath keeps a leading "//": POSIX lets it differ).
+        if posixpath.normpath("/" + resolved.lstrip("/")) == "/":
+            msg = "refusing to remove / (the workspace's root directory); remove what is in it by name"
+            raise InvalidSpecError(msg)
         await self._call(workspace_id, {"op": "remove", "path": resolved, "recursive": recursive})
         return resolved
 

@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import os
 import posixpath
 import re
 import secrets
@@ -109,6 +110,8 @@ FALLBACK_USER = "1000:1000"
 MIN_MEMORY_BYTES = 16 * 1024**2
 MIN_CPU_MILLIS = 10
 MIN_PIDS = 16
+MAX_PIDS = 4_194_304
+"""Linux's PID_MAX_LIMIT: no pids limit above it means anything (the runtime fails on one)."""
 MIN_DISK_BYTES = 4 * 1024**2
 """Smallest /workspace cap: room for the daemon's spill directory and a few files."""
 
@@ -455,12 +458,14 @@ class WorkspaceManager:
             msg = f"limits.memory_bytes must be between {MIN_MEMORY_BYTES} and {s.max_memory_bytes}, got {memory}"
             raise InvalidSpecError(msg)
         cpu = limits.cpu_millis or s.default_cpu_millis
-        if cpu < MIN_CPU_MILLIS:
-            msg = f"limits.cpu_millis must be at least {MIN_CPU_MILLIS}, got {cpu}"
+        max_cpu = 1000 * (os.cpu_count() or 1)
+        if not MIN_CPU_MILLIS <= cpu <= max_cpu:
+            # Checked here (C11): the engine's own refusal is a Go unmarshalling error.
+            msg = f"limits.cpu_millis must be between {MIN_CPU_MILLIS} and {max_cpu} (this machine's CPUs), got {cpu}"
             raise InvalidSpecError(msg)
         pids = limits.pids or s.default_pids
-        if pids < MIN_PIDS:
-            msg = f"limits.pids must be at least {MIN_PIDS}, got {pids}"
+        if not MIN_PIDS <= pids <= MAX_PIDS:
+            msg = f"limits.pids must be between {MIN_PIDS} and {MAX_PIDS} (the kernel's largest pid_max), got {pids}"
             raise InvalidSpecError(msg)
         disk = limits.disk_bytes or s.default_disk_bytes
         if disk and not MIN_DISK_BYTES <= disk <= memory:

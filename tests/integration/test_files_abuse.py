@@ -366,3 +366,12 @@ class TestAgentTools:
         )
         out = await env.call(ToolCall(tool_call_id="v", name="describe_image", arguments={"source": "p.png"}))
         assert out.output == "Error: describe_image needs a vision model, and the engine configured none"
+
+
+class TestRootDirectory:
+    @pytest.mark.parametrize("path", ["/", "//", "/./", "/tmp/.."])
+    async def test_removing_the_root_is_refused_in_plain_words(self, client, workspace, path: str) -> None:
+        """C11: Remove("/") was INTERNAL "Device or resource busy", after emptying what it could."""
+        with pytest.raises(InvalidArgumentError, match=r"^refusing to remove / \(the workspace's root directory\)"):
+            await client.remove(workspace.workspace_id, path, recursive=True)
+        assert (await workspace.exec("ls /bin/sh /etc/hostname").wait()).exit_code == 0  # nothing went

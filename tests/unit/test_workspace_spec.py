@@ -42,6 +42,8 @@ class TestResolve:
             (WorkspaceSpec(limits=ResourceLimits(memory_bytes=1024)), "memory_bytes must be between"),
             (WorkspaceSpec(limits=ResourceLimits(memory_bytes=10**15)), "memory_bytes must be between"),
             (WorkspaceSpec(limits=ResourceLimits(pids=-5)), "pids must not be negative"),
+            (WorkspaceSpec(limits=ResourceLimits(cpu_millis=2**63 - 1)), r"cpu_millis must be between 10 and \d+ \("),
+            (WorkspaceSpec(limits=ResourceLimits(pids=2**63 - 1)), "pids must be between 16 and 4194304"),
             (WorkspaceSpec(idle_ttl_s=1e-9), r"idle_ttl must be 0 \(never\) or at least 1 s"),
             (WorkspaceSpec(idle_ttl_s=-1.0), r"idle_ttl must be 0 \(never\) or at least 1 s"),
             (WorkspaceSpec(labels={"Sandboxd.Managed": "x"}), "reserved"),
