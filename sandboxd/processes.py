@@ -427,9 +427,9 @@ class ProcessSession:
         """Calls that have streamed (or polled) this session's output."""
         self._background: set[asyncio.Task[None]] = background if background is not None else set()
         self.shutting_down = False
+        """Set when the daemon stops: departing streams then leave their commands alone."""
         self.yield_now = False
         """Set as the daemon's drain ends: a call streaming this command yields at once."""
-        """Set when the daemon stops: departing streams then leave their commands alone."""
 
     # -- life cycle ------------------------------------------------------------------------------
     @property

@@ -10,7 +10,7 @@ from typing import Literal, get_args, get_origin, get_type_hints
 
 from sandboxd_protocol.paths import default_socket_path
 
-from .errors import InvalidSpecError
+from .errors import InvalidSpecError, quoted
 
 __all__ = ["ImageRoute", "Settings"]
 
@@ -198,7 +198,7 @@ class Settings:
         if not _INSTANCE_RE.fullmatch(settings.instance):
             # It names containers (sandboxd-<instance>-<id>, the lease): the engine's rule for names.
             msg = (
-                f"instance {settings.instance!r} is not a valid instance label: 1-63 of letters, digits, "
+                f"instance {quoted(settings.instance)} is not a valid instance label: 1-63 of letters, digits, "
                 "'_', '.' and '-', starting with a letter or digit"
             )
             raise InvalidSpecError(msg)

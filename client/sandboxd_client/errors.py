@@ -106,7 +106,7 @@ _ERRORS: dict[grpc.StatusCode, type[SandboxError]] = {
 }
 
 
-def from_rpc_error(error: grpc.RpcError) -> BaseException:
+def from_rpc_error(error: grpc.RpcError) -> SandboxError:
     """Return the exception to raise for a failed call.
 
     A status of CANCELLED reaches here only from the daemon's side (a caller's own cancel

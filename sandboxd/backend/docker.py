@@ -1432,9 +1432,9 @@ _LEASE_START_S = 15.0
 
 
 def _age_s(created: str) -> float:
-    """Seconds since an engine timestamp (RFC 3339, nanoseconds); unparsable counts as old."""
+    """Seconds since an engine timestamp (:func:`_parse_time`); unparsable counts as old."""
     try:
-        moment = datetime.datetime.fromisoformat(created[:26].rstrip("Z") + "+00:00")
+        moment = _parse_time(created)
     except ValueError:
         return float("inf")
     return (datetime.datetime.now(datetime.UTC) - moment).total_seconds()
