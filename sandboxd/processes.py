@@ -824,9 +824,8 @@ class ProcessSession:
 
         If it still runs ``kill_grace_s`` later and no call has streamed it since, its whole
         tree is ended (stop reason ``interrupted``): its caller may never have received the
-        process id, so nobody else could stop a command that outlives its Ctrl-C. A shell
-        swallows a SIGINT that lands while it waits for a child that exits normally (the
-        login profile's ``$(id -u)``).
+        process id, so nobody else could stop a command that outlives its Ctrl-C (one that
+        catches SIGINT, or a child of the command's that a shell took it for).
         """
         await self.interrupt()
         if self.running:

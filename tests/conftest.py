@@ -284,6 +284,7 @@ RUNTIME_SUITES = frozenset(
     {
         "test_agent",
         "test_any_image",
+        "test_ctrl_c_startup",
         "test_exec_basic",
         "test_exec_sessions",
         "test_files",

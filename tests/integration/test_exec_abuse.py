@@ -97,7 +97,7 @@ class TestTeardown:
 
     async def test_a_command_left_unseen_at_start_does_not_outlive_its_ctrl_c(self, tmp_path) -> None:
         """A command whose Exec was cancelled before it streamed, and which survives the Ctrl-C
-        (here it ignores SIGINT; a shell can swallow one landing in its login profile), is ended
+        (here it ignores SIGINT), is ended
         after the kill grace: its caller may never have had its process id. One that a call
         streams in the meantime is somebody's, and Ctrl-C never escalates for it (SPEC §6)."""
         thread = DaemonThread(make_settings(tmp_path, kill_grace_s=0.5)).start()

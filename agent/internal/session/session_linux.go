@@ -46,6 +46,10 @@ const drainWindow = 20 * time.Millisecond
 // quiet (a background writer flooding it).
 const drainBudget = 500 * time.Millisecond
 
+// shellStartBound is how long a Ctrl-C and the caller's input wait for the shell to reach
+// the command (its login profile runs first); past it, a profile that never ends gets them.
+const shellStartBound = 3 * time.Second
+
 // Host is what a session needs from the agent.
 type Host interface {
 	// Send queues a frame for the daemon; false when no daemon is connected.
@@ -84,6 +88,8 @@ type Session struct {
 	discarded   bool
 	pendingSig  []proto.SignalMsg
 	pendingKill *float64
+	shellUp     chan struct{} // closed once the shell is about to run the command (or shellStartBound passed)
+	heldCtrlC   int           // Ctrl-Cs that came before shellUp
 	until       uint64
 	cursor      uint64
 	cursorGap   uint64
@@ -115,6 +121,7 @@ func New(host Host, channel uint32, msg proto.StartMsg) *Session {
 		wake:      make(chan struct{}, 1),
 		inputWake: make(chan struct{}, 1),
 		exiting:   make(chan struct{}),
+		shellUp:   make(chan struct{}),
 		done:      make(chan struct{}),
 	}
 	// The call that starts a command reads it: until the first Pull says more, a full
@@ -163,6 +170,14 @@ func (s *Session) Run() {
 	s.oomBefore = oomKills()
 	s.spill = newSpill(s.spec.SpillPath, s.spec.SpillAfterBytes, s.cred)
 	texts, err := s.textPipes(s.spec.Command, exportsText(s.spec.Env))
+	var hs handshake
+	if err == nil {
+		if hs, err = newHandshake(); err != nil {
+			for _, f := range texts {
+				f.Close()
+			}
+		}
+	}
 	if err != nil {
 		for _, f := range append(stdio[:], parentEnds...) {
 			if f != nil {
@@ -172,8 +187,8 @@ func (s *Session) Run() {
 		s.fail("stdio", err.Error())
 		return
 	}
-	proc, failure, err := s.host.Spawn(s.request(), stdio, texts, s.spec.TTY)
-	for _, f := range texts {
+	proc, failure, err := s.host.Spawn(s.request(), stdio, append(texts, hs.shellEnds()...), s.spec.TTY)
+	for _, f := range append(texts, hs.shellEnds()...) {
 		f.Close()
 	}
 	for _, f := range stdio {
@@ -185,7 +200,7 @@ func (s *Session) Run() {
 		failure.Message += " (the workspace's process limit is reached)"
 	}
 	if err != nil || failure != nil {
-		for _, f := range parentEnds {
+		for _, f := range append(parentEnds, hs.agentEnds()...) {
 			f.Close()
 		}
 		if err != nil {
@@ -204,7 +219,7 @@ func (s *Session) Run() {
 	if discarded {
 		// The daemon let the session go while it was starting: the command never runs.
 		proc.Abort()
-		for _, f := range parentEnds {
+		for _, f := range append(parentEnds, hs.agentEnds()...) {
 			f.Close()
 		}
 		<-status
@@ -215,12 +230,13 @@ func (s *Session) Run() {
 	// still is a command that started.
 	s.send(proto.Started, proto.StartedMsg{PID: proc.PID})
 	if failure := proc.Go(); failure != nil {
-		for _, f := range parentEnds {
+		for _, f := range append(parentEnds, hs.agentEnds()...) {
 			f.Close()
 		}
 		s.fail(failure.Stage, failure.Message)
 		return
 	}
+	go s.awaitShell(hs)
 	s.applyPending()
 	go s.writeInput()
 	if s.spec.TimeoutS > 0 {
@@ -239,11 +255,103 @@ func (s *Session) Run() {
 // profile may have reset (Debian's sets PATH). The space keeps a command that starts
 // with "-" from being read as an option of eval; sh reads with builtins only, so a
 // caller's PATH cannot take the reading away.
+//
+// Then the shell and the agent shake hands (awaitShell): once nothing is left to fork
+// before the command, the shell writes a byte to fd 6 and waits for a line on fd 7. The
+// command's text waits in $1 meanwhile; `set --` inside the eval empties it again.
 const (
-	bashScript = `eval "$(</dev/fd/5)"; eval " $(</dev/fd/4)" 4<&- 5<&-`
+	bashScript = `eval "$(</dev/fd/5)"; set -- "$(</dev/fd/4)"; builtin printf . >&6; builtin read -r _ <&7; eval " set --; $1" 4<&- 5<&- 6>&- 7<&-`
 	shRead     = `while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done`
-	shScript   = `eval "$(` + shRead + ` <&5)"; eval " $(` + shRead + ` <&4)" 4<&- 5<&-`
+	shScript   = `eval "$(` + shRead + ` <&5)"; set -- "$(` + shRead + ` <&4)"; printf . >&6; read -r _ <&7; eval " set --; $1" 4<&- 5<&- 6>&- 7<&-`
 )
+
+// handshake is the pair of pipes of the shell's start: the shell writes to mark, then
+// reads a line from proceed.
+type handshake struct {
+	mark, markW       *os.File
+	proceedR, proceed *os.File
+}
+
+func newHandshake() (handshake, error) {
+	var hs handshake
+	var err error
+	if hs.mark, hs.markW, err = os.Pipe(); err != nil {
+		return hs, err
+	}
+	if hs.proceedR, hs.proceed, err = os.Pipe(); err != nil {
+		hs.mark.Close()
+		hs.markW.Close()
+		return hs, err
+	}
+	return hs, nil
+}
+
+// shellEnds are the shell's fds 6 and 7; agentEnds the agent's ends of the same pipes.
+func (hs handshake) shellEnds() []*os.File { return []*os.File{hs.markW, hs.proceedR} }
+func (hs handshake) agentEnds() []*os.File { return []*os.File{hs.mark, hs.proceed} }
+
+// awaitShell holds a Ctrl-C until the shell is about to run the command. A shell that
+// gets SIGINT while it waits for a child which then exits normally (the profile's
+// `$(id -u)`, the reading of fd 4) takes the signal as the child's and goes on: the
+// Ctrl-C was lost (C10). One that gets it as it forks the command can, under gVisor,
+// spin for ever beside the child's zombie. Blocked in `read` on fd 7, it dies of the
+// signal at once; so the held Ctrl-C is delivered there, before the line that lets it
+// go on. shellStartBound passing first lets what was held through: a profile that never
+// ends is interrupted. The pipes stay open until the byte or the command's end, even
+// past the bound: a shell writing to a closed pipe would die of SIGPIPE.
+func (s *Session) awaitShell(hs handshake) {
+	bound := clock.AfterFunc(shellStartBound, s.shellStarted)
+	go func() {
+		<-s.exiting
+		_ = hs.mark.SetReadDeadline(time.Now()) // a profile's child may hold the pipe open for ever
+	}()
+	var b [1]byte
+	n, _ := hs.mark.Read(b[:])
+	hs.mark.Close()
+	bound.Stop()
+	s.shellStarted()
+	if n == 1 {
+		_, _ = hs.proceed.Write([]byte{'\n'}) // EPIPE if the Ctrl-C ended the shell
+	}
+	hs.proceed.Close()
+}
+
+// shellStarted delivers the Ctrl-Cs held for the command as one SIGINT to its process
+// group (once, whoever calls first). On a terminal each Ctrl-C was also a ^C written
+// there, held with the rest of the input: those bytes go, the SIGINT stands for them.
+func (s *Session) shellStarted() {
+	s.mu.Lock()
+	select {
+	case <-s.shellUp:
+		s.mu.Unlock()
+		return
+	default:
+	}
+	close(s.shellUp)
+	held := s.heldCtrlC
+	s.heldCtrlC = 0
+	if s.spec.TTY {
+		kept, drop := s.input[:0], held
+		for _, c := range s.input {
+			if c == 3 && drop > 0 {
+				drop--
+				continue
+			}
+			kept = append(kept, c)
+		}
+		s.input = kept
+	}
+	pid := s.pid
+	s.mu.Unlock()
+	select {
+	case <-s.exiting:
+		return // reaped: its pid may be another's by now
+	default:
+	}
+	if held > 0 {
+		_ = syscall.Kill(-pid, syscall.SIGINT)
+	}
+}
 
 // textPipes returns the read ends of two pipes, the user's (the shell opens them again
 // through /dev/fd), that will hold command and exports.
@@ -621,6 +729,13 @@ func (s *Session) Signal(msg proto.SignalMsg) {
 	}
 	if msg.Interrupt {
 		s.interrupted = true
+		select {
+		case <-s.shellUp:
+		default:
+			s.heldCtrlC++ // awaitShell: the starting shell could swallow it now
+			s.mu.Unlock()
+			return
+		}
 	}
 	pid, exited := s.pid, s.exit != nil
 	s.mu.Unlock()
@@ -697,6 +812,12 @@ func (s *Session) CloseInput() {
 }
 
 func (s *Session) writeInput() {
+	// Nothing reaches the terminal before the command runs: a ^C typed there would be a
+	// SIGINT the starting shell could swallow, and a profile could read what was typed.
+	select {
+	case <-s.shellUp:
+	case <-s.done:
+	}
 	for {
 		select {
 		case <-s.inputWake:

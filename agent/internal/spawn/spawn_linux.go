@@ -89,10 +89,10 @@ func Child(handlers map[string]func() int) {
 	failf(ctl, "exec", "%s: %s", path, errText(err))
 }
 
-// Descriptors a helper keeps free for the files it is handed: 0-2 and 4-5 hold /dev/null
+// Descriptors a helper keeps free for the files it is handed: 0-2 and 4-7 hold /dev/null
 // from its start (so that nothing of its own takes them), 3 is its control socket.
 var (
-	handedTargets = []int{0, 1, 2, 4, 5}
+	handedTargets = []int{0, 1, 2, 4, 5, 6, 7}
 	maxHanded     = len(handedTargets)
 )
 
@@ -491,8 +491,8 @@ func (p *Pool) launch() (*helper, *Failure) {
 	defer null.Close()
 	attr := &os.ProcAttr{
 		Env: []string{},
-		// 0-2 and 4-5 are the places of the files it is handed (receive).
-		Files: []*os.File{null, null, null, theirs, null, null},
+		// 0-2 and 4-7 are the places of the files it is handed (receive).
+		Files: []*os.File{null, null, null, theirs, null, null, null, null},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}
 	proc, err := os.StartProcess(p.self, []string{"sandboxd-agent", "spawn"}, attr)
