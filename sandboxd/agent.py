@@ -163,7 +163,7 @@ class FileOperationRefused(SandboxdError):
     """The file operation failed in the container, as its helper says.
 
     ``code`` is one of ``internal/fileops``' codes: ``not_found``, ``permission``,
-    ``exists``, ``is_directory``, ``not_directory``, ``invalid``, ``not_empty``, ``binary``,
+    ``exists``, ``is_directory``, ``not_directory``, ``invalid``, ``not_empty``, ``busy``, ``binary``,
     ``too_large``, ``conflict``, ``network``, ``no_space``, ``io``...
     """
 

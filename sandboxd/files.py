@@ -493,6 +493,7 @@ _ERRORS: dict[str, type[SandboxdError]] = {
     "not_directory": InvalidSpecError,
     "invalid": InvalidSpecError,
     "not_empty": FailedPreconditionError,
+    "busy": FailedPreconditionError,
     "binary": FailedPreconditionError,
     "too_large": FailedPreconditionError,
     "conflict": FailedPreconditionError,

@@ -55,6 +55,7 @@ var codes = map[syscall.Errno]string{
 	syscall.EROFS:        "permission",
 	syscall.EEXIST:       "exists",
 	syscall.ENOTEMPTY:    "not_empty",
+	syscall.EBUSY:        "busy",
 	syscall.ENOSPC:       "no_space",
 	syscall.EDQUOT:       "no_space",
 	syscall.ELOOP:        "invalid",

@@ -536,6 +536,11 @@ func opRemove(req map[string]any, _ *out) (any, error) {
 		return nil, fromOS(err, path)
 	}
 	if info.IsDir() {
+		// The daemon refuses "/" by name; this is "/" reached another way ("/proc/self/root/",
+		// a link to it with a slash after). Emptying it would end the workspace.
+		if root, rootErr := os.Stat("/"); rootErr == nil && os.SameFile(info, root) {
+			return nil, &OpError{Code: "invalid", Message: "refusing to remove " + path + ": it is the workspace's root directory"}
+		}
 		if flag(req, "recursive") {
 			err = os.RemoveAll(path)
 		} else {
@@ -545,11 +550,16 @@ func opRemove(req map[string]any, _ *out) (any, error) {
 		err = syscall.Unlink(path)
 	}
 	if err != nil {
+		failed := path
 		var pathErr *os.PathError
 		if errors.As(err, &pathErr) {
-			return nil, fromOS(pathErr.Err, pathErr.Path)
+			err, failed = pathErr.Err, pathErr.Path
 		}
-		return nil, fromOS(err, path)
+		e := fromOS(err, failed)
+		if errors.Is(err, syscall.EBUSY) {
+			e.Message += " (a mount point cannot be removed)"
+		}
+		return nil, e
 	}
 	return map[string]any{}, nil
 }
