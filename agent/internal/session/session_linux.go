@@ -187,9 +187,16 @@ func (s *Session) Run() {
 		s.fail("stdio", err.Error())
 		return
 	}
-	proc, failure, err := s.host.Spawn(s.request(), stdio, append(texts, hs.shellEnds()...), s.spec.TTY)
-	for _, f := range append(texts, hs.shellEnds()...) {
+	extra := append(texts, hs.shellEnds()...)
+	proc, failure, err := s.host.Spawn(s.request(), stdio, extra, s.spec.TTY)
+	for _, f := range extra {
 		f.Close()
+	}
+	// What the agent keeps of the start's pipes, for the starts that go no further.
+	closeOurs := func() {
+		for _, f := range append(parentEnds, hs.agentEnds()...) {
+			f.Close()
+		}
 	}
 	for _, f := range stdio {
 		if f != nil {
@@ -200,9 +207,7 @@ func (s *Session) Run() {
 		failure.Message += " (the workspace's process limit is reached)"
 	}
 	if err != nil || failure != nil {
-		for _, f := range append(parentEnds, hs.agentEnds()...) {
-			f.Close()
-		}
+		closeOurs()
 		if err != nil {
 			s.fail("spawn", err.Error())
 		} else {
@@ -219,9 +224,7 @@ func (s *Session) Run() {
 	if discarded {
 		// The daemon let the session go while it was starting: the command never runs.
 		proc.Abort()
-		for _, f := range append(parentEnds, hs.agentEnds()...) {
-			f.Close()
-		}
+		closeOurs()
 		<-status
 		close(s.done)
 		return
@@ -230,9 +233,7 @@ func (s *Session) Run() {
 	// still is a command that started.
 	s.send(proto.Started, proto.StartedMsg{PID: proc.PID})
 	if failure := proc.Go(); failure != nil {
-		for _, f := range append(parentEnds, hs.agentEnds()...) {
-			f.Close()
-		}
+		closeOurs()
 		s.fail(failure.Stage, failure.Message)
 		return
 	}
