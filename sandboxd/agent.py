@@ -78,8 +78,9 @@ RECONNECT_ATTEMPTS = 40
 """Attempts before a link gives up until the next call (about 70 s: a container restart fits)."""
 BRIDGE_CHECK_S = 2.0
 """Silence on a link with calls waiting after which the engine is asked if the bridge still runs."""
-LEARN_AGAIN_S = (0.1, 0.3, 0.6, 1.0, 2.0)
-"""Waits before asking again whether the host sees a runtime's sockets, after a first no."""
+LEARN_AGAIN_S = (0.1, 0.3, 0.6, 1.0, 2.0, 4.0, 8.0, 15.0)
+"""Waits before asking again whether the host sees a runtime's sockets, after a first no (31 s in all:
+gVisor under load has been seen to take more than 4 s)."""
 FREEZE_TIMEOUT_S = 5.0
 """How long the agent may take to answer a freeze (it answers at once unless it is stuck)."""
 LISTEN_WAIT_S = 10.0
@@ -992,6 +993,12 @@ class AgentLink:
             if self.runtime in self.host_sockets or await self._probe():
                 break
         else:
+            log.warning(
+                "agent.host_sockets_unseen",
+                workspace_id=self.workspace_id,
+                runtime=self.runtime or "default",
+                present=_present(self.socket_path),
+            )
             return
         # Off the bridge, once no file operation or forward is in flight (its call would end with the
         # connection; a session's output is sent again from where the daemon has it).
