@@ -77,11 +77,13 @@ __all__ = [
     "AGENT_CAPABILITIES",
     "CAPABILITIES",
     "LABEL_AGENT",
+    "LABEL_CREATE_REQUEST",
     "LABEL_SPEC",
     "LABEL_TENANT",
     "RESERVED_LABEL_PREFIX",
     "WorkspaceManager",
     "check_labels",
+    "check_request_id",
     "check_workspace_id",
     "spec_from_json",
     "spec_to_json",
@@ -96,6 +98,8 @@ LABEL_SNAPSHOT = "sandboxd.snapshot"
 """On a snapshot's image: its name; on a fork: the snapshot it was made from."""
 LABEL_AGENT = "sandboxd.agent"
 """The agent version a workspace was created with; a workspace without it predates the agent."""
+LABEL_CREATE_REQUEST = "sandboxd.create_request"
+"""The ``request_id`` of the create that made a workspace: a retry of that create finds it by this."""
 AGENT_CAPABILITIES = ("CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID")
 """What the agent (root, the container's main process) keeps: to start commands as the workspace
 user (SETUID, SETGID), clear their bounding set (SETPCAP), signal them (KILL) and give them their
@@ -165,6 +169,7 @@ CAPABILITIES = frozenset(
 MIN_IDLE_TTL_S = 1.0
 """Shortest idle TTL other than 0 (never): the idle reaper looks once a second."""
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # Docker's reference grammar, simplified: [registry[:port]/]path[:tag][@digest], lowercase path.
 _IMAGE_RE = re.compile(
     r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*"
@@ -202,6 +207,28 @@ def check_workspace_id(workspace_id: str) -> None:
     if not _ID_RE.fullmatch(workspace_id):
         msg = f"workspace_id {quoted(workspace_id)} must be 1-40 lowercase letters, digits or dashes"
         raise InvalidSpecError(msg)
+
+
+def check_request_id(request_id: str) -> None:
+    """Refuse a create's ``request_id`` that is not a short token (it is kept as a label).
+
+    Raises:
+        InvalidSpecError: not 1-64 letters, digits, dots, underscores or dashes.
+    """
+    if not _REQUEST_ID_RE.fullmatch(request_id):
+        msg = f"request_id {quoted(request_id)} must be 1-64 letters, digits, dots, underscores or dashes"
+        raise InvalidSpecError(msg)
+
+
+@dataclasses.dataclass
+class _Making:
+    """A create in flight: whose it is, by which request, and the work that makes it."""
+
+    tenant: str
+    request_id: str
+    work: asyncio.Future[Workspace]
+    waiting: int = 0
+    """Retries of the same request waiting for it: while any wait, its own caller's going away removes nothing."""
 
 
 def check_labels(labels: Mapping[str, str], field: str) -> None:
@@ -393,7 +420,12 @@ class WorkspaceManager:
         self._quota_lock = asyncio.Lock()
         self._reserved: dict[str, builtins.list[int]] = {}
         """Memory limits of each tenant's creates in flight, counted against its quota."""
-        self._creating_ids: set[str] = set()
+        self._making: dict[str, _Making] = {}
+        """Creates in flight, by workspace id: what makes a create of one id exclusive."""
+        self._requests: dict[tuple[str, str], str] = {}
+        """``(tenant, request_id)`` of each create in flight with one -> its workspace id."""
+        self._abandoned: set[str] = set()
+        """Workspaces made by a create whose caller went away, to be removed unless a retry took them first."""
         self._id_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._started = time.monotonic()
         self._background: set[asyncio.Task[None]] = set()
@@ -533,24 +565,39 @@ class WorkspaceManager:
 
     # -- life cycle ----------------------------------------------------------------------------------
     async def create(
-        self, spec: WorkspaceSpec, *, workspace_id: str = "", snapshot: ImageInfo | None = None
+        self,
+        spec: WorkspaceSpec,
+        *,
+        workspace_id: str = "",
+        request_id: str = "",
+        snapshot: ImageInfo | None = None,
     ) -> Workspace:
         """Create and start a workspace.
 
+        A create is complete once its agent answered; until then its container is provisional
+        (``Backend.commit_container``), and a daemon that dies meanwhile leaves nothing a
+        restart keeps. With ``request_id`` a retried create is idempotent (Google AIP-155):
+        the caller's create of the same request, made or in flight, is its answer.
+
         Args:
             spec: the caller's spec; defaults are filled in.
-            workspace_id: optional caller-chosen id; empty generates ``ws-<12 hex>``.
+            workspace_id: optional caller-chosen id; empty generates ``ws-<12 hex>`` (or, with
+                ``request_id``, takes the id of the workspace that request made).
+            request_id: optional key of this create (:func:`check_request_id`), kept on the
+                workspace as ``sandboxd.create_request``.
             snapshot: a snapshot's image to fork (``SnapshotStore.find``): the workspace starts
                 with its files, and every field ``spec`` leaves unset is the snapshot's source's.
 
         Raises:
             InvalidSpecError: a field is out of range or malformed.
-            WorkspaceExistsError: the id is taken.
+            WorkspaceExistsError: the id is taken (by another request, or by a create without one).
             ImageNotFoundError: the image is missing and cannot be pulled.
             DockerUnavailableError: the engine is down.
         """
         if workspace_id:
             check_workspace_id(workspace_id)
+        if request_id:
+            check_request_id(request_id)
         if snapshot is not None:
             if spec.image:
                 msg = "spec.image must be empty when forking a snapshot: the snapshot is the image"
@@ -559,20 +606,44 @@ class WorkspaceManager:
         resolved = self.resolve(spec)
         tenant = current_tenant()
         chosen_id = workspace_id
+        if not workspace_id and request_id:
+            workspace_id = await self._id_of_request(tenant, request_id)
         workspace_id = workspace_id or f"ws-{secrets.token_hex(6)}"
-        if workspace_id in self._creating_ids:
-            # Two concurrent creates of one id: the second must neither wait nor undo the first.
-            msg = f"workspace {workspace_id!r} already exists"
-            raise WorkspaceExistsError(msg)
-        self._creating_ids.add(workspace_id)  # before any await: that is what makes it exclusive
+        while (earlier := self._making.get(workspace_id)) is not None:
+            if not request_id or (earlier.tenant, earlier.request_id) != (tenant, request_id):
+                # Two concurrent creates of one id: the second must neither wait nor undo the first.
+                msg = f"workspace {workspace_id!r} already exists"
+                raise WorkspaceExistsError(msg)
+            # A retry of a create still in flight (its caller's connection dropped): it waits for
+            # that one, and then finds what it made, or makes it again if it failed.
+            earlier.waiting += 1
+            try:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(earlier.work)
+            finally:
+                earlier.waiting -= 1
         # The engine's calls run in threads a cancel cannot stop: a create the caller gives up on
-        # runs to its end, and what it made is removed then (nobody has its id).
-        making = asyncio.ensure_future(self._create_exclusive(resolved, workspace_id, tenant, chosen_id, snapshot))
+        # runs to its end, and what it made is removed then (nobody has its id). The work begins
+        # at the next await; it is on record before: that is what makes a create exclusive.
+        work = asyncio.ensure_future(
+            self._create_exclusive(resolved, workspace_id, tenant, chosen_id, request_id, snapshot)
+        )
+        making = self._making[workspace_id] = _Making(tenant, request_id, work)
+        if request_id:
+            self._requests[(tenant, request_id)] = workspace_id
         try:
-            return await asyncio.shield(making)
+            return await asyncio.shield(work)
         except asyncio.CancelledError:
-            making.add_done_callback(self._forsaken)
+            work.add_done_callback(functools.partial(self._forsaken, making))
             raise
+
+    async def _id_of_request(self, tenant: str, request_id: str) -> str:
+        """The id of the workspace the tenant's create of ``request_id`` made or is making; "" if none."""
+        if workspace_id := self._requests.get((tenant, request_id), ""):
+            return workspace_id
+        made = await self.backend.list_containers({LABEL_TENANT: tenant, LABEL_CREATE_REQUEST: request_id})
+        # Looked up again after the wait: a create of that request may have begun meanwhile.
+        return made[0].workspace_id if made else self._requests.get((tenant, request_id), "")
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` on its own, held until it ends (an unheld task may be collected midway)."""
@@ -580,25 +651,65 @@ class WorkspaceManager:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _forsaken(self, making: asyncio.Future[Workspace]) -> None:
-        """A create whose caller went away has ended: remove what it made."""
-        if making.cancelled() or making.exception() is not None:
+    def _forsaken(self, making: _Making, work: asyncio.Future[Workspace]) -> None:
+        """A create whose caller went away has ended: remove what it made, unless a retry waits for it."""
+        if work.cancelled() or work.exception() is not None or making.waiting:
             return
-        workspace_id = making.result().workspace_id
+        workspace_id = work.result().workspace_id
         log.info("workspace.create_abandoned", workspace_id=workspace_id)
+        self._abandoned.add(workspace_id)
         self._in_background(self._remove_forsaken(workspace_id))
 
     async def _remove_forsaken(self, workspace_id: str) -> None:
         async with self._id_lock(workspace_id):
+            if workspace_id not in self._abandoned:
+                return  # a retry of its create took it first
+            self._abandoned.discard(workspace_id)
             with contextlib.suppress(WorkspaceNotFoundError):
                 await self._remove(workspace_id, "its create was cancelled")
 
+    async def _made_by(self, workspace_id: str, tenant: str, request_id: str) -> Workspace | None:
+        """The workspace ``workspace_id`` if the tenant's create of ``request_id`` made it; None if there is none.
+
+        Called under the id's lock (a forsaken create's removal takes it too).
+
+        Raises:
+            WorkspaceExistsError: a workspace of that id exists that this request did not make.
+        """
+        try:
+            info = await self.backend.inspect_container(workspace_id)
+        except WorkspaceNotFoundError:
+            return None
+        labels = info.labels
+        if (
+            labels.get(LABEL_POOL)
+            or labels.get(LABEL_TENANT, DEFAULT_TENANT) != tenant
+            or labels.get(LABEL_CREATE_REQUEST) != request_id
+        ):
+            msg = f"workspace {workspace_id!r} already exists"
+            raise WorkspaceExistsError(msg)
+        self._abandoned.discard(workspace_id)
+        self.touch(workspace_id)
+        log.info("workspace.create_repeated", workspace_id=workspace_id, create_request=request_id)
+        return self._workspace(info)
+
     async def _create_exclusive(
-        self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, chosen_id: str, snapshot: ImageInfo | None
+        self,
+        resolved: WorkspaceSpec,
+        workspace_id: str,
+        tenant: str,
+        chosen_id: str,
+        request_id: str,
+        snapshot: ImageInfo | None,
     ) -> Workspace:
         """The rest of :meth:`create`, once the id is this create's."""
         memory = resolved.limits.memory_bytes
         try:
+            if request_id:
+                async with self._id_lock(workspace_id):
+                    made = await self._made_by(workspace_id, tenant, request_id)
+                if made is not None:
+                    return made
             async with self._quota_lock:  # concurrent creates must not all pass one quota
                 await self._check_quota(tenant, memory)
                 self._reserved.setdefault(tenant, []).append(memory)
@@ -606,10 +717,17 @@ class WorkspaceManager:
                 # In use from the start: the reaper must not count idleness from before it existed.
                 async with self._id_lock(workspace_id), self.in_use(workspace_id):
                     if snapshot is None:
-                        claimed = await self._claim(resolved, workspace_id, tenant, chosen=bool(chosen_id))
+                        # With a request, _made_by has looked for the id already.
+                        claimed = await self._claim(
+                            resolved,
+                            workspace_id,
+                            tenant,
+                            chosen=bool(chosen_id) and not request_id,
+                            request_id=request_id,
+                        )
                         if claimed is not None:
                             return claimed
-                    return await self._create(resolved, workspace_id, tenant, snapshot=snapshot)
+                    return await self._create(resolved, workspace_id, tenant, snapshot=snapshot, request_id=request_id)
             except BaseException:
                 self._activity.pop(workspace_id, None)  # nothing was created: nothing to remember
                 raise
@@ -618,7 +736,9 @@ class WorkspaceManager:
                 if not self._reserved[tenant]:
                     del self._reserved[tenant]
         finally:
-            self._creating_ids.discard(workspace_id)
+            del self._making[workspace_id]
+            if self._requests.get((tenant, request_id)) == workspace_id:
+                del self._requests[(tenant, request_id)]
 
     def id_lock(self, workspace_id: str) -> asyncio.Lock:
         """The lock that serialises creating, deleting, pausing, resuming and snapshotting one id."""
@@ -639,8 +759,12 @@ class WorkspaceManager:
         *,
         pool_class: str = "",
         snapshot: ImageInfo | None = None,
+        request_id: str = "",
     ) -> Workspace:
-        """Start a container for ``resolved``: a member of ``pool_class`` (no tenant), or a fork of ``snapshot``."""
+        """Start a container for ``resolved``: a member of ``pool_class`` (no tenant), or a fork of ``snapshot``.
+
+        The container is committed (``Backend.commit_container``) once its agent answered.
+        """
         await self._forget_context(workspace_id)  # an earlier workspace of that id, removed behind our back
         if self.agent is None:
             async with self._agent_lock:
@@ -680,7 +804,7 @@ class WorkspaceManager:
             network = await self.egress.open(workspace_id, tenant, resolved.allowed_hosts)
         try:
             info = await self._create_container(
-                resolved, workspace_id, tenant, network, image, agent, pool_class, snapshot
+                resolved, workspace_id, tenant, network, image, agent, pool_class, snapshot, request_id
             )
         except BaseException:
             if resolved.network is NetworkPolicy.ALLOWLIST:
@@ -701,6 +825,11 @@ class WorkspaceManager:
             # Cancelled (the caller went away): nobody will ever have this workspace's id.
             await asyncio.shield(self._discard(workspace_id))
             raise
+        try:
+            await self.backend.commit_container(workspace_id)
+        except BaseException:
+            await asyncio.shield(self._discard(workspace_id))
+            raise
         if pool_class:
             return workspace
         self.touch(workspace_id)
@@ -717,6 +846,7 @@ class WorkspaceManager:
         agent: AgentBuild,
         pool_class: str,
         snapshot: ImageInfo | None,
+        request_id: str,
     ) -> ContainerInfo:
         return await self.backend.create_container(
             ContainerSpec(
@@ -733,6 +863,7 @@ class WorkspaceManager:
                     LABEL_AGENT: agent.tag,
                     **({LABEL_POOL: pool_class} if pool_class else {LABEL_TENANT: tenant}),
                     **({LABEL_SNAPSHOT: snapshot.labels[LABEL_SNAPSHOT]} if snapshot is not None else {}),
+                    **({LABEL_CREATE_REQUEST: request_id} if request_id else {}),
                 },
                 memory_bytes=resolved.limits.memory_bytes,
                 cpu_millis=resolved.limits.cpu_millis,
@@ -768,7 +899,7 @@ class WorkspaceManager:
 
     # -- the warm pool -------------------------------------------------------------------------------
     async def _claim(
-        self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, *, chosen: bool
+        self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, *, chosen: bool, request_id: str = ""
     ) -> Workspace | None:
         """Make a ready pool member of ``resolved``'s class this workspace; None when there is none.
 
@@ -821,6 +952,7 @@ class WorkspaceManager:
                 LABEL_SPEC: spec_to_json(final),
                 LABEL_TENANT: tenant,
                 LABEL_AGENT: member.labels[LABEL_AGENT],
+                **({LABEL_CREATE_REQUEST: request_id} if request_id else {}),
             }
             info = await self.backend.claim_container(member, workspace_id, labels)
         except SandboxdError as exc:

@@ -134,6 +134,7 @@ def spawned_daemon(
     """
     instance = instance or new_instance()
     socket_path = str(tmp_dir / "run" / "sandboxd.sock")
+    tmp_dir.mkdir(parents=True, exist_ok=True)
     log_path = tmp_dir / "daemon.log"
     full_env = {
         **os.environ,

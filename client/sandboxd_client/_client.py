@@ -6,6 +6,8 @@ import dataclasses
 import datetime
 import functools
 import os
+import secrets
+import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -338,8 +340,8 @@ class SandboxClient:
         address: ``HOST:PORT`` for TCP, or ``unix:/path``; None means the default
             Unix socket (``SANDBOXD_SOCKET`` or the per-user default).
         socket_path: Unix socket path (alternative to ``address``).
-        retries: retry idempotent calls (get/list/delete) on UNAVAILABLE with
-            jittered backoff, at most 4 attempts within 10 s.
+        retries: retry idempotent calls (get/list/delete, and creates, which carry a
+            request id) on UNAVAILABLE with jittered backoff, at most 4 attempts within 10 s.
         environ: environment for the defaults (``os.environ`` if None): the socket,
             ``SANDBOXD_ADDRESS``, ``SANDBOXD_TOKEN`` and the ``SANDBOXD_TLS_*`` files.
         token: bearer token for daemons started with a tokens file; None means
@@ -443,6 +445,7 @@ class SandboxClient:
         auto_resume: bool | None = None,
         from_snapshot: str = "",
         allowed_hosts: Sequence[str] = (),
+        request_id: str = "",
     ) -> Workspace:
         """Create and start a workspace; zero/empty arguments take the daemon's defaults.
 
@@ -455,11 +458,20 @@ class SandboxClient:
         stay empty). ``idle_action`` says what ``idle_ttl_s`` does (``delete``, the default,
         or ``pause``); ``auto_resume`` (default true) whether a call resumes it when paused.
 
+        Without ``workspace_id`` the client makes one (``ws-`` and 12 hex digits, as the daemon
+        does), so it holds the id before the daemon makes anything. Each call sends a
+        ``request_id`` (a fresh UUID unless given) with it, and after UNAVAILABLE (a daemon that
+        crashed or restarted mid-create) sends the same request again, as ``get_workspace`` is
+        retried: the daemon answers a repeated request with the workspace the first made, or
+        makes it again if the first never completed, never a second one (Google AIP-155).
+
         Raises:
             InvalidArgumentError: a value is out of range.
-            AlreadyExistsError: ``workspace_id`` is taken.
+            AlreadyExistsError: ``workspace_id`` is taken (by another create than ``request_id``'s).
             NotFoundError: the image, or the snapshot, is not there.
-            UnavailableError: the daemon or Docker is down.
+            UnavailableError: the daemon or Docker is down. Its ``workspace_id`` and ``request_id``
+                are this create's: the workspace may exist, and the same call with both (after a
+                longer outage than the retries cover) gets it or makes it.
         """
         spec = wpb.WorkspaceSpec(
             image=image,
@@ -484,8 +496,17 @@ class SandboxClient:
             spec.idle_ttl.CopyFrom(_duration(idle_ttl_s))
         if auto_resume is not None:
             spec.auto_resume = auto_resume
-        request = wpb.CreateWorkspaceRequest(spec=spec, workspace_id=workspace_id, from_snapshot=from_snapshot)
-        response = await self._unary(lambda: self._workspaces.CreateWorkspace(request))
+        request = wpb.CreateWorkspaceRequest(
+            spec=spec,
+            workspace_id=workspace_id or f"ws-{secrets.token_hex(6)}",
+            from_snapshot=from_snapshot,
+            request_id=request_id or str(uuid.uuid4()),
+        )
+        try:
+            response = await self._unary(lambda: self._workspaces.CreateWorkspace(request), idempotent=True)
+        except UnavailableError as error:
+            error.workspace_id, error.request_id = request.workspace_id, request.request_id
+            raise
         return Workspace(self, WorkspaceInfo.from_proto(response.workspace))
 
     async def get_workspace(self, workspace_id: str) -> Workspace:

@@ -75,6 +75,11 @@ class ResourceExhaustedError(SandboxError):
 class UnavailableError(SandboxError):
     """The daemon, or the Docker engine behind it, cannot be reached."""
 
+    workspace_id: str = ""
+    """Of a create that got no answer: the id it asked for (the workspace may exist); else empty."""
+    request_id: str = ""
+    """Of a create that got no answer: its request id, to repeat it with; else empty."""
+
 
 class UnauthenticatedError(SandboxError):
     """Missing or bad credentials."""

@@ -27,7 +27,9 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
         """Create and start a workspace (a fork of a snapshot, with ``from_snapshot``)."""
         spec = convert.workspace_spec(request.spec)
         snapshot = await self.snapshots.find(request.from_snapshot) if request.from_snapshot else None
-        workspace = await self.workspaces.create(spec, workspace_id=request.workspace_id, snapshot=snapshot)
+        workspace = await self.workspaces.create(
+            spec, workspace_id=request.workspace_id, request_id=request.request_id, snapshot=snapshot
+        )
         return wpb.CreateWorkspaceResponse(workspace=convert.workspace_to_proto(workspace))
 
     async def GetWorkspace(self, request: wpb.GetWorkspaceRequest, context: Context) -> wpb.GetWorkspaceResponse:

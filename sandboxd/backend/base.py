@@ -238,10 +238,22 @@ class Backend(Protocol):
     async def create_container(self, spec: ContainerSpec) -> ContainerInfo:
         """Create the workspace's volume and container, start it, and return it running.
 
+        It is provisional until :meth:`commit_container`: every call reaches it by its id
+        meanwhile, and :meth:`remove_orphans` removes it if it is never committed (a daemon
+        that died before its create returned).
+
         Raises:
             WorkspaceExistsError: a container for that workspace id exists.
             ImageNotFoundError: the image is missing.
             InvalidSpecError: the engine rejected the configuration.
+        """
+        ...
+
+    async def commit_container(self, workspace_id: str) -> None:
+        """Mark a container :meth:`create_container` made as complete; a committed one is left as it is.
+
+        Raises:
+            WorkspaceNotFoundError: it was removed meanwhile.
         """
         ...
 
@@ -272,8 +284,8 @@ class Backend(Protocol):
     async def remove_orphans(self) -> list[str]:
         """Remove this daemon's containers and volumes that no workspace owns; return their names.
 
-        Orphans are half-created workspaces: a container that never started or
-        has no workspace spec, a volume without its container.
+        Orphans are half-created workspaces: a container never committed, never started or
+        without a workspace spec, and a volume without its container.
         """
         ...
 

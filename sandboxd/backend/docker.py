@@ -68,6 +68,9 @@ LABEL_CLAIM_CONTAINER = "sandboxd.claim_container"
 """On a claim record: the claimed container's id (what every call names it by: it never changes)."""
 LABEL_MEMBER = "sandboxd.pool_member"
 """In a claimed container's labels as this backend reports them: the id it was created with."""
+PROVISIONAL_SUFFIX = ".creating"
+"""A container's name is the workspace's plus this until its create is complete (``commit_container``):
+one found so at a start is a create the daemon did not finish, and is removed."""
 CLAIM_SUFFIX = ".claim"
 """A claim record's volume is the workspace's name plus this (a workspace id has no dot)."""
 SNAPSHOT_REPOSITORY = "sandboxd/snapshot"
@@ -118,6 +121,8 @@ class DockerBackend:
         """Created-with id -> the labels the claimed container answers with."""
         self._claim_ids: dict[str, str] = {}
         """Workspace id -> its claimed container's id."""
+        self._provisional_ids: dict[str, str] = {}
+        """Workspace id -> the id of its container while it is being created (provisionally named)."""
 
     # -- plumbing --------------------------------------------------------------
     def _api(self) -> docker.APIClient:
@@ -208,9 +213,13 @@ class DockerBackend:
         """The workspace's container's name (a claimed member is renamed so), and a fresh one's volume's."""
         return f"sandboxd-{self.instance}-{workspace_id}"
 
+    def _provisional_name(self, workspace_id: str) -> str:
+        """The name a container bears until :meth:`commit_container` (ids have no dot: it is no other's)."""
+        return f"{self._name(workspace_id)}{PROVISIONAL_SUFFIX}"
+
     def _ref(self, workspace_id: str) -> str:
-        """What calls name the workspace's container by: a claimed one's id, else its name."""
-        return self._claim_ids.get(workspace_id) or self._name(workspace_id)
+        """What calls name the workspace's container by: a claimed or uncommitted one's id, else its name."""
+        return self._claim_ids.get(workspace_id) or self._provisional_ids.get(workspace_id) or self._name(workspace_id)
 
     def _volume_name(self, workspace_id: str) -> str:
         """The name of the workspace's /workspace volume: a claimed workspace's keeps its member's."""
@@ -422,13 +431,14 @@ class DockerBackend:
 
     # -- containers ---------------------------------------------------------------------
     async def create_container(self, spec: ContainerSpec) -> ContainerInfo:
-        """Create volume and container, start it, and return it running."""
+        """Create volume and container, start it, and return it running, provisionally named (see Backend)."""
         api = self._api()
         await self._drop_stale_claim(spec.workspace_id)
         name = self._name(spec.workspace_id)
         labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance}
         labels[LABEL_WORKSPACE] = spec.workspace_id
-        existing = await self._call(api.containers, all=True, filters={"name": f"^/{name}$"})
+        provisional = self._provisional_name(spec.workspace_id)
+        existing = await self._call(api.containers, all=True, filters={"name": f"^/{name}(\\{PROVISIONAL_SUFFIX})?$"})
         if existing:
             msg = f"workspace {spec.workspace_id!r} already exists"
             raise WorkspaceExistsError(msg)
@@ -496,7 +506,7 @@ class DockerBackend:
             created = await self._call(
                 api.create_container,
                 spec.image,
-                name=name,
+                name=provisional,
                 entrypoint=list(spec.entrypoint) or ["sleep", "infinity"],
                 command=[],
                 user=MAIN_USER,
@@ -508,6 +518,7 @@ class DockerBackend:
                 # Not disabled even with no network: UpdateNetwork may connect it later (a container
                 # created with its network disabled takes no interface from a network it joins).
             )
+            self._provisional_ids[spec.workspace_id] = created["Id"]
             await self._call(api.start, created["Id"])
             if spec.disk_bytes and spec.seed_workspace:
                 await self._seed_workspace(created["Id"], spec.image)
@@ -535,6 +546,19 @@ class DockerBackend:
             raise
         return await self.inspect_container(spec.workspace_id)
 
+    async def commit_container(self, workspace_id: str) -> None:
+        """Give a created container its workspace's name (see Backend): one rename."""
+        container_id = self._provisional_ids.get(workspace_id)
+        if container_id is None:
+            return
+        try:
+            await self._call(self._api().rename, container_id, self._name(workspace_id))
+        except docker.errors.NotFound as exc:
+            msg = f"workspace {workspace_id!r} not found"  # removed behind the daemon's back meanwhile
+            raise WorkspaceNotFoundError(msg) from exc
+        finally:
+            self._provisional_ids.pop(workspace_id, None)
+
     async def inspect_container(self, workspace_id: str) -> ContainerInfo:
         """Return one of this daemon's workspace containers, or WorkspaceNotFoundError."""
         await self._load_claims()
@@ -545,7 +569,11 @@ class DockerBackend:
             raise WorkspaceNotFoundError(msg) from exc
         info = self._info(attrs)
         labels = info.labels
-        named = workspace_id in self._claim_ids or attrs.get("Name", "").lstrip("/") == self._name(workspace_id)
+        named = (
+            workspace_id in self._claim_ids
+            or workspace_id in self._provisional_ids
+            or attrs.get("Name", "").lstrip("/") == self._name(workspace_id)
+        )
         if (
             not named  # an id's prefix, not its name
             or labels.get(LABEL_MANAGED) != "true"
@@ -631,6 +659,13 @@ class DockerBackend:
             labels = summary.get("Labels") or {}
             name = summary["Names"][0].lstrip("/") if summary.get("Names") else summary["Id"]
             created_as = labels.get(LABEL_WORKSPACE, "")
+            if name.endswith(PROVISIONAL_SUFFIX):
+                # Never committed: its create did not return, so nobody holds its id (unless the
+                # caller chose it, and then its retry makes it again).
+                with contextlib.suppress(docker.errors.NotFound):
+                    await self._call(api.remove_container, summary["Id"], force=True, v=True)
+                    removed.append(name)
+                continue
             if created_as in claimed_as and name == self._name(created_as):
                 # Claimed, and cut short before its rename: the claim is on record, so it is done now.
                 name = self._name(claimed_as[created_as])
@@ -689,8 +724,9 @@ class DockerBackend:
         await self._load_claims()
         member = (self._claims or {}).get(workspace_id, "")
         found = False
-        # A claimed member by its id (renamed yet or not), then by the name, should they differ.
-        for name in dict.fromkeys((self._ref(workspace_id), self._name(workspace_id))):
+        # A claimed or uncommitted one by its id (renamed yet or not), then by the names, should they differ.
+        refs = (self._ref(workspace_id), self._name(workspace_id), self._provisional_name(workspace_id))
+        for name in dict.fromkeys(refs):
             # gVisor cannot kill a paused sandbox ("PID is zombie and can not be killed"): thaw it first.
             with contextlib.suppress(docker.errors.NotFound, BackendError):
                 await self._call(api.unpause, name)
@@ -709,6 +745,7 @@ class DockerBackend:
         if member:
             await self._remove_private_volumes(member)
         await self._remove_private_volumes(workspace_id)  # a claim record among them
+        self._provisional_ids.pop(workspace_id, None)
         if member and self._claims is not None:
             self._claims.pop(workspace_id, None)
             self._claimed.pop(member, None)

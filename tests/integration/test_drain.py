@@ -30,8 +30,6 @@ async def test_sigterm_under_load_drains_within_the_grace_and_loses_no_workspace
     tmp_path: Path, default_image: str
 ) -> None:
     instance = new_instance()
-    (tmp_path / "first").mkdir()
-    (tmp_path / "second").mkdir()
     with spawned_daemon(tmp_path / "first", instance, SANDBOXD_SHUTDOWN_GRACE_S=str(GRACE_S)) as (daemon, socket, _):
         async with SandboxClient(socket_path=socket, retries=False) as client:
             workspaces = [await client.create_workspace() for _ in range(4)]
@@ -132,8 +130,6 @@ async def test_a_second_sigterm_waits_for_the_first_and_a_caller_leaving_in_the_
     tmp_path: Path, default_image: str
 ) -> None:
     instance = new_instance()
-    (tmp_path / "first").mkdir()
-    (tmp_path / "second").mkdir()
     with spawned_daemon(tmp_path / "first", instance, SANDBOXD_SHUTDOWN_GRACE_S=str(GRACE_S)) as (daemon, socket, _):
         async with SandboxClient(socket_path=socket, retries=False) as client:
             ws = await client.create_workspace()
@@ -179,8 +175,6 @@ async def test_a_command_still_starting_when_the_grace_ends_runs_on_for_the_succ
 ) -> None:  # type: ignore[no-untyped-def]
     """The workspace frozen (docker pause) as the command is sent: its start is not answered in the grace."""
     instance = new_instance()
-    (tmp_path / "first").mkdir()
-    (tmp_path / "second").mkdir()
     with spawned_daemon(tmp_path / "first", instance, SANDBOXD_SHUTDOWN_GRACE_S="1") as (daemon, socket, _):
         async with SandboxClient(socket_path=socket, retries=False) as client:
             ws = await client.create_workspace()

@@ -12,6 +12,7 @@ import io
 import os
 import signal
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -216,12 +217,14 @@ def test_a_bad_pool_file_stops_the_start_in_one_line(tmp_path: Path) -> None:
 
 async def test_a_claimed_workspace_outlives_kill_9_and_no_member_leaks(tmp_path: Path, docker_client) -> None:
     """kill -9 with a pool of 2 and one claimed: the claimed one answers with its id and files, the
-    members are taken back, and the engine holds exactly those three containers."""
+    members are taken back, and the engine holds exactly those three containers. Its create's
+    request, repeated, gets it back (the claim record keeps the request id)."""
     instance = new_instance()
+    request_id = str(uuid.uuid4())
     with spawned_daemon(tmp_path, instance, SANDBOXD_POOL_SIZE="2") as (process, socket_path, _log):
         async with SandboxClient(socket_path=socket_path, retries=False) as client:
             await until_ready(client, 2)
-            ws = await client.create_workspace(labels={"test": "pool-restart"})
+            ws = await client.create_workspace(labels={"test": "pool-restart"}, request_id=request_id)
             await ws.write_file("/workspace/kept.txt", "kept\n")
             await until_ready(client, 2)
         os.kill(process.pid, signal.SIGKILL)
@@ -233,8 +236,12 @@ async def test_a_claimed_workspace_outlives_kill_9_and_no_member_leaks(tmp_path:
             assert (await again.exec("cat /workspace/kept.txt").wait()).stdout == "kept\n"
             assert [w.workspace_id for w in await client.list_workspaces()] == [ws.workspace_id]
             await until_ready(client, 2)
+            repeated = await client.create_workspace(
+                labels={"test": "pool-restart"}, workspace_id=ws.workspace_id, request_id=request_id
+            )
+            assert repeated.info.container_id == ws.info.container_id
             (default,) = await client.get_pool()
-            assert default.starting == 0
+            assert (default.starting, default.claims) == (0, 0)  # the repeat claimed no member
             assert len(containers(docker_client, instance)) == 3  # pool size + claimed: no member leaked
             await again.delete()
     remove_members(instance)

@@ -535,13 +535,16 @@ class TestAudit:
                 await anonymous.delete_workspace(ws.workspace_id)
         entries = _audit(audit_path)
         about = [e for e in entries if e.get("workspace_id") == ws.workspace_id]
-        # Written ahead, so a crash of the daemon mid-call still leaves the command on record.
+        # Written ahead, so a crash of the daemon mid-call still leaves the command on record, and
+        # the id of a workspace being created (the client makes it before it sends).
         begins = [e for e in about if e.get("phase") == "begin"]
-        assert [(e["rpc"], e["command"], e["tenant"]) for e in begins] == [("Exec", "exit 3", "team-a")]
-        assert about.index(begins[0]) < next(i for i, e in enumerate(about) if e["rpc"] == "Exec" and "code" in e)
-        assert any(e.get("phase") == "begin" and e["rpc"] == "CreateWorkspace" for e in entries)
+        assert [(e["rpc"], e.get("command"), e["tenant"]) for e in begins] == [
+            ("CreateWorkspace", None, "team-a"),
+            ("Exec", "exit 3", "team-a"),
+        ]
+        assert about.index(begins[1]) < next(i for i, e in enumerate(about) if e["rpc"] == "Exec" and "code" in e)
         mine = [e for e in about if "phase" not in e]
-        assert begins[0]["process_id"] == next(e["process_id"] for e in mine if e["rpc"] == "Exec")
+        assert begins[1]["process_id"] == next(e["process_id"] for e in mine if e["rpc"] == "Exec")
         assert [e["rpc"] for e in mine] == [
             "CreateWorkspace",
             "Exec",

@@ -144,14 +144,16 @@ class Workspace(_message.Message):
     def __init__(self, workspace_id: _Optional[str] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., state: _Optional[_Union[WorkspaceState, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., container_id: _Optional[str] = ..., volume_name: _Optional[str] = ..., from_snapshot: _Optional[str] = ...) -> None: ...
 
 class CreateWorkspaceRequest(_message.Message):
-    __slots__ = ("spec", "workspace_id", "from_snapshot")
+    __slots__ = ("spec", "workspace_id", "from_snapshot", "request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     spec: WorkspaceSpec
     workspace_id: str
     from_snapshot: str
-    def __init__(self, spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., workspace_id: _Optional[str] = ..., from_snapshot: _Optional[str] = ...) -> None: ...
+    request_id: str
+    def __init__(self, spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., workspace_id: _Optional[str] = ..., from_snapshot: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateWorkspaceResponse(_message.Message):
     __slots__ = ("workspace",)
