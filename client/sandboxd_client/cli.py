@@ -25,7 +25,7 @@ from typing import Any
 
 from . import ExecHandle, ExecResult, Output, SandboxClient, Started, TLSOptions
 from ._client import PoolClassInfo, ProcessInfo, SnapshotInfo, WorkspaceInfo
-from .errors import NotFoundError, SandboxError
+from .errors import NotFoundError, SandboxError, UnavailableError
 
 __all__ = ["main"]
 
@@ -869,6 +869,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_run(opts))
     except SandboxError as exc:
         print(f"sandboxctl: {exc.message}", file=sys.stderr)
+        if isinstance(exc, UnavailableError) and exc.workspace_id:
+            # A create that got no answer: it may have been made. Repeated with its id it is
+            # ALREADY_EXISTS if so, so the way back is to see or remove it.
+            print(
+                f"sandboxctl: workspace {exc.workspace_id} may exist: `sandboxctl ls` shows it,"
+                f" `sandboxctl rm {exc.workspace_id}` removes it",
+                file=sys.stderr,
+            )
         return 1
     except KeyboardInterrupt:
         return 130

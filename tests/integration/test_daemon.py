@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 
@@ -297,6 +298,24 @@ class TestCli:
         assert run.returncode == 1
         assert len(run.stderr.splitlines()) == 1
         assert run.stderr.startswith("sandboxctl: ")
+
+    def test_a_create_with_no_answer_names_the_workspace_it_may_have_made(self, tmp_path) -> None:
+        """The id is the client's before it sends: the second line says how to find or remove it."""
+        run = subprocess.run(
+            [sys.executable, "-m", "sandboxd_client.cli", "--socket", str(tmp_path / "none.sock"), "create"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 1
+        first, second = run.stderr.splitlines()
+        assert first.startswith("sandboxctl: ")
+        workspace_id = second.split()[2]
+        assert re.fullmatch(r"ws-[0-9a-f]{12}", workspace_id)
+        assert second == (
+            f"sandboxctl: workspace {workspace_id} may exist: `sandboxctl ls` shows it,"
+            f" `sandboxctl rm {workspace_id}` removes it"
+        )
 
     def test_exec_interactive_stdin(self, daemon, workspace_id) -> None:
         """`exec -i` forwards standard input and closes it at end of file."""
