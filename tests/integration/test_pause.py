@@ -84,17 +84,16 @@ async def test_a_paused_workspace_stands_still_and_goes_on_where_it_was(workspac
     await until_counted(count, frozen_at)
     events, out, _ = await collect(workspace.client.input(process_id, yield_after_s=0.5))
     assert isinstance(events[-1], Yielded)  # the same command, still running
-    events, rest, _ = await collect(workspace.client.input(process_id, "\u0003"))
-    deadline = time.monotonic() + 20
-    while isinstance(events[-1], Yielded):  # a loaded gVisor may take longer than Ctrl-C's window
-        assert time.monotonic() < deadline, "Ctrl-C never ended the counter"
-        events, more, _ = await collect(workspace.client.input(process_id, yield_after_s=2))
-        rest += more
+    # Ended by Kill, not Ctrl-C: under gVisor a SIGINT that meets bash as it forks can leave it
+    # spinning for ever (README, gVisor), and this loop forks all the time.
+    killed = await workspace.client.kill(process_id)
+    assert (killed.stop_reason, killed.exit_code) == ("killed", 143)
+    events, rest, _ = await collect(workspace.client.input(process_id, yield_after_s=2))
     numbers = [int(n) for n in (out + rest).split()]
     # Every number once, in order, across the pause: nothing lost, nothing repeated.
     assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
     assert numbers[-1] > frozen_at
-    assert isinstance(events[-1], Exited) and events[-1].exit_code == 130
+    assert isinstance(events[-1], Exited) and events[-1].exit_code == 143
 
 
 async def test_a_timeout_does_not_run_while_paused(workspace) -> None:
