@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import hashlib
 import json
 import os
 import posixpath
@@ -85,6 +86,7 @@ __all__ = [
     "check_labels",
     "check_request_id",
     "check_workspace_id",
+    "container_spec",
     "spec_from_json",
     "spec_to_json",
 ]
@@ -100,6 +102,9 @@ LABEL_AGENT = "sandboxd.agent"
 """The agent version a workspace was created with; a workspace without it predates the agent."""
 LABEL_CREATE_REQUEST = "sandboxd.create_request"
 """The ``request_id`` of the create that made a workspace: a retry of that create finds it by this."""
+LABEL_CREATE_DIGEST = "sandboxd.create_digest"
+"""A digest of what that create asked for (its spec as sent, its snapshot): a reuse of the request id
+for another create is refused, not answered with this workspace."""
 AGENT_CAPABILITIES = ("CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID")
 """What the agent (root, the container's main process) keeps: to start commands as the workspace
 user (SETUID, SETGID), clear their bounding set (SETPCAP), signal them (KILL) and give them their
@@ -220,13 +225,23 @@ def check_request_id(request_id: str) -> None:
         raise InvalidSpecError(msg)
 
 
+def _request_digest(spec: WorkspaceSpec, snapshot: ImageInfo | None) -> str:
+    """What a create asked for, as the caller sent it (before defaults, which may change with settings)."""
+    asked = f"{spec_to_json(spec)}\0{snapshot.labels.get(LABEL_SNAPSHOT, '') if snapshot is not None else ''}"
+    return hashlib.sha256(asked.encode()).hexdigest()[:32]
+
+
 @dataclasses.dataclass
 class _Making:
-    """A create in flight: whose it is, by which request, and the work that makes it."""
+    """A create in flight: whose it is, by which request, and the work that makes it.
+
+    The work's result is the workspace and whether this create made it (False: it found the
+    one its request had made, which its caller's going away must never remove).
+    """
 
     tenant: str
     request_id: str
-    work: asyncio.Future[Workspace]
+    work: asyncio.Future[tuple[Workspace, bool]]
     waiting: int = 0
     """Retries of the same request waiting for it: while any wait, its own caller's going away removes nothing."""
 
@@ -340,6 +355,100 @@ def _disinherited(image: ImageInfo, labels: Mapping[str, str], snapshot: ImageIn
     return {key: "" for key in image.labels if key not in labels and foreign(key)}
 
 
+def container_spec(
+    resolved: WorkspaceSpec,
+    workspace_id: str,
+    *,
+    tenant: str,
+    network: str,
+    image: ImageInfo,
+    agent: AgentBuild,
+    pool_class: str = "",
+    snapshot: ImageInfo | None = None,
+    request: tuple[str, str] | None = None,
+) -> ContainerSpec:
+    """What a backend is asked to run for a workspace: the agent as its main process, the spec as labels.
+
+    Args:
+        resolved: a spec with every default applied (:meth:`WorkspaceManager.resolve`) and its user.
+        workspace_id: the workspace's id.
+        tenant: its tenant (unless it is a member of ``pool_class``, which has none).
+        network: ``none``, ``bridge`` or the workspace's own network (an allowlist's).
+        image: the image as the engine reports it (its labels are disinherited).
+        agent: the agent build whose volume it mounts.
+        pool_class: the warm pool class it is a member of, or empty.
+        snapshot: the snapshot it forks, if any.
+        request: the create's request id and the digest of what it asked for, if it has one
+            (``LABEL_CREATE_REQUEST``, ``LABEL_CREATE_DIGEST``).
+    """
+    return ContainerSpec(
+        workspace_id=workspace_id,
+        image=resolved.image,
+        # The workspace env reaches every command through the agent, never the agent
+        # itself: a caller's PATH or LD_PRELOAD must not change how the agent runs.
+        env={},
+        working_dir=resolved.working_dir,
+        labels={
+            **_disinherited(image, resolved.labels, snapshot),
+            **resolved.labels,
+            LABEL_SPEC: spec_to_json(resolved),
+            LABEL_AGENT: agent.tag,
+            **({LABEL_POOL: pool_class} if pool_class else {LABEL_TENANT: tenant}),
+            **({LABEL_SNAPSHOT: snapshot.labels[LABEL_SNAPSHOT]} if snapshot is not None else {}),
+            **_request_labels(request),
+        },
+        memory_bytes=resolved.limits.memory_bytes,
+        cpu_millis=resolved.limits.cpu_millis,
+        pids=resolved.limits.pids,
+        disk_bytes=resolved.limits.disk_bytes,
+        read_only_root_filesystem=resolved.security.read_only_root_filesystem,
+        network=network,
+        runtime=str(resolved.runtime),
+        added_capabilities=resolved.security.added_capabilities,
+        no_new_privileges=not resolved.security.allow_new_privileges,
+        entrypoint=(AGENT_PATH, "serve"),
+        agent_volume=agent.volume,
+        agent_mount=AGENT_MOUNT,
+        agent_capabilities=AGENT_CAPABILITIES,
+        private_dirs=(AGENT_SOCKET_DIR,),
+        seed_workspace=snapshot is not None,
+        # On an allowlist's network no name resolves (Docker's resolver there answers none):
+        # a tool that ignores HTTP_PROXY fails in a second rather than in forty.
+        dns_options=("timeout:1", "attempts:1") if resolved.network is NetworkPolicy.ALLOWLIST else (),
+    )
+
+
+def _request_labels(request: tuple[str, str] | None) -> dict[str, str]:
+    """The labels that say which create request made a workspace (none without a request id)."""
+    if request is None:
+        return {}
+    return {LABEL_CREATE_REQUEST: request[0], LABEL_CREATE_DIGEST: request[1]}
+
+
+def _made_by(info: ContainerInfo) -> tuple[str, str] | None:
+    """``(tenant, request_id)`` of the create that made a workspace; None for one made without a request id."""
+    request_id = info.labels.get(LABEL_CREATE_REQUEST, "")
+    if not request_id or info.labels.get(LABEL_POOL):
+        return None
+    return info.labels.get(LABEL_TENANT, DEFAULT_TENANT), request_id
+
+
+@dataclasses.dataclass(frozen=True)
+class _Asked:
+    """What a create was asked beside its spec: the caller's id, its request id and digest."""
+
+    chosen_id: str
+    request_id: str
+    digest: str
+    repeat: bool
+    """Its request is known to have made (or be making) this id: what that made is looked for first."""
+
+    @property
+    def request(self) -> tuple[str, str] | None:
+        """Its request id and digest, for the workspace's labels (:func:`container_spec`); None without one."""
+        return (self.request_id, self.digest) if self.request_id else None
+
+
 def _is_snapshot(image: ImageInfo) -> bool:
     """Whether an image is a snapshot (or a part of one being taken)."""
     return bool(image.labels.get(LABEL_SNAPSHOT)) or image.labels.get(LABEL_SNAPSHOT_PART) == "true"
@@ -424,6 +533,10 @@ class WorkspaceManager:
         """Creates in flight, by workspace id: what makes a create of one id exclusive."""
         self._requests: dict[tuple[str, str], str] = {}
         """``(tenant, request_id)`` of each create in flight with one -> its workspace id."""
+        self._made_for: dict[tuple[str, str], str] = {}
+        """``(tenant, request_id)`` -> the workspace that create made (from the labels at adoption, then
+        kept as creates complete); an entry whose workspace went behind the daemon's back is dropped
+        when it is next looked up."""
         self._abandoned: set[str] = set()
         """Workspaces made by a create whose caller went away, to be removed unless a retry took them first."""
         self._id_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -590,7 +703,9 @@ class WorkspaceManager:
 
         Raises:
             InvalidSpecError: a field is out of range or malformed.
-            WorkspaceExistsError: the id is taken (by another request, or by a create without one).
+            WorkspaceExistsError: the id is taken (by another request, or by a create without one);
+                or ``request_id`` made another workspace than ``workspace_id``, or was sent with
+                another spec or snapshot.
             ImageNotFoundError: the image is missing and cannot be pulled.
             DockerUnavailableError: the engine is down.
         """
@@ -598,6 +713,7 @@ class WorkspaceManager:
             check_workspace_id(workspace_id)
         if request_id:
             check_request_id(request_id)
+        digest = _request_digest(spec, snapshot) if request_id else ""
         if snapshot is not None:
             if spec.image:
                 msg = "spec.image must be empty when forking a snapshot: the snapshot is the image"
@@ -606,8 +722,18 @@ class WorkspaceManager:
         resolved = self.resolve(spec)
         tenant = current_tenant()
         chosen_id = workspace_id
-        if not workspace_id and request_id:
-            workspace_id = await self._id_of_request(tenant, request_id)
+        repeat = False
+        if request_id:
+            # Looked up again after the wait: a create of that request may have begun meanwhile.
+            key = (tenant, request_id)
+            made_as = self._requests.get(key) or await self._made_as(key) or self._requests.get(key, "")
+            if made_as and workspace_id and made_as != workspace_id:
+                msg = (
+                    f"request_id {quoted(request_id)} made workspace {made_as!r}: "
+                    f"a repeat of it names that workspace_id, or none"
+                )
+                raise WorkspaceExistsError(msg)
+            workspace_id, repeat = workspace_id or made_as, bool(made_as)
         workspace_id = workspace_id or f"ws-{secrets.token_hex(6)}"
         while (earlier := self._making.get(workspace_id)) is not None:
             if not request_id or (earlier.tenant, earlier.request_id) != (tenant, request_id):
@@ -622,28 +748,34 @@ class WorkspaceManager:
                     await asyncio.shield(earlier.work)
             finally:
                 earlier.waiting -= 1
+            repeat = True
         # The engine's calls run in threads a cancel cannot stop: a create the caller gives up on
         # runs to its end, and what it made is removed then (nobody has its id). The work begins
         # at the next await; it is on record before: that is what makes a create exclusive.
-        work = asyncio.ensure_future(
-            self._create_exclusive(resolved, workspace_id, tenant, chosen_id, request_id, snapshot)
-        )
+        asked = _Asked(chosen_id, request_id, digest, repeat)
+        work = asyncio.ensure_future(self._create_exclusive(resolved, workspace_id, tenant, asked, snapshot))
         making = self._making[workspace_id] = _Making(tenant, request_id, work)
         if request_id:
             self._requests[(tenant, request_id)] = workspace_id
         try:
-            return await asyncio.shield(work)
+            return (await asyncio.shield(work))[0]
         except asyncio.CancelledError:
             work.add_done_callback(functools.partial(self._forsaken, making))
             raise
 
-    async def _id_of_request(self, tenant: str, request_id: str) -> str:
-        """The id of the workspace the tenant's create of ``request_id`` made or is making; "" if none."""
-        if workspace_id := self._requests.get((tenant, request_id), ""):
-            return workspace_id
-        made = await self.backend.list_containers({LABEL_TENANT: tenant, LABEL_CREATE_REQUEST: request_id})
-        # Looked up again after the wait: a create of that request may have begun meanwhile.
-        return made[0].workspace_id if made else self._requests.get((tenant, request_id), "")
+    async def _made_as(self, key: tuple[str, str]) -> str:
+        """The id of the workspace the create of ``key`` (tenant, request id) made, if it still exists; else ""."""
+        workspace_id = self._made_for.get(key, "")
+        if not workspace_id:
+            return ""
+        try:
+            info = await self.backend.inspect_container(workspace_id)
+        except WorkspaceNotFoundError:
+            info = None
+        if info is None or _made_by(info) != key:
+            self._made_for.pop(key, None)  # removed behind the daemon's back (and its id perhaps reused)
+            return ""
+        return workspace_id
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` on its own, held until it ends (an unheld task may be collected midway)."""
@@ -651,11 +783,14 @@ class WorkspaceManager:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _forsaken(self, making: _Making, work: asyncio.Future[Workspace]) -> None:
-        """A create whose caller went away has ended: remove what it made, unless a retry waits for it."""
-        if work.cancelled() or work.exception() is not None or making.waiting:
+    def _forsaken(self, making: _Making, work: asyncio.Future[tuple[Workspace, bool]]) -> None:
+        """A create whose caller went away has ended: remove what it made, unless a retry waits for it.
+
+        A repeat that found what its request had made removes nothing: another caller may hold it.
+        """
+        if work.cancelled() or work.exception() is not None or making.waiting or not work.result()[1]:
             return
-        workspace_id = work.result().workspace_id
+        workspace_id = work.result()[0].workspace_id
         log.info("workspace.create_abandoned", workspace_id=workspace_id)
         self._abandoned.add(workspace_id)
         self._in_background(self._remove_forsaken(workspace_id))
@@ -668,66 +803,61 @@ class WorkspaceManager:
             with contextlib.suppress(WorkspaceNotFoundError):
                 await self._remove(workspace_id, "its create was cancelled")
 
-    async def _made_by(self, workspace_id: str, tenant: str, request_id: str) -> Workspace | None:
-        """The workspace ``workspace_id`` if the tenant's create of ``request_id`` made it; None if there is none.
+    async def _repeated(self, workspace_id: str, tenant: str, asked: _Asked) -> Workspace | None:
+        """The workspace ``workspace_id`` if the tenant's create of the same request made it; None if there is none.
 
         Called under the id's lock (a forsaken create's removal takes it too).
 
         Raises:
-            WorkspaceExistsError: a workspace of that id exists that this request did not make.
+            WorkspaceExistsError: a workspace of that id exists that this request did not make,
+                or that it made from another spec.
         """
         try:
             info = await self.backend.inspect_container(workspace_id)
         except WorkspaceNotFoundError:
             return None
-        labels = info.labels
-        if (
-            labels.get(LABEL_POOL)
-            or labels.get(LABEL_TENANT, DEFAULT_TENANT) != tenant
-            or labels.get(LABEL_CREATE_REQUEST) != request_id
-        ):
+        if _made_by(info) != (tenant, asked.request_id):
             msg = f"workspace {workspace_id!r} already exists"
+            raise WorkspaceExistsError(msg)
+        if info.labels.get(LABEL_CREATE_DIGEST, "") != asked.digest:
+            msg = (
+                f"request_id {quoted(asked.request_id)} made workspace {workspace_id!r} from another spec or "
+                "snapshot: a request id names one create"
+            )
             raise WorkspaceExistsError(msg)
         self._abandoned.discard(workspace_id)
         self.touch(workspace_id)
-        log.info("workspace.create_repeated", workspace_id=workspace_id, create_request=request_id)
+        log.info("workspace.create_repeated", workspace_id=workspace_id, create_request=asked.request_id)
         return self._workspace(info)
 
     async def _create_exclusive(
-        self,
-        resolved: WorkspaceSpec,
-        workspace_id: str,
-        tenant: str,
-        chosen_id: str,
-        request_id: str,
-        snapshot: ImageInfo | None,
-    ) -> Workspace:
-        """The rest of :meth:`create`, once the id is this create's."""
+        self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, asked: _Asked, snapshot: ImageInfo | None
+    ) -> tuple[Workspace, bool]:
+        """The rest of :meth:`create`, once the id is this create's: the workspace, and whether it made it."""
         memory = resolved.limits.memory_bytes
+        request_id = asked.request_id
         try:
-            if request_id:
+            if asked.repeat:
                 async with self._id_lock(workspace_id):
-                    made = await self._made_by(workspace_id, tenant, request_id)
-                if made is not None:
-                    return made
+                    found = await self._repeated(workspace_id, tenant, asked)
+                if found is not None:
+                    return found, False
             async with self._quota_lock:  # concurrent creates must not all pass one quota
                 await self._check_quota(tenant, memory)
                 self._reserved.setdefault(tenant, []).append(memory)
             try:
                 # In use from the start: the reaper must not count idleness from before it existed.
                 async with self._id_lock(workspace_id), self.in_use(workspace_id):
+                    made = None
                     if snapshot is None:
-                        # With a request, _made_by has looked for the id already.
-                        claimed = await self._claim(
-                            resolved,
-                            workspace_id,
-                            tenant,
-                            chosen=bool(chosen_id) and not request_id,
-                            request_id=request_id,
+                        made = await self._claim(
+                            resolved, workspace_id, tenant, chosen=bool(asked.chosen_id), asked=asked
                         )
-                        if claimed is not None:
-                            return claimed
-                    return await self._create(resolved, workspace_id, tenant, snapshot=snapshot, request_id=request_id)
+                    if made is None:
+                        made = await self._create(resolved, workspace_id, tenant, snapshot=snapshot, asked=asked)
+                    if request_id:
+                        self._made_for[(tenant, request_id)] = workspace_id
+                    return made, True
             except BaseException:
                 self._activity.pop(workspace_id, None)  # nothing was created: nothing to remember
                 raise
@@ -759,7 +889,7 @@ class WorkspaceManager:
         *,
         pool_class: str = "",
         snapshot: ImageInfo | None = None,
-        request_id: str = "",
+        asked: _Asked | None = None,
     ) -> Workspace:
         """Start a container for ``resolved``: a member of ``pool_class`` (no tenant), or a fork of ``snapshot``.
 
@@ -803,8 +933,18 @@ class WorkspaceManager:
         if resolved.network is NetworkPolicy.ALLOWLIST:
             network = await self.egress.open(workspace_id, tenant, resolved.allowed_hosts)
         try:
-            info = await self._create_container(
-                resolved, workspace_id, tenant, network, image, agent, pool_class, snapshot, request_id
+            info = await self.backend.create_container(
+                container_spec(
+                    resolved,
+                    workspace_id,
+                    tenant=tenant,
+                    network=network,
+                    image=image,
+                    agent=agent,
+                    pool_class=pool_class,
+                    snapshot=snapshot,
+                    request=asked.request if asked is not None else None,
+                )
             )
         except BaseException:
             if resolved.network is NetworkPolicy.ALLOWLIST:
@@ -836,56 +976,6 @@ class WorkspaceManager:
         log.info("workspace.created", workspace_id=workspace_id, image=resolved.image, user=user, tenant=tenant)
         return workspace
 
-    async def _create_container(
-        self,
-        resolved: WorkspaceSpec,
-        workspace_id: str,
-        tenant: str,
-        network: str,
-        image: ImageInfo,
-        agent: AgentBuild,
-        pool_class: str,
-        snapshot: ImageInfo | None,
-        request_id: str,
-    ) -> ContainerInfo:
-        return await self.backend.create_container(
-            ContainerSpec(
-                workspace_id=workspace_id,
-                image=resolved.image,
-                # The workspace env reaches every command through the agent, never the agent
-                # itself: a caller's PATH or LD_PRELOAD must not change how the agent runs.
-                env={},
-                working_dir=resolved.working_dir,
-                labels={
-                    **_disinherited(image, resolved.labels, snapshot),
-                    **resolved.labels,
-                    LABEL_SPEC: spec_to_json(resolved),
-                    LABEL_AGENT: agent.tag,
-                    **({LABEL_POOL: pool_class} if pool_class else {LABEL_TENANT: tenant}),
-                    **({LABEL_SNAPSHOT: snapshot.labels[LABEL_SNAPSHOT]} if snapshot is not None else {}),
-                    **({LABEL_CREATE_REQUEST: request_id} if request_id else {}),
-                },
-                memory_bytes=resolved.limits.memory_bytes,
-                cpu_millis=resolved.limits.cpu_millis,
-                pids=resolved.limits.pids,
-                disk_bytes=resolved.limits.disk_bytes,
-                read_only_root_filesystem=resolved.security.read_only_root_filesystem,
-                network=network,
-                runtime=str(resolved.runtime),
-                added_capabilities=resolved.security.added_capabilities,
-                no_new_privileges=not resolved.security.allow_new_privileges,
-                entrypoint=(AGENT_PATH, "serve"),
-                agent_volume=agent.volume,
-                agent_mount=AGENT_MOUNT,
-                agent_capabilities=AGENT_CAPABILITIES,
-                private_dirs=(AGENT_SOCKET_DIR,),
-                seed_workspace=snapshot is not None,
-                # On an allowlist's network no name resolves (Docker's resolver there answers none):
-                # a tool that ignores HTTP_PROXY fails in a second rather than in forty.
-                dns_options=("timeout:1", "attempts:1") if resolved.network is NetworkPolicy.ALLOWLIST else (),
-            )
-        )
-
     async def owned_info(self, workspace_id: str) -> ContainerInfo:
         """The caller's workspace ``workspace_id`` as the engine reports it.
 
@@ -899,7 +989,7 @@ class WorkspaceManager:
 
     # -- the warm pool -------------------------------------------------------------------------------
     async def _claim(
-        self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, *, chosen: bool, request_id: str = ""
+        self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, *, chosen: bool, asked: _Asked
     ) -> Workspace | None:
         """Make a ready pool member of ``resolved``'s class this workspace; None when there is none.
 
@@ -952,7 +1042,7 @@ class WorkspaceManager:
                 LABEL_SPEC: spec_to_json(final),
                 LABEL_TENANT: tenant,
                 LABEL_AGENT: member.labels[LABEL_AGENT],
-                **({LABEL_CREATE_REQUEST: request_id} if request_id else {}),
+                **_request_labels(asked.request),
             }
             info = await self.backend.claim_container(member, workspace_id, labels)
         except SandboxdError as exc:
@@ -1276,6 +1366,8 @@ class WorkspaceManager:
     async def _remove(self, workspace_id: str, why: str) -> None:
         self._activity.pop(workspace_id, None)
         self._paused.pop(workspace_id, None)
+        for key in [key for key, made in self._made_for.items() if made == workspace_id]:
+            del self._made_for[key]
         await self.processes.forget_workspace(workspace_id, why)
         await self._forget_context(workspace_id)
         removed = await self.backend.remove_container(workspace_id)
@@ -1371,6 +1463,8 @@ class WorkspaceManager:
         infos = [info for info in listed if not info.labels.get(LABEL_POOL)]
         for info in infos:
             self._networks[info.workspace_id] = await self._network_of(info)
+            if (made_by := _made_by(info)) is not None:
+                self._made_for[made_by] = info.workspace_id
         await self.egress.adopt({info.workspace_id: info.labels.get(LABEL_TENANT, DEFAULT_TENANT) for info in infos})
         gate = asyncio.Semaphore(8)
 

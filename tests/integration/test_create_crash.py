@@ -10,6 +10,7 @@ second. The same for a raw caller that sends a ``request_id`` and no id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -246,6 +247,48 @@ class TestRepeatedCreate:
             assert (await client.get_workspace(kept_id)).info.container_id == again.info.container_id
         finally:
             await client.delete_workspace(kept_id)
+
+    async def test_a_request_id_names_one_create(self, client) -> None:
+        """Reused for another id (at once, or later) or another spec, it is refused in plain words."""
+        request_id = str(uuid.uuid4())
+        ids = [f"ws-{uuid.uuid4().hex[:12]}" for _ in range(4)]
+        outcomes = await asyncio.gather(
+            *(client.create_workspace(labels=LABELS, workspace_id=i, request_id=request_id) for i in ids),
+            return_exceptions=True,
+        )
+        (made,) = [o for o in outcomes if not isinstance(o, BaseException)]
+        try:
+            refused = [o for o in outcomes if isinstance(o, BaseException)]
+            assert [type(o) for o in refused] == [AlreadyExistsError] * 3
+            assert all(f"made workspace '{made.workspace_id}'" in o.message for o in refused)
+            with pytest.raises(AlreadyExistsError, match=f"made workspace '{made.workspace_id}'"):
+                await client.create_workspace(labels=LABELS, workspace_id=ids[0] + "x", request_id=request_id)
+            with pytest.raises(AlreadyExistsError, match="from another spec or snapshot"):
+                await client.create_workspace(
+                    labels={"other": "spec"}, workspace_id=made.workspace_id, request_id=request_id
+                )
+            assert [w.workspace_id for w in await client.list_workspaces(LABELS)].count(made.workspace_id) == 1
+            assert not {w.workspace_id for w in await client.list_workspaces()} & (set(ids) - {made.workspace_id})
+        finally:
+            await made.delete()
+
+    async def test_a_repeat_whose_caller_goes_away_never_removes_what_the_first_made(self, client) -> None:
+        """The first create answered; repeats cut short by tight deadlines leave its workspace alone."""
+        stub = wgrpc.WorkspaceServiceStub(client._channel)
+        request_id = str(uuid.uuid4())
+        first = await client.create_workspace(labels=LABELS, request_id=request_id)
+        try:
+            request = wpb.CreateWorkspaceRequest(
+                spec=wpb.WorkspaceSpec(labels=LABELS), workspace_id=first.workspace_id, request_id=request_id
+            )
+            for deadline_ms in (1, 2, 3, 5, 7, 10, 15, 25):
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await stub.CreateWorkspace(request, timeout=deadline_ms / 1000)
+            again = await client.create_workspace(labels=LABELS, workspace_id=first.workspace_id, request_id=request_id)
+            assert again.info.container_id == first.info.container_id
+            assert (await first.exec("echo still").wait()).stdout == "still\n"
+        finally:
+            await first.delete()
 
     @pytest.mark.parametrize("request_id", ["has space", "x" * 65, "é", "a/b"])
     async def test_a_malformed_request_id_is_refused(self, client, request_id: str) -> None:
