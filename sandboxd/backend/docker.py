@@ -17,6 +17,7 @@ import functools
 import json
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -84,6 +85,10 @@ cannot stop the container with `kill -9 -1`."""
 _MUX_HEADER = struct.Struct(">BxxxI")
 _STREAM_LIMIT = 4 * 1024 * 1024
 _SOCKET_READ_BYTES = 1024 * 1024
+EXEC_RUN_TIMEOUT_S = 60.0
+"""The longest :meth:`DockerBackend.exec_run` waits for its command (a mkdir at a claim)."""
+_EXEC_SILENCE_S = 1.0
+"""Silence on an exec's stream after which the engine is asked whether the exec ended."""
 """Most bytes one read of a direct socket returns (whatever has arrived, up to this)."""
 _PRIVATE_DIR_OPTIONS = {"type": "tmpfs", "device": "tmpfs", "o": "size=1m,mode=0700,nosuid,nodev,noexec"}
 
@@ -1048,11 +1053,41 @@ class DockerBackend:
     async def exec_run(
         self, workspace_id: str, argv: Sequence[str], *, user: str, container_id: str = ""
     ) -> tuple[int, bytes]:
-        """Run ``argv`` to completion; return ``(exit_code, stdout + stderr)``."""
-        exec_id = await self._exec_create(workspace_id, argv, env={}, user=user, stdin=False, container_id=container_id)
-        output = await self._call(self._api().exec_start, exec_id)
-        inspected = await self._call(self._api().exec_inspect, exec_id, idempotent=True)
-        return int(inspected.get("ExitCode") or 0), output
+        """Run ``argv`` to completion; return ``(exit_code, stdout + stderr)``, the first 1 MiB of it.
+
+        Read from the exec's stream, which under gVisor can stay open after the command ended
+        (a sandbox that hit its memory or process limit; found by the backend conformance
+        suite, where a blocking read waited for ever): once it has been silent for a second,
+        the engine is asked whether the exec ended.
+
+        Raises:
+            BackendError: it did not end within ``EXEC_RUN_TIMEOUT_S``.
+        """
+        stream = await self.exec_stream(workspace_id, argv, env={}, user=user, container_id=container_id)
+        output = bytearray()
+        heard = time.monotonic()
+
+        async def drain() -> None:
+            nonlocal heard
+            while (chunk := await stream.read()) is not None:
+                heard = time.monotonic()
+                output.extend(chunk[1][: max(0, _SOCKET_READ_BYTES - len(output))])
+
+        reading = asyncio.ensure_future(drain())
+        try:
+            async with asyncio.timeout(EXEC_RUN_TIMEOUT_S):
+                while not reading.done():
+                    await asyncio.wait([reading], timeout=_EXEC_SILENCE_S)
+                    if time.monotonic() - heard >= _EXEC_SILENCE_S and await stream.exit_code() is not None:
+                        break
+        except TimeoutError:
+            msg = f"{' '.join(argv)[:200]!r} in workspace {workspace_id!r} did not end within {EXEC_RUN_TIMEOUT_S} s"
+            raise BackendError(msg) from None
+        finally:
+            reading.cancel()
+            await stream.close(discard_input=True)
+        code = await stream.exit_code()
+        return (code if code is not None else -1), bytes(output)
 
     async def _exec_create(
         self,
