@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 
 from sandboxd.agent import (
@@ -43,6 +44,7 @@ from sandboxd.agent import (
     StartRequest,
 )
 from sandboxd.agentbuild import AgentBuild, agent_digest
+from tests.conftest import new_instance
 
 pytestmark = pytest.mark.docker
 
@@ -578,3 +580,47 @@ async def test_the_agent_refuses_bad_frames_and_keeps_serving(agent: Agent) -> N
     done = await run(agent.link(), "echo after")
     assert done.text() == b"after\n"
     assert agent.alive()
+
+
+class TestInstall:
+    """``sandboxd-agent install PATH``: what a Kubernetes init container runs (docs/kubernetes.md)."""
+
+    def test_it_copies_itself_whole_as_a_non_root_user_on_a_read_only_root(  # type: ignore[no-untyped-def]
+        self, docker_client, default_image: str
+    ) -> None:
+        """As the init container runs it: uid 65532, no capabilities, a read-only root, a shared volume."""
+        build = AgentBuild(agent_digest())
+        arch = AgentBuild.binary_dir(docker_client.info()["Architecture"])
+        volume = docker_client.volumes.create(labels={"sandboxd.instance": new_instance()})
+        mounts = {volume.name: {"bind": "/agent", "mode": "rw"}}
+
+        def run(image: str, *argv: str, user: str = "65532:65532") -> bytes:
+            output: bytes = docker_client.containers.run(
+                image,
+                entrypoint=list(argv),
+                volumes=mounts,
+                user=user,
+                read_only=True,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges:true"],
+                network_mode="none",
+                remove=True,
+                stderr=True,
+            )
+            return output
+
+        try:
+            run(default_image, "chmod", "1777", "/agent", user="0:0")  # an emptyDir's mode
+            assert run(build.image, f"/{arch}/sandboxd-agent", "install", "/agent/sandboxd-agent") == b""
+            assert run(build.image, "/agent/sandboxd-agent", "version").decode().strip() == build.tag
+            assert run(default_image, "stat", "-c", "%a %u", "/agent/sandboxd-agent") == b"755 65532\n"
+            with pytest.raises(docker.errors.ContainerError) as missing:
+                run(build.image, f"/{arch}/sandboxd-agent", "install", "/agent/no/such/dir/sandboxd-agent")
+            assert missing.value.exit_status == 1
+            assert missing.value.stderr.startswith(b"sandboxd-agent: open /agent/no/such/dir/")
+            with pytest.raises(docker.errors.ContainerError) as usage:
+                run(build.image, f"/{arch}/sandboxd-agent", "install")
+            assert (usage.value.exit_status, usage.value.stderr) == (2, b"sandboxd-agent: install takes one path\n")
+            assert run(default_image, "ls", "-A", "/agent") == b"sandboxd-agent\n"  # no temporary file left
+        finally:
+            volume.remove(force=True)

@@ -5,6 +5,7 @@
 //	sandboxd-agent [serve]   the container's main process: serves the daemon (PROTOCOL.md)
 //	sandboxd-agent bridge    stdin/stdout to the agent's socket (what the daemon execs)
 //	sandboxd-agent hold      reads stdin to its end: a daemon's lease on its instance label
+//	sandboxd-agent install PATH  copies itself to PATH, mode 0755 (a Kubernetes init container's step)
 //	sandboxd-agent version   prints the version
 //
 // "spawn" is the agent's own helper, started by it for every command and file operation.
@@ -14,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 
@@ -60,10 +62,55 @@ func main() {
 		// A daemon's lease on its instance label: the container lives while the daemon holds
 		// its stdin open, and ends when the daemon goes, however it goes (kill -9 included).
 		_, _ = io.Copy(io.Discard, os.Stdin)
+	case "install":
+		if len(os.Args) != 3 {
+			fmt.Fprintln(os.Stderr, "sandboxd-agent: install takes one path")
+			os.Exit(2)
+		}
+		if err := install(os.Args[2]); err != nil {
+			fmt.Fprintln(os.Stderr, "sandboxd-agent:", err)
+			os.Exit(1)
+		}
 	case "version":
 		fmt.Println(version)
 	default:
-		fmt.Fprintf(os.Stderr, "sandboxd-agent: unknown mode %q (serve, bridge, hold, version)\n", mode)
+		fmt.Fprintf(os.Stderr, "sandboxd-agent: unknown mode %q (serve, bridge, hold, install, version)\n", mode)
 		os.Exit(2)
 	}
+}
+
+// install copies the running binary to dest, whole or not at all: it is written beside dest
+// and renamed over it, so a Pod whose init container is cut short never runs half an agent.
+func install(dest string) error {
+	self, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return err
+	}
+	defer self.Close()
+	out, err := os.CreateTemp(filepath.Dir(dest), ".sandboxd-agent-*")
+	if err != nil {
+		return err
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = os.Remove(out.Name())
+		}
+	}()
+	if _, err := io.Copy(out, self); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Chmod(0o755); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(out.Name(), dest); err != nil {
+		return err
+	}
+	done = true
+	return nil
 }
