@@ -1,0 +1,437 @@
+"""Kubernetes manifests for a workspace, its network and its egress proxy, and the daemon's RBAC.
+
+Pure functions from what the Docker backend is given (a :class:`ContainerSpec`, built by
+:func:`sandboxd.workspaces.container_spec`) to the objects a Kubernetes backend will create;
+no client, no cluster. They are validated offline against the Kubernetes 1.30+ OpenAPI
+schemas (``kubernetes-validate``) and checked field by field in
+``tests/unit/test_kubernetes_manifests.py``. The design, and why each field is what it is,
+is ``docs/kubernetes.md``; the backend itself is written when the conformance suite can
+run against a real cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ...egress import DEFAULT_PORTS, PROXY_ALIAS, PROXY_PORT, squid_policy
+from ...models import EgressRule
+from ..base import ContainerSpec
+
+__all__ = [
+    "ANNOTATION_LABELS",
+    "LABEL_EGRESS_OF",
+    "LABEL_INSTANCE",
+    "LABEL_MANAGED",
+    "LABEL_NETWORK",
+    "LABEL_POOL",
+    "LABEL_WORKSPACE",
+    "PRIVATE_BLOCKS",
+    "Cluster",
+    "daemon_rbac",
+    "egress_proxy",
+    "workspace_claim",
+    "workspace_network_policy",
+    "workspace_pod",
+]
+
+Manifest = dict[str, Any]
+
+LABEL_MANAGED = "sandboxd.dev/managed"
+LABEL_INSTANCE = "sandboxd.dev/instance"
+LABEL_WORKSPACE = "sandboxd.dev/workspace-id"
+LABEL_POOL = "sandboxd.dev/pool"
+"""On a warm pool member: its class. A claim replaces it with the workspace's id (Kubernetes labels
+change in place, unlike a container's: no claim record is needed)."""
+LABEL_NETWORK = "sandboxd.dev/network"
+"""``none``, ``bridge`` or ``allowlist``: which NetworkPolicy selects the Pod."""
+LABEL_EGRESS_OF = "sandboxd.dev/egress-of"
+"""On an egress proxy's Pod and Service: the workspace it serves."""
+ANNOTATION_LABELS = "sandboxd.dev/labels"
+"""Every label the Docker backend would set (the domain's ``sandboxd.*`` ones among them, the spec
+and the tenant too), as one JSON object: label values are bounded to 63 plain characters, these
+are not (a spec is kilobytes; a caller's label value may be any UTF-8)."""
+AGENT_CONTAINER = "workspace"
+"""The container the agent runs in: ``pods/exec`` of ``sandboxd-agent bridge`` names it."""
+PRIVATE_BLOCKS = (
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+)
+"""Never reached through ``bridge`` or an egress proxy: the cluster's own networks, the node's
+link-local metadata service (169.254.169.254) and carrier-grade NAT. A rule naming an address or
+block in them is the only way in (as under Docker)."""
+_SOCKET_DIR_BYTES = 1 << 20
+_AGENT_DIR_BYTES = 64 << 20
+_INSTALLER_UID = 65532
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """Where and how workspaces run on one cluster (one namespace, one daemon instance)."""
+
+    namespace: str
+    instance: str
+    agent_image: str
+    """The daemon's agent image (``sandboxd agent build``), pushed where the cluster pulls from."""
+    egress_image: str
+    """The egress proxy's image (``images/egress_proxy``), likewise."""
+    architecture: str = "amd64"
+    """The nodes' CPU architecture (``kubernetes.io/arch``): which of the agent's binaries is installed."""
+    gvisor_runtime_class: str = "gvisor"
+    """The RuntimeClass whose handler is runsc (a workspace of runtime ``runsc`` runs under it)."""
+    workspace_storage: str = "emptyDir"
+    """``emptyDir`` (gone with the Pod, like a Docker volume with its container) or ``pvc`` (a
+    PersistentVolumeClaim per workspace: what VolumeSnapshots are taken of)."""
+    storage_class: str = ""
+    """The PVCs' StorageClass; empty: the cluster's default."""
+    default_disk_bytes: int = 10 << 30
+    """A PVC's size when the spec caps nothing (a claim must ask for a size)."""
+    ephemeral_storage_bytes: int = 10 << 30
+    """The container's writable layer and logs, beyond /workspace (Docker leaves it unbounded)."""
+    dns_namespace: str = "kube-system"
+    dns_labels: Mapping[str, str] = dataclasses.field(default_factory=lambda: {"k8s-app": "kube-dns"})
+    """The cluster DNS Pods, which ``bridge`` workspaces and egress proxies may query."""
+    service_account: str = "sandboxd"
+    """The daemon's ServiceAccount (bound to :func:`daemon_rbac`'s Role)."""
+
+
+def object_name(cluster: Cluster, workspace_id: str, suffix: str = "") -> str:
+    """A workspace's Pod, PVC and NetworkPolicy name (as its Docker container's), plus ``suffix``."""
+    return f"sandboxd-{cluster.instance}-{workspace_id}{suffix}"
+
+
+def _mode(network: str) -> str:
+    return network if network in {"none", "bridge"} else "allowlist"
+
+
+def _metadata(
+    cluster: Cluster, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+) -> Manifest:
+    metadata: Manifest = {
+        "name": name,
+        "namespace": cluster.namespace,
+        "labels": {LABEL_MANAGED: "true", LABEL_INSTANCE: cluster.instance, **labels},
+    }
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return metadata
+
+
+def _selector(cluster: Cluster, spec: ContainerSpec, pool_class: str) -> dict[str, str]:
+    owner = {LABEL_POOL: pool_class} if pool_class else {LABEL_WORKSPACE: spec.workspace_id}
+    return {LABEL_INSTANCE: cluster.instance, **owner}
+
+
+def workspace_pod(spec: ContainerSpec, cluster: Cluster, *, pool_class: str = "", proxy_address: str = "") -> Manifest:
+    """The workspace's Pod: the agent as its main process, installed by an init container.
+
+    Args:
+        spec: the container the Docker backend would make (limits, capabilities, labels...).
+        cluster: the namespace, images and classes.
+        pool_class: for a warm pool member, its class (the Pod is then nobody's until claimed).
+        proxy_address: for an allowlist workspace, its egress proxy Service's cluster IP, which
+            the Pod knows as ``egress`` (nothing resolves names there, as under Docker).
+
+    Raises:
+        ValueError: an allowlist workspace without ``proxy_address``, or a spec with no entrypoint.
+    """
+    mode = _mode(spec.network)
+    if mode == "allowlist" and not proxy_address:
+        msg = "an allowlist workspace's Pod needs its proxy's address"
+        raise ValueError(msg)
+    if not spec.entrypoint or not spec.agent_mount:
+        msg = "a workspace's Pod runs the agent: the spec names no entrypoint or agent mount"
+        raise ValueError(msg)
+    agent_path = f"{spec.agent_mount}/sandboxd-agent"
+    volumes: list[Manifest] = [{"name": "agent", "emptyDir": {"sizeLimit": _quantity(_AGENT_DIR_BYTES)}}]
+    mounts: list[Manifest] = [{"name": "agent", "mountPath": spec.agent_mount, "readOnly": True}]
+    if cluster.workspace_storage == "pvc":
+        volumes.append(
+            {"name": "workspace", "persistentVolumeClaim": {"claimName": object_name(cluster, spec.workspace_id)}}
+        )
+    else:
+        limit = {"sizeLimit": _quantity(spec.disk_bytes)} if spec.disk_bytes else {}
+        volumes.append({"name": "workspace", "emptyDir": limit})
+    mounts.append({"name": "workspace", "mountPath": "/workspace"})
+    for index, path in enumerate(spec.private_dirs):
+        # Memory-backed and small, as the Docker backend's tmpfs volume for the agent's socket.
+        volumes.append(
+            {"name": f"private-{index}", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(_SOCKET_DIR_BYTES)}}
+        )
+        mounts.append({"name": f"private-{index}", "mountPath": path})
+    if spec.read_only_root_filesystem:
+        volumes.append({"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(spec.memory_bytes)}})
+        mounts.append({"name": "tmp", "mountPath": "/tmp"})
+    ephemeral = cluster.ephemeral_storage_bytes + (spec.disk_bytes if cluster.workspace_storage != "pvc" else 0)
+    resources = {
+        "cpu": f"{spec.cpu_millis}m",
+        "memory": _quantity(spec.memory_bytes),
+        "ephemeral-storage": _quantity(ephemeral),
+    }
+    capabilities = sorted({*spec.added_capabilities, *spec.agent_capabilities})
+    pod_spec: Manifest = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "shareProcessNamespace": False,
+        "hostname": "sandbox",
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 10,
+        "nodeSelector": {"kubernetes.io/os": "linux", "kubernetes.io/arch": cluster.architecture},
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": [
+            {
+                "name": "install-agent",
+                "image": cluster.agent_image,
+                # The agent's image has nothing but its binaries (FROM scratch): it copies itself.
+                "command": [f"/linux-{cluster.architecture}/sandboxd-agent", "install", agent_path],
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": _INSTALLER_UID,
+                    "runAsGroup": _INSTALLER_UID,
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "resources": {"limits": {"cpu": "100m", "memory": "32Mi"}},
+                "volumeMounts": [{"name": "agent", "mountPath": spec.agent_mount}],
+            }
+        ],
+        "containers": [
+            {
+                "name": AGENT_CONTAINER,
+                "image": spec.image,
+                "command": list(spec.entrypoint),
+                "args": [],
+                "workingDir": spec.working_dir,
+                "env": [{"name": key, "value": value} for key, value in sorted(spec.env.items())],
+                # The agent is root with five capabilities and starts every command as the
+                # workspace user with none; as the workspace user itself, any command could
+                # kill it (kill -9 -1). docs/kubernetes.md, Pod security.
+                "securityContext": {
+                    "runAsUser": 0,
+                    "runAsGroup": 0,
+                    "runAsNonRoot": False,
+                    "privileged": False,
+                    "allowPrivilegeEscalation": not spec.no_new_privileges,
+                    "readOnlyRootFilesystem": spec.read_only_root_filesystem,
+                    "capabilities": {"drop": ["ALL"], **({"add": capabilities} if capabilities else {})},
+                },
+                # Requests equal to limits: the Guaranteed class, never the first evicted.
+                "resources": {"limits": dict(resources), "requests": dict(resources)},
+                "volumeMounts": mounts,
+            }
+        ],
+        "volumes": volumes,
+    }
+    if spec.runtime == "runsc":
+        pod_spec["runtimeClassName"] = cluster.gvisor_runtime_class
+    if spec.dns_options:
+        options = [dict(zip(("name", "value"), option.split(":", 1), strict=False)) for option in spec.dns_options]
+        pod_spec["dnsConfig"] = {"options": options}
+    if proxy_address:
+        pod_spec["hostAliases"] = [{"ip": proxy_address, "hostnames": [PROXY_ALIAS]}]
+    labels = {**_selector(cluster, spec, pool_class), LABEL_NETWORK: mode}
+    annotations = {ANNOTATION_LABELS: json.dumps(dict(spec.labels), sort_keys=True, separators=(",", ":"))}
+    if spec.pids:
+        # No Pod field bounds processes: the node's podPidsLimit does (docs/kubernetes.md).
+        annotations["sandboxd.dev/pids"] = str(spec.pids)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(cluster, object_name(cluster, spec.workspace_id), labels, annotations),
+        "spec": pod_spec,
+    }
+
+
+def workspace_claim(spec: ContainerSpec, cluster: Cluster) -> Manifest:
+    """The PersistentVolumeClaim behind /workspace (``workspace_storage="pvc"``): its size is the cap."""
+    claim_spec: Manifest = {
+        "accessModes": ["ReadWriteOnce"],
+        "volumeMode": "Filesystem",
+        "resources": {"requests": {"storage": _quantity(spec.disk_bytes or cluster.default_disk_bytes)}},
+    }
+    if cluster.storage_class:
+        claim_spec["storageClassName"] = cluster.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(cluster, object_name(cluster, spec.workspace_id), {LABEL_WORKSPACE: spec.workspace_id}),
+        "spec": claim_spec,
+    }
+
+
+def workspace_network_policy(spec: ContainerSpec, cluster: Cluster, *, pool_class: str = "") -> Manifest:
+    """What the workspace's Pod may reach, by its network mode.
+
+    Nothing (``none``); the internet but the cluster and link-local addresses (``bridge``); its
+    egress proxy alone (``allowlist``). Nothing may connect to it: the daemon comes in through
+    the API server (``pods/exec``), not the Pod network.
+    """
+    mode = _mode(spec.network)
+    egress: list[Manifest] = []
+    if mode == "bridge":
+        egress = [_dns_rule(cluster), {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_BLOCKS)}}]}]
+    elif mode == "allowlist":
+        proxy = {"podSelector": {"matchLabels": {LABEL_INSTANCE: cluster.instance, LABEL_EGRESS_OF: spec.workspace_id}}}
+        egress = [{"to": [proxy], "ports": [{"protocol": "TCP", "port": PROXY_PORT}]}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(cluster, object_name(cluster, spec.workspace_id), {LABEL_WORKSPACE: spec.workspace_id}),
+        "spec": {
+            "podSelector": {"matchLabels": _selector(cluster, spec, pool_class)},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": egress,
+        },
+    }
+
+
+def egress_proxy(workspace_id: str, rules: Sequence[EgressRule], cluster: Cluster) -> list[Manifest]:
+    """An allowlist workspace's proxy: its Pod (squid with the rules), its Service and NetworkPolicy.
+
+    The proxy is reached by its workspace alone (the policy's ingress); it may query the
+    cluster's DNS and reach what the rules name: public addresses on the rules' ports, and an
+    address or block a rule names, wherever it is. squid then allows exactly the rules.
+    """
+    own = {LABEL_INSTANCE: cluster.instance, LABEL_EGRESS_OF: workspace_id}
+    name = object_name(cluster, workspace_id, "-egress")
+    policy_text = squid_policy(rules, "0.0.0.0/0")  # who may use it is the NetworkPolicy's to say
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(cluster, name, own),
+        "spec": {
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "restartPolicy": "Always",
+            "nodeSelector": {"kubernetes.io/os": "linux", "kubernetes.io/arch": cluster.architecture},
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "squid",
+                    "image": cluster.egress_image,
+                    "env": [{"name": "SANDBOXD_EGRESS_POLICY", "value": policy_text}],
+                    "ports": [{"name": "proxy", "containerPort": PROXY_PORT, "protocol": "TCP"}],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"], "add": ["SETGID", "SETUID"]},
+                    },
+                    "resources": {"limits": {"cpu": "250m", "memory": "128Mi"}},
+                }
+            ],
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(cluster, name, own),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": own,
+            "ports": [{"name": "proxy", "port": PROXY_PORT, "targetPort": "proxy", "protocol": "TCP"}],
+        },
+    }
+    workspace = {"podSelector": {"matchLabels": {LABEL_INSTANCE: cluster.instance, LABEL_WORKSPACE: workspace_id}}}
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(cluster, name, own),
+        "spec": {
+            "podSelector": {"matchLabels": own},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [workspace], "ports": [{"protocol": "TCP", "port": PROXY_PORT}]}],
+            "egress": [_dns_rule(cluster), *_rule_egress(rules)],
+        },
+    }
+    return [pod, service, policy]
+
+
+def daemon_rbac(cluster: Cluster) -> list[Manifest]:
+    """The daemon's ServiceAccount, and a Role in the workspaces' namespace bound to it: nothing cluster-wide."""
+    rules = [
+        # Workspaces and proxies; patch: a claim relabels a member.
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "patch", "delete"]},
+        # The agent's channel (the bridge) and a command's exec: created with a POST, and upgraded with
+        # a GET by the WebSocket protocol (v5.channel.k8s.io).
+        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},  # the proxy's denials
+        {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["create", "get", "list", "delete"]},
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "get", "list", "delete"]},
+        {
+            "apiGroups": ["networking.k8s.io"],
+            "resources": ["networkpolicies"],
+            "verbs": ["create", "get", "list", "update", "delete"],
+        },
+        {
+            "apiGroups": ["snapshot.storage.k8s.io"],
+            "resources": ["volumesnapshots"],
+            "verbs": ["create", "get", "list", "delete"],
+        },
+        # The instance's lease (one daemon per label), as the Docker backend's lease container.
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "update", "delete"]},
+    ]
+    name = f"sandboxd-{cluster.instance}"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _metadata(cluster, cluster.service_account, {}),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _metadata(cluster, name, {}),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(cluster, name, {}),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": cluster.service_account, "namespace": cluster.namespace}],
+        },
+    ]
+
+
+def _dns_rule(cluster: Cluster) -> Manifest:
+    dns = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": cluster.dns_namespace}},
+        "podSelector": {"matchLabels": dict(cluster.dns_labels)},
+    }
+    return {"to": [dns], "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+
+
+def _rule_egress(rules: Iterable[EgressRule]) -> list[Manifest]:
+    """Where an egress proxy may connect: a named block for each address rule, public addresses for names."""
+    named_ports: set[int] = set()
+    entries: list[Manifest] = []
+    for rule in rules:
+        ports = [{"protocol": "TCP", "port": port} for port in sorted(rule.ports or DEFAULT_PORTS)]
+        try:
+            block = ipaddress.ip_network(rule.host, strict=False)
+        except ValueError:
+            named_ports.update(rule.ports or DEFAULT_PORTS)
+            continue
+        entries.append({"to": [{"ipBlock": {"cidr": str(block)}}], "ports": ports})
+    if named_ports:
+        public = {"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_BLOCKS)}}
+        entries.append({"to": [public], "ports": [{"protocol": "TCP", "port": p} for p in sorted(named_ports)]})
+    return entries
+
+
+def _quantity(size_bytes: int) -> str:
+    """A byte count as a Kubernetes quantity: exact, in the largest binary unit that divides it."""
+    for suffix, factor in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if size_bytes and size_bytes % factor == 0:
+            return f"{size_bytes // factor}{suffix}"
+    return str(size_bytes)
