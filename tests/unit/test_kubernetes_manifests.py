@@ -8,6 +8,7 @@ caller would create. No cluster: ``kubernetes-validate`` ships the OpenAPI schem
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import kubernetes_validate
@@ -19,11 +20,12 @@ from sandboxd.backend.kubernetes import (
     Cluster,
     daemon_rbac,
     egress_proxy,
+    namespace,
     workspace_claim,
     workspace_network_policy,
     workspace_pod,
 )
-from sandboxd.backend.kubernetes.manifests import ANNOTATION_LABELS, PRIVATE_BLOCKS
+from sandboxd.backend.kubernetes.manifests import ANNOTATION_LABELS, PRIVATE_BLOCKS, label_value, object_name
 from sandboxd.egress import check_rules
 from sandboxd.models import EgressRule, NetworkPolicy, ResourceLimits, Runtime, SecurityOptions, WorkspaceSpec
 from sandboxd.settings import Settings
@@ -56,7 +58,8 @@ def _container(spec: WorkspaceSpec, *, network: str = "", pool_class: str = "") 
 DEFAULT = _container(WorkspaceSpec(labels={"job": "42"}))
 GVISOR = _container(WorkspaceSpec(runtime=Runtime.RUNSC, limits=ResourceLimits(memory_bytes=512 << 20)))
 RULES = check_rules(
-    NetworkPolicy.ALLOWLIST, (EgressRule("pypi.org"), EgressRule("10.1.2.3", (8080,)), EgressRule("*.github.com"))
+    NetworkPolicy.ALLOWLIST,
+    (EgressRule("pypi.org"), EgressRule("203.0.113.7", (8080,)), EgressRule("*.github.com"), EgressRule("160.0.0.0/3")),
 )
 ALLOWLIST = _container(
     WorkspaceSpec(network=NetworkPolicy.ALLOWLIST, allowed_hosts=RULES), network="sandboxd-prod-ws-0123456789ab.egress"
@@ -84,7 +87,7 @@ def test_every_manifest_validates_against_the_schemas(spec: ContainerSpec, extra
     _valid(workspace_pod(spec, CLUSTER, **extra))
     _valid(workspace_network_policy(spec, CLUSTER, pool_class=pool_class))
     _valid(workspace_claim(spec, CLUSTER))
-    for manifest in [*egress_proxy(spec.workspace_id, RULES, CLUSTER), *daemon_rbac(CLUSTER)]:
+    for manifest in [*egress_proxy(spec.workspace_id, RULES, CLUSTER), *daemon_rbac(CLUSTER), *namespace(CLUSTER)]:
         _valid(manifest)
 
 
@@ -168,13 +171,13 @@ def test_caps_read_only_root_and_capabilities_reach_the_pod() -> None:
     spec = _container(
         WorkspaceSpec(
             limits=ResourceLimits(disk_bytes=2 << 30, memory_bytes=4 << 30),
-            security=SecurityOptions(read_only_root_filesystem=True, added_capabilities=("NET_RAW",)),
+            security=SecurityOptions(read_only_root_filesystem=True, added_capabilities=("NET_BIND_SERVICE",)),
         )
     )
     pod = workspace_pod(spec, CLUSTER)
     main = _only(pod)
     assert main["securityContext"]["readOnlyRootFilesystem"] is True
-    assert main["securityContext"]["capabilities"]["add"] == sorted({*AGENT_CAPABILITIES, "NET_RAW"})
+    assert main["securityContext"]["capabilities"]["add"] == sorted({*AGENT_CAPABILITIES, "NET_BIND_SERVICE"})
     assert main["resources"]["limits"]["ephemeral-storage"] == "12Gi"  # 10 Gi of layer, the 2 Gi /workspace
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["workspace"]["emptyDir"] == {"sizeLimit": "2Gi"}
@@ -224,8 +227,10 @@ def test_an_allowlist_workspace_reaches_its_proxy_alone_and_the_proxy_the_rules(
         workspace_pod(ALLOWLIST, CLUSTER)
     pod = workspace_pod(ALLOWLIST, CLUSTER, proxy_address="10.96.0.17")
     assert pod["spec"]["hostAliases"] == [{"ip": "10.96.0.17", "hostnames": ["egress"]}]
+    assert pod["spec"]["dnsPolicy"] == "None"
     assert pod["spec"]["dnsConfig"] == {
-        "options": [{"name": "timeout", "value": "1"}, {"name": "attempts", "value": "1"}]
+        "nameservers": ["127.0.0.1"],
+        "options": [{"name": "timeout", "value": "1"}, {"name": "attempts", "value": "1"}],
     }
     assert pod["metadata"]["labels"]["sandboxd.dev/network"] == "allowlist"
     egress = workspace_network_policy(ALLOWLIST, CLUSTER)["spec"]["egress"]
@@ -248,8 +253,15 @@ def test_an_allowlist_workspace_reaches_its_proxy_alone_and_the_proxy_the_rules(
     (squid,) = proxy["spec"]["containers"]
     (env,) = squid["env"]
     assert env["name"] == "SANDBOXD_EGRESS_POLICY"
-    assert "acl r0_host dstdomain pypi.org" in env["value"] and "acl r1_host dst 10.1.2.3" in env["value"]
-    assert squid["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SETGID", "SETUID"]}
+    assert "acl r0_host dstdomain pypi.org" in env["value"] and "acl r1_host dst 203.0.113.7" in env["value"]
+    assert squid["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 13,
+        "runAsGroup": 13,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert "sandboxd.dev/managed" not in proxy["metadata"]["labels"]  # a proxy is no workspace
     assert service["spec"]["selector"] == {
         "sandboxd.dev/instance": "prod",
         "sandboxd.dev/egress-of": ALLOWLIST.workspace_id,
@@ -269,9 +281,11 @@ def test_an_allowlist_workspace_reaches_its_proxy_alone_and_the_proxy_the_rules(
             "ports": [{"protocol": "TCP", "port": 3128}],
         }
     ]
-    dns, numeric, named = policy["spec"]["egress"]
+    dns, numeric, wide, named = policy["spec"]["egress"]
     assert dns["ports"][0] == {"protocol": "UDP", "port": 53}
-    assert numeric == {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 8080}]}
+    assert numeric == {"to": [{"ipBlock": {"cidr": "203.0.113.7/32"}}], "ports": [{"protocol": "TCP", "port": 8080}]}
+    # A block that holds protected ones (the metadata service, 172.16/12) has them taken out.
+    assert wide["to"] == [{"ipBlock": {"cidr": "160.0.0.0/3", "except": ["169.254.0.0/16", "172.16.0.0/12"]}}]
     assert named == {
         "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_BLOCKS)}}],
         "ports": [{"protocol": "TCP", "port": 80}, {"protocol": "TCP", "port": 443}],
@@ -304,3 +318,39 @@ def test_the_daemon_needs_one_namespaced_role() -> None:
     assert ("", "secrets") not in verbs and ("", "nodes") not in verbs
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sandboxd-prod"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sandboxd", "namespace": "sandboxes"}]
+
+
+@pytest.mark.parametrize("host", ["169.254.169.254", "10.1.2.3", "172.16.0.0/16"])
+def test_an_allowlist_rule_into_the_clusters_own_blocks_is_refused(host: str) -> None:
+    rules = check_rules(NetworkPolicy.ALLOWLIST, (EgressRule(host),))
+    with pytest.raises(ValueError, match="within the cluster's protected blocks"):
+        egress_proxy("ws-0123456789ab", rules, CLUSTER)
+    opened = Cluster(**{**CLUSTER.__dict__, "protected_blocks": ("169.254.0.0/16",)})
+    if not host.startswith("169.254."):
+        egress_proxy("ws-0123456789ab", rules, opened)  # an operator who says the cluster is elsewhere
+
+
+def test_a_capability_beyond_the_baseline_standard_is_refused() -> None:
+    spec = _container(WorkspaceSpec(security=SecurityOptions(added_capabilities=("NET_RAW",))))
+    with pytest.raises(ValueError, match="NET_RAW are beyond the baseline Pod Security Standard"):
+        workspace_pod(spec, CLUSTER)
+
+
+def test_the_namespace_is_baseline_and_denies_by_default() -> None:
+    space, deny = namespace(CLUSTER)
+    assert space["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": []}
+
+
+def test_names_and_label_values_are_always_valid() -> None:
+    """An instance or id Kubernetes cannot take as it is gets a digest: the schemas do not check names."""
+    names = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    values = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+    long = Cluster(**{**CLUSTER.__dict__, "instance": "Team_A.default"})
+    for cluster in (CLUSTER, long):
+        for workspace_id in ("ws-0123456789ab", "a" * 40, "ends-with-dash-"):
+            for suffix in ("", "-egress"):
+                assert names.fullmatch(object_name(cluster, workspace_id, suffix)), (cluster.instance, workspace_id)
+            assert values.fullmatch(label_value(workspace_id)) and values.fullmatch(label_value(cluster.instance))
+    assert object_name(CLUSTER, "ws-0123456789ab") == "sandboxd-prod-ws-0123456789ab"  # kept when it can be
+    assert label_value("ends-with-dash-") != label_value("ends-with-dash")

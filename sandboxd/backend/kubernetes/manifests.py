@@ -12,8 +12,10 @@ run against a real cluster.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -23,6 +25,7 @@ from ..base import ContainerSpec
 
 __all__ = [
     "ANNOTATION_LABELS",
+    "BASELINE_CAPABILITIES",
     "LABEL_EGRESS_OF",
     "LABEL_INSTANCE",
     "LABEL_MANAGED",
@@ -33,6 +36,7 @@ __all__ = [
     "Cluster",
     "daemon_rbac",
     "egress_proxy",
+    "namespace",
     "workspace_claim",
     "workspace_network_policy",
     "workspace_pod",
@@ -66,6 +70,28 @@ PRIVATE_BLOCKS = (
 """Never reached through ``bridge`` or an egress proxy: the cluster's own networks, the node's
 link-local metadata service (169.254.169.254) and carrier-grade NAT. A rule naming an address or
 block in them is the only way in (as under Docker)."""
+BASELINE_CAPABILITIES = frozenset(
+    {
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "MKNOD",
+        "NET_BIND_SERVICE",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    }
+)
+"""What the baseline Pod Security Standard lets a container add: a workspace may add no other."""
+_PROXY_UID = 13
+"""Debian's ``proxy`` user, whom the egress image's squid runs as."""
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _SOCKET_DIR_BYTES = 1 << 20
 _AGENT_DIR_BYTES = 64 << 20
 _INSTALLER_UID = 65532
@@ -99,11 +125,34 @@ class Cluster:
     """The cluster DNS Pods, which ``bridge`` workspaces and egress proxies may query."""
     service_account: str = "sandboxd"
     """The daemon's ServiceAccount (bound to :func:`daemon_rbac`'s Role)."""
+    protected_blocks: Sequence[str] = PRIVATE_BLOCKS
+    """What no workspace may reach, by ``bridge`` or an allowlist rule: the cluster's Pod and Service
+    networks, its nodes, the API server's endpoints and the metadata service. Set it to the
+    cluster's own when they are elsewhere (public node addresses, non-RFC 1918 Pod networks)."""
 
 
 def object_name(cluster: Cluster, workspace_id: str, suffix: str = "") -> str:
-    """A workspace's Pod, PVC and NetworkPolicy name (as its Docker container's), plus ``suffix``."""
-    return f"sandboxd-{cluster.instance}-{workspace_id}{suffix}"
+    """A workspace's Pod, PVC and NetworkPolicy name (as its Docker container's), plus ``suffix``.
+
+    A DNS label (at most 63 characters, as a Service name must be): one that would not be is
+    ``sandboxd-`` and a digest of the instance and id instead.
+    """
+    name = f"sandboxd-{cluster.instance}-{workspace_id}{suffix}"
+    if _NAME_RE.fullmatch(name):
+        return name
+    digest = hashlib.sha256(f"{cluster.instance}\0{workspace_id}".encode()).hexdigest()[:20]
+    return f"sandboxd-{digest}{suffix}"
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value, or ``h-`` and its digest when it cannot be one.
+
+    Too long, or an end that is no letter or digit (an id may end in a dash): selectors then
+    match the digest.
+    """
+    if _LABEL_VALUE_RE.fullmatch(text):
+        return text
+    return f"h-{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
 
 def _mode(network: str) -> str:
@@ -116,7 +165,7 @@ def _metadata(
     metadata: Manifest = {
         "name": name,
         "namespace": cluster.namespace,
-        "labels": {LABEL_MANAGED: "true", LABEL_INSTANCE: cluster.instance, **labels},
+        "labels": {LABEL_INSTANCE: label_value(cluster.instance), **labels},
     }
     if annotations:
         metadata["annotations"] = dict(annotations)
@@ -124,8 +173,16 @@ def _metadata(
 
 
 def _selector(cluster: Cluster, spec: ContainerSpec, pool_class: str) -> dict[str, str]:
-    owner = {LABEL_POOL: pool_class} if pool_class else {LABEL_WORKSPACE: spec.workspace_id}
-    return {LABEL_INSTANCE: cluster.instance, **owner}
+    owner = {LABEL_POOL: label_value(pool_class)} if pool_class else {LABEL_WORKSPACE: label_value(spec.workspace_id)}
+    return {LABEL_INSTANCE: label_value(cluster.instance), **owner}
+
+
+def _workspace_selector(cluster: Cluster, workspace_id: str) -> dict[str, str]:
+    return {LABEL_INSTANCE: label_value(cluster.instance), LABEL_WORKSPACE: label_value(workspace_id)}
+
+
+def _proxy_selector(cluster: Cluster, workspace_id: str) -> dict[str, str]:
+    return {LABEL_INSTANCE: label_value(cluster.instance), LABEL_EGRESS_OF: label_value(workspace_id)}
 
 
 def workspace_pod(spec: ContainerSpec, cluster: Cluster, *, pool_class: str = "", proxy_address: str = "") -> Manifest:
@@ -139,9 +196,14 @@ def workspace_pod(spec: ContainerSpec, cluster: Cluster, *, pool_class: str = ""
             the Pod knows as ``egress`` (nothing resolves names there, as under Docker).
 
     Raises:
-        ValueError: an allowlist workspace without ``proxy_address``, or a spec with no entrypoint.
+        ValueError: an allowlist workspace without ``proxy_address``, a spec with no entrypoint,
+            or a capability the baseline Pod Security Standard does not allow.
     """
     mode = _mode(spec.network)
+    beyond = sorted(set(spec.added_capabilities) - BASELINE_CAPABILITIES)
+    if beyond:
+        msg = f"capabilities {', '.join(beyond)} are beyond the baseline Pod Security Standard a workspace Pod meets"
+        raise ValueError(msg)
     if mode == "allowlist" and not proxy_address:
         msg = "an allowlist workspace's Pod needs its proxy's address"
         raise ValueError(msg)
@@ -234,12 +296,14 @@ def workspace_pod(spec: ContainerSpec, cluster: Cluster, *, pool_class: str = ""
     }
     if spec.runtime == "runsc":
         pod_spec["runtimeClassName"] = cluster.gvisor_runtime_class
-    if spec.dns_options:
+    if mode == "allowlist":
+        # Nothing resolves there, at once: the only name it needs is the proxy's, in hostAliases.
         options = [dict(zip(("name", "value"), option.split(":", 1), strict=False)) for option in spec.dns_options]
-        pod_spec["dnsConfig"] = {"options": options}
+        pod_spec["dnsPolicy"] = "None"
+        pod_spec["dnsConfig"] = {"nameservers": ["127.0.0.1"], "options": options}
     if proxy_address:
         pod_spec["hostAliases"] = [{"ip": proxy_address, "hostnames": [PROXY_ALIAS]}]
-    labels = {**_selector(cluster, spec, pool_class), LABEL_NETWORK: mode}
+    labels = {LABEL_MANAGED: "true", **_selector(cluster, spec, pool_class), LABEL_NETWORK: mode}
     annotations = {ANNOTATION_LABELS: json.dumps(dict(spec.labels), sort_keys=True, separators=(",", ":"))}
     if spec.pids:
         # No Pod field bounds processes: the node's podPidsLimit does (docs/kubernetes.md).
@@ -264,7 +328,9 @@ def workspace_claim(spec: ContainerSpec, cluster: Cluster) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(cluster, object_name(cluster, spec.workspace_id), {LABEL_WORKSPACE: spec.workspace_id}),
+        "metadata": _metadata(
+            cluster, object_name(cluster, spec.workspace_id), _workspace_selector(cluster, spec.workspace_id)
+        ),
         "spec": claim_spec,
     }
 
@@ -279,14 +345,16 @@ def workspace_network_policy(spec: ContainerSpec, cluster: Cluster, *, pool_clas
     mode = _mode(spec.network)
     egress: list[Manifest] = []
     if mode == "bridge":
-        egress = [_dns_rule(cluster), {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_BLOCKS)}}]}]
+        egress = [_dns_rule(cluster), {"to": [_public(cluster)]}]
     elif mode == "allowlist":
-        proxy = {"podSelector": {"matchLabels": {LABEL_INSTANCE: cluster.instance, LABEL_EGRESS_OF: spec.workspace_id}}}
+        proxy = {"podSelector": {"matchLabels": _proxy_selector(cluster, spec.workspace_id)}}
         egress = [{"to": [proxy], "ports": [{"protocol": "TCP", "port": PROXY_PORT}]}]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _metadata(cluster, object_name(cluster, spec.workspace_id), {LABEL_WORKSPACE: spec.workspace_id}),
+        "metadata": _metadata(
+            cluster, object_name(cluster, spec.workspace_id), _workspace_selector(cluster, spec.workspace_id)
+        ),
         "spec": {
             "podSelector": {"matchLabels": _selector(cluster, spec, pool_class)},
             "policyTypes": ["Ingress", "Egress"],
@@ -301,9 +369,13 @@ def egress_proxy(workspace_id: str, rules: Sequence[EgressRule], cluster: Cluste
 
     The proxy is reached by its workspace alone (the policy's ingress); it may query the
     cluster's DNS and reach what the rules name: public addresses on the rules' ports, and an
-    address or block a rule names, wherever it is. squid then allows exactly the rules.
+    address or block a rule names, less the cluster's protected blocks. squid then allows
+    exactly the rules.
+
+    Raises:
+        ValueError: a rule names an address or block within ``cluster.protected_blocks``.
     """
-    own = {LABEL_INSTANCE: cluster.instance, LABEL_EGRESS_OF: workspace_id}
+    own = _proxy_selector(cluster, workspace_id)
     name = object_name(cluster, workspace_id, "-egress")
     policy_text = squid_policy(rules, "0.0.0.0/0")  # who may use it is the NetworkPolicy's to say
     pod = {
@@ -323,8 +395,11 @@ def egress_proxy(workspace_id: str, rules: Sequence[EgressRule], cluster: Cluste
                     "env": [{"name": "SANDBOXD_EGRESS_POLICY", "value": policy_text}],
                     "ports": [{"name": "proxy", "containerPort": PROXY_PORT, "protocol": "TCP"}],
                     "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": _PROXY_UID,
+                        "runAsGroup": _PROXY_UID,
                         "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"], "add": ["SETGID", "SETUID"]},
+                        "capabilities": {"drop": ["ALL"]},
                     },
                     "resources": {"limits": {"cpu": "250m", "memory": "128Mi"}},
                 }
@@ -341,7 +416,7 @@ def egress_proxy(workspace_id: str, rules: Sequence[EgressRule], cluster: Cluste
             "ports": [{"name": "proxy", "port": PROXY_PORT, "targetPort": "proxy", "protocol": "TCP"}],
         },
     }
-    workspace = {"podSelector": {"matchLabels": {LABEL_INSTANCE: cluster.instance, LABEL_WORKSPACE: workspace_id}}}
+    workspace = {"podSelector": {"matchLabels": _workspace_selector(cluster, workspace_id)}}
     policy = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -350,7 +425,7 @@ def egress_proxy(workspace_id: str, rules: Sequence[EgressRule], cluster: Cluste
             "podSelector": {"matchLabels": own},
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [{"from": [workspace], "ports": [{"protocol": "TCP", "port": PROXY_PORT}]}],
-            "egress": [_dns_rule(cluster), *_rule_egress(rules)],
+            "egress": [_dns_rule(cluster), *_rule_egress(rules, cluster)],
         },
     }
     return [pod, service, policy]
@@ -411,8 +486,16 @@ def _dns_rule(cluster: Cluster) -> Manifest:
     return {"to": [dns], "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
 
 
-def _rule_egress(rules: Iterable[EgressRule]) -> list[Manifest]:
-    """Where an egress proxy may connect: a named block for each address rule, public addresses for names."""
+def _public(cluster: Cluster) -> Manifest:
+    return {"ipBlock": {"cidr": "0.0.0.0/0", "except": list(cluster.protected_blocks)}}
+
+
+def _rule_egress(rules: Iterable[EgressRule], cluster: Cluster) -> list[Manifest]:
+    """Where an egress proxy may connect: each address rule's block, and public addresses for names.
+
+    The protected blocks within an address rule's block are taken out of it.
+    """
+    protected = [ipaddress.ip_network(block) for block in cluster.protected_blocks]
     named_ports: set[int] = set()
     entries: list[Manifest] = []
     for rule in rules:
@@ -422,11 +505,45 @@ def _rule_egress(rules: Iterable[EgressRule]) -> list[Manifest]:
         except ValueError:
             named_ports.update(rule.ports or DEFAULT_PORTS)
             continue
-        entries.append({"to": [{"ipBlock": {"cidr": str(block)}}], "ports": ports})
+        if any(block.version == p.version and block.subnet_of(p) for p in protected):  # type: ignore[arg-type]
+            msg = f"allowed host {rule.host} is within the cluster's protected blocks"
+            raise ValueError(msg)
+        inside = [str(p) for p in protected if p.version == block.version and p.subnet_of(block)]  # type: ignore[arg-type]
+        entries.append(
+            {"to": [{"ipBlock": {"cidr": str(block), **({"except": inside} if inside else {})}}], "ports": ports}
+        )
     if named_ports:
-        public = {"ipBlock": {"cidr": "0.0.0.0/0", "except": list(PRIVATE_BLOCKS)}}
-        entries.append({"to": [public], "ports": [{"protocol": "TCP", "port": p} for p in sorted(named_ports)]})
+        entries.append(
+            {"to": [_public(cluster)], "ports": [{"protocol": "TCP", "port": p} for p in sorted(named_ports)]}
+        )
     return entries
+
+
+def namespace(cluster: Cluster) -> list[Manifest]:
+    """The workspaces' Namespace, held to the baseline Pod Security Standard, and a default deny.
+
+    The NetworkPolicy denies every Pod of it everything until its own policy says otherwise: a
+    Pod no policy selects would otherwise be open (before its policy exists, or during a claim).
+    """
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": cluster.namespace,
+                "labels": {
+                    "pod-security.kubernetes.io/enforce": "baseline",
+                    "pod-security.kubernetes.io/warn": "baseline",
+                },
+            },
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(cluster, "sandboxd-default-deny", {}),
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": []},
+        },
+    ]
 
 
 def _quantity(size_bytes: int) -> str:
