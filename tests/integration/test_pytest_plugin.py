@@ -155,10 +155,13 @@ class TestFixtures:
         )
         try:
             deadline = time.monotonic() + 60
-            while not _labelled(docker_client, project)[0] and time.monotonic() < deadline:
+            # Its workspace made: named as its id, no longer provisionally (``.creating``).
+            while time.monotonic() < deadline and not [
+                name for name in _labelled(docker_client, project)[0] if not name.endswith(".creating")
+            ]:
                 time.sleep(0.5)
             left = _labelled(docker_client, project)
-            assert left[0], "the slow test never created its workspace"
+            assert left[0] and not left[0][0].endswith(".creating"), "the slow test never created its workspace"
             slow.send_signal(signal.SIGKILL)
             slow.wait(30)
         finally:
