@@ -966,13 +966,14 @@ class AgentLink:
         root planted something at the path, an agent restarting): the next link asks again,
         at the cost of one connect.
         """
-        if not self.socket_path or self.runtime in self.host_sockets:
+        if not self.socket_path:
             return False
-        if await self._probe():
+        if self.runtime not in self.host_sockets and await self._probe():
             return True
-        if self._learner is None:
+        if self._learner is None or self._learner.done():
             # gVisor can show the host its socket a moment after the agent answered through the
-            # bridge (seen under load): asked again a few times, and the link moves there then.
+            # bridge (seen under load), for a runtime known to show them too (its connect found
+            # the file but no listener yet): asked again a few times, the link moves there then.
             self._learner = asyncio.create_task(self._learn_later(), name=f"agent-{self.workspace_id}-learn")
         return False
 
@@ -981,8 +982,9 @@ class AgentLink:
         if probe is None:
             return False
         await probe.close(discard_input=True)
-        self.host_sockets.add(self.runtime)
-        log.info("agent.host_sockets", runtime=self.runtime or "default")
+        if self.runtime not in self.host_sockets:
+            self.host_sockets.add(self.runtime)
+            log.info("agent.host_sockets", runtime=self.runtime or "default")
         return True
 
     async def _learn_later(self) -> None:
@@ -990,7 +992,7 @@ class AgentLink:
             await asyncio.sleep(delay)
             if self._closed:
                 return
-            if self.runtime in self.host_sockets or await self._probe():
+            if await self._probe():
                 break
         else:
             log.warning(
