@@ -714,6 +714,13 @@ class SessionChannel:
             self.events.on_broken(exc.message)
 
 
+def _in_flight(route: _Route) -> bool:
+    """Whether a route would lose something with its connection: a file operation, a forward, a start unanswered."""
+    if isinstance(route, SessionChannel):
+        return route._unanswered is not None
+    return isinstance(route, (_FileRoute, _ForwardRoute))
+
+
 class _FileRoute:
     """One file operation's channel: output queued for its call, input window, the end."""
 
@@ -1003,9 +1010,10 @@ class AgentLink:
             )
             return
         # Off the bridge, once no file operation or forward is in flight (its call would end with the
-        # connection; a session's output is sent again from where the daemon has it).
+        # connection; a session's output is sent again from where the daemon has it) and no start
+        # waits for its answer (the answer would be lost with the connection).
         while not self._closed and self.transport == "bridge" and self._stream is not None:
-            if not any(isinstance(route, (_FileRoute, _ForwardRoute)) for route in self._routes.values()):
+            if not any(_in_flight(route) for route in self._routes.values()):
                 log.info("agent.moving_to_socket", workspace_id=self.workspace_id)
                 await self._stream.close(discard_input=True)  # the reader reconnects, straight
                 return
