@@ -83,6 +83,8 @@ LEARN_AGAIN_S = (0.1, 0.3, 0.6, 1.0, 2.0, 4.0, 8.0, 15.0)
 gVisor under load has been seen to take more than 4 s)."""
 FREEZE_TIMEOUT_S = 5.0
 """How long the agent may take to answer a freeze (it answers at once unless it is stuck)."""
+PRESENT_WAIT_S = 3.0
+"""How long a direct connection tries a socket that is there but does not answer, before the bridge."""
 LISTEN_WAIT_S = 10.0
 """How long a direct connection waits for a starting agent to listen (the bridge waits as long)."""
 FILE_OUTPUT_WINDOW_BYTES = 256 * 1024
@@ -957,13 +959,15 @@ class AgentLink:
         """A connection to the agent's socket from the host, when the host is known to see it."""
         if not self.socket_path or self.runtime not in self.host_sockets:
             return None
-        deadline = time.monotonic() + LISTEN_WAIT_S
+        began = time.monotonic()
         while (stream := await self.backend.open_socket(self.socket_path, self.container_id)) is None:
-            # Only a socket not there yet is worth the wait (a workspace just created: its agent
-            # is starting). One there that does not answer as the agent is the bridge's to try.
-            if _present(self.socket_path) or time.monotonic() > deadline:
+            # Only a socket not there yet is worth the full wait (a workspace just created: its
+            # agent is starting). One there that does not answer gets a moment (gVisor under load
+            # shows the file before it answers, seen in CI), then it is the bridge's to try.
+            waited = time.monotonic() - began
+            if waited > (PRESENT_WAIT_S if _present(self.socket_path) else LISTEN_WAIT_S):
                 return None
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005 if waited < 0.1 else 0.05)
         return stream
 
     async def _learn_host_sockets(self) -> bool:
@@ -973,14 +977,13 @@ class AgentLink:
         root planted something at the path, an agent restarting): the next link asks again,
         at the cost of one connect.
         """
-        if not self.socket_path:
+        if not self.socket_path or self.runtime in self.host_sockets:
             return False
-        if self.runtime not in self.host_sockets and await self._probe():
+        if await self._probe():
             return True
-        if self._learner is None or self._learner.done():
+        if self._learner is None:
             # gVisor can show the host its socket a moment after the agent answered through the
-            # bridge (seen under load), for a runtime known to show them too (its connect found
-            # the file but no listener yet): asked again a few times, the link moves there then.
+            # bridge (seen under load): asked again a few times, and the link moves there then.
             self._learner = asyncio.create_task(self._learn_later(), name=f"agent-{self.workspace_id}-learn")
         return False
 
@@ -989,9 +992,8 @@ class AgentLink:
         if probe is None:
             return False
         await probe.close(discard_input=True)
-        if self.runtime not in self.host_sockets:
-            self.host_sockets.add(self.runtime)
-            log.info("agent.host_sockets", runtime=self.runtime or "default")
+        self.host_sockets.add(self.runtime)
+        log.info("agent.host_sockets", runtime=self.runtime or "default")
         return True
 
     async def _learn_later(self) -> None:
@@ -999,7 +1001,7 @@ class AgentLink:
             await asyncio.sleep(delay)
             if self._closed:
                 return
-            if await self._probe():
+            if self.runtime in self.host_sockets or await self._probe():
                 break
         else:
             log.warning(

@@ -22,7 +22,8 @@ def _owner(directory: Path) -> str:
 
 def _labelled(docker_client, directory: Path) -> tuple[list[str], list[str]]:  # type: ignore[no-untyped-def]
     selector = {"label": f"pytest.owner={_owner(directory)}"}
-    containers = [c.name for c in docker_client.containers.list(all=True, filters=selector)]
+    # From the listing alone: a container may go between a listing and its inspection.
+    containers = [c["Names"][0].lstrip("/") for c in docker_client.api.containers(all=True, filters=selector)]
     volumes = [v.name for v in docker_client.volumes.list(filters=selector)]
     return containers, volumes
 
