@@ -850,9 +850,7 @@ class WorkspaceManager:
                 async with self._id_lock(workspace_id), self.in_use(workspace_id):
                     made = None
                     if snapshot is None:
-                        made = await self._claim(
-                            resolved, workspace_id, tenant, chosen=bool(asked.chosen_id), asked=asked
-                        )
+                        made = await self._claim(resolved, workspace_id, tenant, asked)
                     if made is None:
                         made = await self._create(resolved, workspace_id, tenant, snapshot=snapshot, asked=asked)
                     if request_id:
@@ -988,9 +986,7 @@ class WorkspaceManager:
         return info
 
     # -- the warm pool -------------------------------------------------------------------------------
-    async def _claim(
-        self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, *, chosen: bool, asked: _Asked
-    ) -> Workspace | None:
+    async def _claim(self, resolved: WorkspaceSpec, workspace_id: str, tenant: str, asked: _Asked) -> Workspace | None:
         """Make a ready pool member of ``resolved``'s class this workspace; None when there is none.
 
         What is the caller's alone is applied now: the id and tenant (recorded by the engine,
@@ -1000,12 +996,12 @@ class WorkspaceManager:
         claimed is removed and the create goes on as a normal one.
 
         Raises:
-            WorkspaceExistsError: ``chosen`` and a workspace of that id exists.
+            WorkspaceExistsError: the caller chose the id (``asked.chosen_id``) and a workspace of it exists.
         """
         pool_class = self.pool.match(resolved) if self.pool is not None else None
         if pool_class is None or self.pool is None:
             return None
-        if chosen:
+        if asked.chosen_id:
             try:
                 await self.backend.inspect_container(workspace_id)
             except WorkspaceNotFoundError:

@@ -85,11 +85,13 @@ cannot stop the container with `kill -9 -1`."""
 _MUX_HEADER = struct.Struct(">BxxxI")
 _STREAM_LIMIT = 4 * 1024 * 1024
 _SOCKET_READ_BYTES = 1024 * 1024
+"""Most bytes one read of a direct socket returns (whatever has arrived, up to this)."""
 EXEC_RUN_TIMEOUT_S = 60.0
 """The longest :meth:`DockerBackend.exec_run` waits for its command (a mkdir at a claim)."""
+_EXEC_RUN_OUTPUT_BYTES = 1024 * 1024
+"""What :meth:`DockerBackend.exec_run` keeps of its command's output."""
 _EXEC_SILENCE_S = 1.0
 """Silence on an exec's stream after which the engine is asked whether the exec ended."""
-"""Most bytes one read of a direct socket returns (whatever has arrived, up to this)."""
 _PRIVATE_DIR_OPTIONS = {"type": "tmpfs", "device": "tmpfs", "o": "size=1m,mode=0700,nosuid,nodev,noexec"}
 
 log = structlog.get_logger(__name__)
@@ -1071,7 +1073,7 @@ class DockerBackend:
             nonlocal heard
             while (chunk := await stream.read()) is not None:
                 heard = time.monotonic()
-                output.extend(chunk[1][: max(0, _SOCKET_READ_BYTES - len(output))])
+                output.extend(chunk[1][: max(0, _EXEC_RUN_OUTPUT_BYTES - len(output))])
 
         reading = asyncio.ensure_future(drain())
         try:

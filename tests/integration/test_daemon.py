@@ -287,26 +287,25 @@ class TestCli:
         assert run.returncode == 1
         assert run.stderr.splitlines() == ["sandboxctl: workspace 'ws-nope' not found"]
 
-    def test_daemon_down_is_one_line(self, tmp_path) -> None:
-        """With no daemon on the socket, sandboxctl says it cannot connect, in one line."""
-        run = subprocess.run(
-            [sys.executable, "-m", "sandboxd_client.cli", "--socket", str(tmp_path / "none.sock"), "ls"],
+    def _ctl_without_daemon(self, tmp_path, *args: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+        """sandboxctl on a socket where no daemon listens."""
+        return subprocess.run(
+            [sys.executable, "-m", "sandboxd_client.cli", "--socket", str(tmp_path / "none.sock"), *args],
             capture_output=True,
             text=True,
             timeout=60,
         )
+
+    def test_daemon_down_is_one_line(self, tmp_path) -> None:
+        """With no daemon on the socket, sandboxctl says it cannot connect, in one line."""
+        run = self._ctl_without_daemon(tmp_path, "ls")
         assert run.returncode == 1
         assert len(run.stderr.splitlines()) == 1
         assert run.stderr.startswith("sandboxctl: ")
 
     def test_a_create_with_no_answer_names_the_workspace_it_may_have_made(self, tmp_path) -> None:
         """The id is the client's before it sends: the second line says how to find or remove it."""
-        run = subprocess.run(
-            [sys.executable, "-m", "sandboxd_client.cli", "--socket", str(tmp_path / "none.sock"), "create"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        run = self._ctl_without_daemon(tmp_path, "create")
         assert run.returncode == 1
         first, second = run.stderr.splitlines()
         assert first.startswith("sandboxctl: ")

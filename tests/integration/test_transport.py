@@ -199,7 +199,9 @@ async def test_a_known_runtimes_socket_that_answers_late_is_waited_for(client, d
     )
     try:
         connecting = asyncio.create_task(link.connect())
+        deadline = time.monotonic() + 2
         while backend.tried < 2:  # refused once at least: it is trying again
+            assert time.monotonic() < deadline and not connecting.done(), "the connect did not try the socket again"
             await asyncio.sleep(0.01)
         late.unlink()
         late.symlink_to(path)  # it answers now

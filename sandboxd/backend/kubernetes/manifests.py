@@ -173,8 +173,10 @@ def _metadata(
 
 
 def _selector(cluster: Cluster, spec: ContainerSpec, pool_class: str) -> dict[str, str]:
-    owner = {LABEL_POOL: label_value(pool_class)} if pool_class else {LABEL_WORKSPACE: label_value(spec.workspace_id)}
-    return {LABEL_INSTANCE: label_value(cluster.instance), **owner}
+    """A workspace Pod's own labels: its class's while it is a pool member, else its workspace's."""
+    if pool_class:
+        return {LABEL_INSTANCE: label_value(cluster.instance), LABEL_POOL: label_value(pool_class)}
+    return _workspace_selector(cluster, spec.workspace_id)
 
 
 def _workspace_selector(cluster: Cluster, workspace_id: str) -> dict[str, str]:
@@ -255,14 +257,7 @@ def workspace_pod(spec: ContainerSpec, cluster: Cluster, *, pool_class: str = ""
                 "image": cluster.agent_image,
                 # The agent's image has nothing but its binaries (FROM scratch): it copies itself.
                 "command": [f"/linux-{cluster.architecture}/sandboxd-agent", "install", agent_path],
-                "securityContext": {
-                    "runAsNonRoot": True,
-                    "runAsUser": _INSTALLER_UID,
-                    "runAsGroup": _INSTALLER_UID,
-                    "allowPrivilegeEscalation": False,
-                    "readOnlyRootFilesystem": True,
-                    "capabilities": {"drop": ["ALL"]},
-                },
+                "securityContext": _non_root(_INSTALLER_UID, readOnlyRootFilesystem=True),
                 "resources": {"limits": {"cpu": "100m", "memory": "32Mi"}},
                 "volumeMounts": [{"name": "agent", "mountPath": spec.agent_mount}],
             }
@@ -394,13 +389,7 @@ def egress_proxy(workspace_id: str, rules: Sequence[EgressRule], cluster: Cluste
                     "image": cluster.egress_image,
                     "env": [{"name": "SANDBOXD_EGRESS_POLICY", "value": policy_text}],
                     "ports": [{"name": "proxy", "containerPort": PROXY_PORT, "protocol": "TCP"}],
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": _PROXY_UID,
-                        "runAsGroup": _PROXY_UID,
-                        "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
+                    "securityContext": _non_root(_PROXY_UID),
                     "resources": {"limits": {"cpu": "250m", "memory": "128Mi"}},
                 }
             ],
@@ -476,6 +465,18 @@ def daemon_rbac(cluster: Cluster) -> list[Manifest]:
             "subjects": [{"kind": "ServiceAccount", "name": cluster.service_account, "namespace": cluster.namespace}],
         },
     ]
+
+
+def _non_root(uid: int, **more: Any) -> Manifest:
+    """A container's security context as the restricted Pod Security Standard asks: ``uid``, no capabilities."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "allowPrivilegeEscalation": False,
+        **more,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
 def _dns_rule(cluster: Cluster) -> Manifest:
