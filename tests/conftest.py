@@ -291,6 +291,7 @@ RUNTIME_SUITES = frozenset(
         "test_files",
         "test_forward",
         "test_pause",
+        "test_shell_parity",
     }
 )
 """Modules whose ``workspace`` tests run under every OCI runtime: runc and gVisor's runsc."""

@@ -354,10 +354,10 @@ class TestCommands:
         assert done.exit is not None and (done.exit.exit_code, done.exit.signal) == (137, 9)
 
     async def test_the_text_of_the_command_is_in_no_argv(self, agent: Agent) -> None:
-        """The shell reads the command from a pipe: `pgrep -f` finds only the command's own processes."""
+        """A one-line command reaches its shell on a pipe: `pgrep -f` finds only the command's own processes."""
         done = await run(agent.link(), "sleep 31415 & tr '\\0' ' ' < /proc/$$/cmdline; kill $!")
         assert b"31415" not in done.text("stdout")
-        assert done.text("stdout").startswith(b"bash -lc eval")
+        assert done.text("stdout") == b"bash -lc __sandboxd \\\n  "
 
     async def test_the_pid_reported_is_the_commands_own(self, agent: Agent) -> None:
         """The helper executes the shell in its own place: the pid the agent reports is the shell's $$."""

@@ -51,6 +51,7 @@ const maxQueuedBytes = 64 << 20
 // Agent holds the sessions and the current connection.
 type Agent struct {
 	spawner *spawn.Pool
+	spares  *session.Spares
 	logf    func(string, ...any)
 
 	mu       sync.Mutex
@@ -82,8 +83,12 @@ func New(self string) *Agent {
 		unowned:  map[int]reaped{},
 	}
 	a.spawner = spawn.NewPool(self, func(pid int) { go func() { <-a.Expect(pid) }() })
+	a.spares = session.NewSpares(a)
 	return a
 }
+
+// Spares are the login shells started ahead of need (session.Spares).
+func (a *Agent) Spares() *session.Spares { return a.spares }
 
 // Spawn starts a helper for req (see spawn.Pool.Start).
 func (a *Agent) Spawn(req spawn.Request, stdio [3]*os.File, extra []*os.File, tty bool) (*spawn.Process, *spawn.Failure, error) {
@@ -315,6 +320,8 @@ func (a *Agent) dispatch(c *conn, f proto.Frame) {
 		} else {
 			clock.Thaw()
 		}
+		// A paused workspace keeps no spare: made again once it runs.
+		a.spares.Freeze(msg.Frozen)
 		body, _ := json.Marshal(proto.FreezeMsg{Frozen: clock.Frozen()})
 		c.enqueue(proto.Encode(proto.Frozen, 0, body))
 		return

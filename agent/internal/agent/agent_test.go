@@ -44,8 +44,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	testAgent = New(self)
 	go func() {
-		err := New(self).Serve()
+		err := testAgent.Serve()
 		fmt.Fprintln(os.Stderr, "serve:", err)
 		os.Exit(1)
 	}()
@@ -136,6 +137,7 @@ type run struct {
 	output  []byte
 	exit    *proto.ExitedMsg
 	failed  *proto.FailedMsg
+	mayFail bool // a test of failures to start
 }
 
 func start(d *daemon, command string, edit func(*proto.StartMsg)) *run {
@@ -221,6 +223,15 @@ func (r *run) wait(d *daemon) *run {
 		}
 	}
 	d.send(proto.Discard, r.channel, nil)
+	if r.failed != nil && !r.mayFail {
+		d.t.Fatalf("the command failed to start: %+v", r.failed)
+	}
+	return r
+}
+
+// failing marks a run whose start is meant to fail.
+func (r *run) failing() *run {
+	r.mayFail = true
 	return r
 }
 
@@ -235,8 +246,11 @@ func TestExitStatuses(t *testing.T) {
 		{command: "echo hi", output: "hi\n", code: 0},
 		{command: "echo out; echo err >&2; exit 7", output: "out\nerr\n", code: 7, merge: true},
 		{command: "kill -9 $$", code: 137, signal: 9},
-		{command: "sh -c 'kill -TERM $$'", code: 143},
-		{command: "-version 2>&1", code: 127, output: "bash: line 1: -version: command not found\n", merge: true}, // not an option of eval
+		// A single simple command replaces its shell, as under a real bash -lc (C16): the
+		// signal is the command's own, and bash prints no "Terminated" of its own.
+		{command: "sh -c 'kill -TERM $$'", code: 143, signal: 15, output: "", merge: true},
+		{command: "-version 2>&1", code: 127, output: "bash: line 1: -version: command not found\n", merge: true}, // not an option of bash's
+		{command: "-version\necho next", code: 0, output: "bash: line 1: -version: command not found\nnext\n", merge: true},
 	}
 	for _, c := range cases {
 		merge := c.merge
@@ -247,12 +261,37 @@ func TestExitStatuses(t *testing.T) {
 		if r.exit.ExitCode != c.code || r.exit.Signal != c.signal {
 			t.Errorf("%q: exit %d signal %d, want %d %d", c.command, r.exit.ExitCode, r.exit.Signal, c.code, c.signal)
 		}
-		if c.output != "" && string(r.output) != c.output {
+		if string(r.output) != c.output {
 			t.Errorf("%q: output %q, want %q", c.command, r.output, c.output)
 		}
 		if r.exit.End != uint64(len(r.output)) {
 			t.Errorf("%q: end %d after %d bytes", c.command, r.exit.End, len(r.output))
 		}
+	}
+}
+
+func TestTheKillLadderEndsTheCommandItself(t *testing.T) {
+	// C16: the command that ignores SIGTERM is the shell's pid (a single simple command
+	// replaces its shell), so the ladder's SIGKILL ends it and its own 137 is reported, not
+	// the 143 of a shell that stayed between.
+	d, _ := connect(t)
+	r := start(d, `sh -c 'trap "" TERM; exec sleep 100.7'`, nil)
+	r.step(d) // started
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		found := processesWith("100.7")
+		if len(found) == 1 && found[0] == "sleep 100.7" {
+			break // TERM is ignored by now: the trap ran before the exec
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes carrying the command's text: %q, want sleep's alone", found)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	d.send(proto.Kill, r.channel, proto.KillMsg{GraceS: 0.3})
+	r.wait(d)
+	if r.exit.ExitCode != 137 || r.exit.Signal != 9 || len(r.output) != 0 {
+		t.Errorf("exit %+v output %q, want 137 by SIGKILL and no output", r.exit, r.output)
 	}
 }
 
@@ -383,6 +422,9 @@ func TestBackgroundServerDoesNotHoldTheCall(t *testing.T) {
 	d, _ := connect(t)
 	began := time.Now()
 	r := start(d, "(sleep 5; echo late) & echo now", nil).wait(d)
+	if r.failed != nil {
+		t.Fatalf("failed: %+v", r.failed)
+	}
 	if elapsed := time.Since(began); elapsed > 3*time.Second {
 		t.Errorf("the call took %v: the background writer held it", elapsed)
 	}
@@ -475,11 +517,11 @@ func TestOutputWithoutAReaderKeepsTheHeadAndCountsTheRest(t *testing.T) {
 
 func TestStartFailuresAreReported(t *testing.T) {
 	d, _ := connect(t)
-	r := start(d, "true", func(m *proto.StartMsg) { m.Cwd = "/does/not/exist" }).wait(d)
+	r := start(d, "true", func(m *proto.StartMsg) { m.Cwd = "/does/not/exist" }).failing().wait(d)
 	if r.failed == nil || r.failed.Stage != "chdir" || !strings.Contains(r.failed.Message, "/does/not/exist") {
 		t.Errorf("failed %+v exit %+v, want a chdir failure naming the directory", r.failed, r.exit)
 	}
-	r = start(d, "true", func(m *proto.StartMsg) { m.User = "no-such-user-here" }).wait(d)
+	r = start(d, "true", func(m *proto.StartMsg) { m.User = "no-such-user-here" }).failing().wait(d)
 	if r.failed == nil || r.failed.Stage != "user" {
 		t.Errorf("failed %+v exit %+v, want a user failure", r.failed, r.exit)
 	}
@@ -646,10 +688,25 @@ func idleHelper(t *testing.T, not int) int {
 	return 0
 }
 
+// testAgent is the agent the tests speak to.
+var testAgent *Agent
+
+// settleSpares waits until no spare is being made: a spare takes the idle helper too.
+func settleSpares(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !testAgent.Spares().Settled(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a spare is still being made after 10 s")
+		}
+	}
+}
+
 func TestCommandsStartInTheIdleHelperAndWithoutOne(t *testing.T) {
 	d, _ := connect(t)
+	settleSpares(t)
 	helper := idleHelper(t, 0)
-	r := start(d, "echo $$", nil).wait(d)
+	// Two lines: bash's native mode, which starts in a helper (no spare stands in for it).
+	r := start(d, "echo $$\n:", nil).wait(d)
 	if r.exit == nil || string(r.output) != strconv.Itoa(helper)+"\n" {
 		t.Fatalf("output %q exit %+v failed %+v, want the idle helper's pid %d", r.output, r.exit, r.failed, helper)
 	}
@@ -668,7 +725,7 @@ func TestCommandsStartInTheIdleHelperAndWithoutOne(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	r = start(d, "echo $$", nil).wait(d)
+	r = start(d, "echo $$\n:", nil).wait(d)
 	if r.exit == nil || r.exit.ExitCode != 0 || string(r.output) == strconv.Itoa(dead)+"\n" || len(r.output) < 2 {
 		t.Fatalf("after the idle helper died: output %q exit %+v failed %+v", r.output, r.exit, r.failed)
 	}
@@ -711,12 +768,14 @@ func TestAHelperStoppedBeforeItStartsTheCommandIsKilledInTime(t *testing.T) {
 	// before it executes the command: the start must fail in bounded time, not hang.
 	defer spawn.SetHelperTimeout(spawn.SetHelperTimeout(500 * time.Millisecond))
 	d, _ := connect(t)
+	settleSpares(t)
 	helper := idleHelper(t, 0)
 	if err := syscall.Kill(helper, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	began := time.Now()
-	r := start(d, "echo ran", nil).wait(d)
+	// Two lines: bash's native mode, which no spare stands in for (it would not need the helper).
+	r := start(d, "echo ran\necho again", nil).failing().wait(d)
 	if r.failed == nil || r.failed.Stage != "stalled" || len(r.output) != 0 {
 		t.Fatalf("failed %+v exit %+v output %q, want a stalled start", r.failed, r.exit, r.output)
 	}

@@ -5,11 +5,13 @@
 package session
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,6 +24,7 @@ import (
 	"sandboxd/agent/internal/proctree"
 	"sandboxd/agent/internal/proto"
 	"sandboxd/agent/internal/pty"
+	"sandboxd/agent/internal/shell"
 	"sandboxd/agent/internal/spawn"
 	"sandboxd/agent/internal/users"
 )
@@ -62,6 +65,8 @@ type Host interface {
 	Expect(pid int) <-chan syscall.WaitStatus
 	// Spawn starts the command's helper (spawn.Pool.Start).
 	Spawn(req spawn.Request, stdio [3]*os.File, extra []*os.File, tty bool) (*spawn.Process, *spawn.Failure, error)
+	// Spares are the login shells started ahead of need.
+	Spares() *Spares
 }
 
 // Session is one command.
@@ -102,11 +107,12 @@ type Session struct {
 	closeIn   bool
 	lastInput byte
 
-	oomBefore int
-	exitedAt  time.Time
-	spill     *spill
-	exiting   chan struct{} // closed when the command has exited: its last output goes at once
-	done      chan struct{}
+	oomBefore    int
+	shellCmdline []byte // the shell's own /proc/<pid>/cmdline (bash), until it executes the command
+	exitedAt     time.Time
+	spill        *spill
+	exiting      chan struct{} // closed when the command has exited: its last output goes at once
+	done         chan struct{}
 }
 
 // New makes a session for a Start frame; Run starts its command.
@@ -154,6 +160,10 @@ func (s *Session) fail(stage, message string) {
 
 // Run starts the command and follows it to its end; it returns when the command has
 // exited and its exit has been reported (its leftovers are still watched).
+//
+// A command that bash runs in alias mode takes the user's spare if one fits (Spares.Take):
+// its shell is started already, profile read. Any other starts its shell now. Either way
+// the command then runs in the same way, and a spare like its shell is asked for.
 func (s *Session) Run() {
 	u, err := users.Resolve(s.spec.User, "")
 	if err != nil {
@@ -162,159 +172,104 @@ func (s *Session) Run() {
 	}
 	s.user = u
 	s.cred = creds.User{UID: u.UID, GID: u.GID, Groups: u.Groups}
-	stdio, parentEnds, err := s.openStdio()
-	if err != nil {
-		s.fail("stdio", err.Error())
-		return
-	}
 	s.oomBefore = oomKills()
 	s.spill = newSpill(s.spec.SpillPath, s.spec.SpillAfterBytes, s.cred)
-	texts, err := s.textPipes(s.spec.Command, exportsText(s.spec.Env))
-	var hs handshake
-	if err == nil {
-		if hs, err = newHandshake(); err != nil {
-			for _, f := range texts {
-				f.Close()
-			}
-		}
+	spec := specOf(s.spec, u)
+	k, suffix := kindOf(s.spec.Command)
+	var l *launched
+	if k == bashAlias && !spec.tty {
+		l = s.host.Spares().Take(spec)
 	}
-	if err != nil {
-		for _, f := range append(stdio[:], parentEnds...) {
-			if f != nil {
-				f.Close()
-			}
-		}
-		s.fail("stdio", err.Error())
-		return
-	}
-	extra := append(texts, hs.shellEnds()...)
-	proc, failure, err := s.host.Spawn(s.request(), stdio, extra, s.spec.TTY)
-	for _, f := range extra {
-		f.Close()
-	}
-	// What the agent keeps of the start's pipes, for the starts that go no further.
-	closeOurs := func() {
-		for _, f := range append(parentEnds, hs.agentEnds()...) {
-			f.Close()
-		}
-	}
-	for _, f := range stdio {
-		if f != nil {
-			f.Close()
-		}
-	}
-	if err == nil && failure != nil && failure.Stage == "fork" && strings.Contains(failure.Message, "resource temporarily unavailable") {
-		failure.Message += " (the workspace's process limit is reached)"
-	}
-	if err != nil || failure != nil {
-		closeOurs()
+	if l == nil {
+		var failure *spawn.Failure
+		l, failure, err = launch(s.host, spec, k, s.spec.Command, s.marker)
 		if err != nil {
 			s.fail("spawn", err.Error())
-		} else {
-			s.fail(failure.Stage, failure.Message)
+			return
 		}
-		return
+		if failure != nil {
+			s.fail(failure.Stage, failure.Message)
+			return
+		}
 	}
-	status := s.host.Expect(proc.PID)
+	if k == bashAlias {
+		l.setRequest(s.ProcessID, s.spec.Command, suffix)
+		s.shellCmdline = shellCmdline(shell.AliasArg)
+	} else if k == bashNative {
+		s.shellCmdline = shellCmdline(s.spec.Command)
+	}
 	s.mu.Lock()
-	s.pid = proc.PID
+	s.pid = l.pid
+	s.stdin, s.master = l.stdin, l.master
 	s.started = true
 	discarded := s.discarded
 	s.mu.Unlock()
 	if discarded {
 		// The daemon let the session go while it was starting: the command never runs.
-		proc.Abort()
-		closeOurs()
-		<-status
+		l.closeAll()
+		if l.proc != nil {
+			l.proc.Abort()
+		} else {
+			proctree.HardKill(l.pid, s.marker, s.cred) // a spare: its profile is running
+		}
+		<-l.status
 		close(s.done)
 		return
 	}
 	// Reported before the command can run: a command that kills everything at once
 	// still is a command that started.
-	s.send(proto.Started, proto.StartedMsg{PID: proc.PID})
-	if failure := proc.Go(); failure != nil {
-		closeOurs()
-		s.fail(failure.Stage, failure.Message)
-		return
+	s.send(proto.Started, proto.StartedMsg{PID: l.pid})
+	if l.proc != nil {
+		proc := l.proc
+		l.proc = nil
+		if failure := proc.Go(); failure != nil {
+			l.closeAll()
+			s.fail(failure.Stage, failure.Message)
+			return
+		}
 	}
-	go s.awaitShell(hs)
+	if k != plainSh {
+		s.host.Spares().Want(spec, s.exiting)
+	}
+	go s.awaitShell(l)
 	s.applyPending()
 	go s.writeInput()
 	if s.spec.TimeoutS > 0 {
 		clock.AfterFunc(time.Duration(s.spec.TimeoutS*float64(time.Second)), s.onTimeout)
 	}
-	readers := s.startReaders(parentEnds)
+	readers := s.startReaders(l.outs)
 	go s.pump()
-	ws := <-status
+	ws := <-l.status
 	s.finish(ws, readers)
 }
 
-// The shells read the command from fd 4 (a pipe the agent fills) and close it before they
-// run it: the command's text is in no argv and no environment, so `pgrep -f` and
-// `pkill -f` find the command's own processes only, never the shell that started them.
-// Before it, fd 5 sets the daemon's environment entries again, which a login shell's
-// profile may have reset (Debian's sets PATH). The space keeps a command that starts
-// with "-" from being read as an option of eval; sh reads with builtins only, so a
-// caller's PATH cannot take the reading away.
-//
-// Then the shell and the agent shake hands (awaitShell): once nothing is left to fork
-// before the command, the shell writes a byte to fd 6 and waits for a line on fd 7. The
-// command's text waits in $1 meanwhile; `set --` inside the eval empties it again.
-const (
-	bashScript = `eval "$(</dev/fd/5)"; set -- "$(</dev/fd/4)"; builtin printf . >&6; builtin read -r _ <&7; eval " set --; $1" 4<&- 5<&- 6>&- 7<&-`
-	shRead     = `while IFS= read -r l || [ -n "$l" ]; do printf '%s\n' "$l"; done`
-	shScript   = `eval "$(` + shRead + ` <&5)"; set -- "$(` + shRead + ` <&4)"; printf . >&6; read -r _ <&7; eval " set --; $1" 4<&- 5<&- 6>&- 7<&-`
-)
-
-// handshake is the pair of pipes of the shell's start: the shell writes to mark, then
-// reads a line from proceed.
-type handshake struct {
-	mark, markW       *os.File
-	proceedR, proceed *os.File
-}
-
-func newHandshake() (handshake, error) {
-	var hs handshake
-	var err error
-	if hs.mark, hs.markW, err = os.Pipe(); err != nil {
-		return hs, err
-	}
-	if hs.proceedR, hs.proceed, err = os.Pipe(); err != nil {
-		hs.mark.Close()
-		hs.markW.Close()
-		return hs, err
-	}
-	return hs, nil
-}
-
-// shellEnds are the shell's fds 6 and 7; agentEnds the agent's ends of the same pipes.
-func (hs handshake) shellEnds() []*os.File { return []*os.File{hs.markW, hs.proceedR} }
-func (hs handshake) agentEnds() []*os.File { return []*os.File{hs.mark, hs.proceed} }
-
-// awaitShell holds a Ctrl-C until the shell is about to run the command. A shell that
-// gets SIGINT while it waits for a child which then exits normally (the profile's
-// `$(id -u)`, the reading of fd 4) takes the signal as the child's and goes on: the
-// Ctrl-C was lost (C10). One that gets it as it forks the command can, under gVisor,
-// spin for ever beside the child's zombie. Blocked in `read` on fd 7, it dies of the
-// signal at once; so the held Ctrl-C is delivered there, before the line that lets it
-// go on. shellStartBound passing first lets what was held through: a profile that never
-// ends is interrupted. The pipes stay open until the byte or the command's end, even
-// past the bound: a shell writing to a closed pipe would die of SIGPIPE.
-func (s *Session) awaitShell(hs handshake) {
+// awaitShell holds a Ctrl-C until the shell has read its profile. A shell that gets
+// SIGINT while it waits for a child which then exits normally (the profile's `$(id -u)`)
+// takes the signal as the child's and goes on: the Ctrl-C was lost (C10). One that gets
+// it as it forks can, under gVisor, spin for ever beside the child's zombie. Once it has
+// written its ready byte it forks nothing more before the command (the hook, package
+// shell): blocked in `read` for its command (alias mode) or for the go line, it dies of the
+// signal at once; so the held Ctrl-C is delivered then, and only then is the shell let go.
+// A spare wrote its byte long before: nothing is held. shellStartBound passing first lets
+// what was held through: a profile that never ends is interrupted. The gate stays open
+// until the byte or the command's end, even past the bound: a shell writing to a closed
+// pipe would die of SIGPIPE.
+func (s *Session) awaitShell(l *launched) {
 	bound := clock.AfterFunc(shellStartBound, s.shellStarted)
 	go func() {
 		<-s.exiting
-		_ = hs.mark.SetReadDeadline(time.Now()) // a profile's child may hold the pipe open for ever
+		l.readyDeadline() // a profile's child may hold the pipe open for ever
 	}()
-	var b [1]byte
-	n, _ := hs.mark.Read(b[:])
-	hs.mark.Close()
+	ok := <-l.ready
+	l.readyR.Close()
 	bound.Stop()
 	s.shellStarted()
-	if n == 1 {
-		_, _ = hs.proceed.Write([]byte{'\n'}) // EPIPE if the Ctrl-C ended the shell
+	if ok {
+		l.release()
 	}
-	hs.proceed.Close()
+	if l.gateW != nil {
+		l.gateW.Close()
+	}
 }
 
 // shellStarted delivers the Ctrl-Cs held for the command as one SIGINT to its process
@@ -354,110 +309,6 @@ func (s *Session) shellStarted() {
 	}
 }
 
-// textPipes returns the read ends of two pipes, the user's (the shell opens them again
-// through /dev/fd), that will hold command and exports.
-func (s *Session) textPipes(texts ...string) ([]*os.File, error) {
-	var readers []*os.File
-	for _, text := range texts {
-		r, w, err := os.Pipe()
-		if err != nil {
-			for _, f := range readers {
-				f.Close()
-			}
-			return nil, err
-		}
-		_ = r.Chown(int(s.user.UID), int(s.user.GID))
-		go func(text string) {
-			// Read by the shell once it runs (a start that fails closes the pipe: EPIPE, ignored).
-			_, _ = w.Write([]byte(text))
-			w.Close()
-		}(text)
-		readers = append(readers, r)
-	}
-	return readers, nil
-}
-
-func (s *Session) request() spawn.Request {
-	env := commandEnv(s.spec.Env, s.user, s.marker)
-	return spawn.Request{
-		Shell:        "bash",
-		Args:         []string{"-lc", bashScript},
-		Fallback:     "/bin/sh",
-		FallbackArgs: []string{"-c", shScript},
-		Env:          env,
-		Dir:          s.spec.Cwd,
-		UID:          s.user.UID,
-		GID:          s.user.GID,
-		Groups:       s.user.Groups,
-		Capabilities: capabilityNumbers(s.spec.Capabilities),
-		OOMScoreAdj:  OOMScoreAdj,
-	}
-}
-
-// commandEnv is the image's environment (the agent's own, less what is the agent's),
-// HOME of the user, then the daemon's list (defaults, workspace, call; PATH aside), then
-// the marker.
-func commandEnv(daemonEnv [][2]string, u users.User, marker []byte) []string {
-	values := map[string]string{}
-	var order []string
-	set := func(name, value string) {
-		if _, seen := values[name]; !seen {
-			order = append(order, name)
-		}
-		values[name] = value
-	}
-	for _, entry := range os.Environ() {
-		name, value, ok := strings.Cut(entry, "=")
-		if !ok || strings.HasPrefix(name, "SANDBOXD_") {
-			continue
-		}
-		set(name, value)
-	}
-	if _, ok := values["PATH"]; !ok {
-		set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	}
-	set("HOME", u.Home)
-	for _, pair := range daemonEnv {
-		if pair[0] == "PATH" {
-			// The login profile runs with the image's PATH (a caller's may lack `id`, which
-			// Debian's profile calls); the shell then exports the caller's (exportsText).
-			continue
-		}
-		set(pair[0], pair[1])
-	}
-	name, value, _ := strings.Cut(string(marker), "=")
-	set(name, value)
-	env := make([]string, 0, len(order))
-	for _, name := range order {
-		env = append(env, name+"="+values[name])
-	}
-	return env
-}
-
-// exportsText sets the daemon's environment entries again, in the shell's own syntax.
-func exportsText(daemonEnv [][2]string) string {
-	var text strings.Builder
-	for _, pair := range daemonEnv {
-		if !isIdentifier(pair[0]) || pair[0] == MarkerName {
-			// Not a shell variable: the environment alone carries it. The marker is the
-			// agent's (commandEnv sets it last): a caller's would hide the tree from its kill.
-			continue
-		}
-		// 2>/dev/null: a name the shell keeps read-only (UID) stays as the shell has it.
-		text.WriteString("export " + pair[0] + "='" + strings.ReplaceAll(pair[1], "'", `'\''`) + "' 2>/dev/null\n")
-	}
-	return text.String()
-}
-
-func isIdentifier(name string) bool {
-	for i, c := range name {
-		if !(c == '_' || c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || i > 0 && c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return name != ""
-}
-
 func capabilityNumbers(names []string) []int {
 	var out []int
 	for _, name := range names {
@@ -466,42 +317,6 @@ func capabilityNumbers(names []string) []int {
 		}
 	}
 	return out
-}
-
-// openStdio returns the child's stdin, stdout, stderr and the agent's ends: the pipes'
-// other ends, or the terminal's master (once, it is both).
-func (s *Session) openStdio() ([3]*os.File, []*os.File, error) {
-	if s.spec.TTY {
-		master, slave, err := pty.Open(s.spec.Columns, s.spec.Rows, s.user.UID, s.user.GID)
-		if err != nil {
-			return [3]*os.File{}, nil, err
-		}
-		s.master, s.stdin = master, master
-		return [3]*os.File{slave, slave, slave}, []*os.File{master}, nil
-	}
-	inR, inW, err := os.Pipe()
-	if err != nil {
-		return [3]*os.File{}, nil, err
-	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		return [3]*os.File{}, nil, err
-	}
-	s.stdin = inW
-	if s.spec.MergeStderr {
-		return [3]*os.File{inR, outW, outW}, []*os.File{outR}, nil
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		inR.Close()
-		inW.Close()
-		outR.Close()
-		outW.Close()
-		return [3]*os.File{}, nil, err
-	}
-	return [3]*os.File{inR, outW, errW}, []*os.File{outR, errR}, nil
 }
 
 type reader struct {
@@ -741,9 +556,49 @@ func (s *Session) Signal(msg proto.SignalMsg) {
 	pid, exited := s.pid, s.exit != nil
 	s.mu.Unlock()
 	if msg.Signal > 0 && msg.Signal < 65 && !exited {
+		shell := msg.Interrupt && s.isTheShell(pid)
 		_ = syscall.Kill(-pid, syscall.Signal(msg.Signal))
+		if shell {
+			go s.interruptAgainIfSwallowed(pid)
+		}
 	}
 }
+
+// isTheShell says whether pid is still the shell the agent started (not yet the command it
+// executes in its place).
+func (s *Session) isTheShell(pid int) bool {
+	if s.shellCmdline == nil {
+		return false
+	}
+	cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	return bytes.Equal(cmdline, s.shellCmdline)
+}
+
+// interruptAgainIfSwallowed sends SIGINT once more if the shell that got a Ctrl-C then
+// executed the command in its place: bash catches SIGINT and acts on it at its next check,
+// and one that came after its last check before the execve of a last simple command was
+// taken from the command (which starts with the default disposition and never saw it).
+// A shell that acted on it is gone; one that trapped it is still the shell.
+func (s *Session) interruptAgainIfSwallowed(pid int) {
+	for deadline := time.Now().Add(swallowWatch); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		select {
+		case <-s.exiting:
+			return
+		default:
+		}
+		cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if err != nil || len(cmdline) == 0 {
+			return // gone (or a zombie)
+		}
+		if !bytes.Equal(cmdline, s.shellCmdline) {
+			_ = syscall.Kill(-pid, syscall.SIGINT)
+			return
+		}
+	}
+}
+
+// swallowWatch is how long a Ctrl-C'd shell is watched for executing its command anyway.
+const swallowWatch = 2 * time.Second
 
 // Kill runs the kill ladder over the whole tree.
 func (s *Session) Kill(msg proto.KillMsg) {

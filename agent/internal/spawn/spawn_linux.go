@@ -180,7 +180,7 @@ func isHandedTarget(fd int) bool {
 // command is the shell to run and its argv: Shell when it is found in systemPath, else Fallback.
 func (req *Request) command() (string, []string) {
 	if req.Shell != "" {
-		if found := lookPath(req.Shell); found != "" {
+		if found := LookPath(req.Shell); found != "" {
 			return found, append([]string{req.Shell}, req.Args...)
 		}
 	}
@@ -191,7 +191,8 @@ func (req *Request) command() (string, []string) {
 // business and must not decide which shell runs it (or whether one is found).
 const systemPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-func lookPath(name string) string {
+// LookPath is where name is found in the system's PATH (not the caller's), or "".
+func LookPath(name string) string {
 	for _, dir := range filepath.SplitList(systemPath) {
 		candidate := filepath.Join(dir, name)
 		if info, err := os.Stat(candidate); err == nil && info.Mode().IsRegular() && syscall.Access(candidate, 1) == nil {
