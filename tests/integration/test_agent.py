@@ -150,6 +150,56 @@ async def test_the_workspace_cannot_reach_the_idle_helper(workspace) -> None:
     assert (await workspace.exec("id -u").wait()).stdout == "1000\n"
 
 
+async def file_server(workspace) -> int:  # type: ignore[no-untyped-def]
+    """The pid of the workspace user's file server: the process that performs three reads of
+    /proc/self/stat in a row (a helper performs one). The user's first operation starts it;
+    until it is there, helpers serve."""
+    deadline = time.monotonic() + 20
+    while True:
+        pids = set()
+        for _ in range(3):
+            stat = (await workspace.read_file("/proc/self/stat")).content
+            pids.add(int(stat.split("\t", 1)[1].split()[0]))
+        if len(pids) == 1:
+            pid = pids.pop()
+            cmdline = (await workspace.exec(f"tr '\\0' ' ' </proc/{pid}/cmdline").wait()).stdout
+            assert cmdline == "sandboxd-agent spawn fileserver ", cmdline
+            return pid
+        assert time.monotonic() < deadline, f"no file server after 20 s: {pids}"
+        await asyncio.sleep(0.05)
+
+
+async def test_the_users_file_server_has_no_privilege_on_any_thread(workspace) -> None:
+    """The file server is the workspace user's, with no capability on any of its threads; a
+    process of that user can neither trace it nor open its descriptors, and a server it kills
+    or stops costs no file operation: the next one is served all the same."""
+    pid = await file_server(workspace)
+    status = await workspace.exec(f"grep -hE '^(Uid|CapEff|CapPrm|CapBnd):' /proc/{pid}/task/*/status").wait()
+    lines = status.stdout.splitlines()
+    threads = len([line for line in lines if line.startswith("Uid:")])
+    assert threads >= 1, status.stdout
+    caps = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Cap")]
+    assert caps == ["0" * 16] * (3 * threads), status.stdout
+    assert {tuple(line.split()[1:3]) for line in lines if line.startswith("Uid:")} == {("1000", "1000")}
+    attacks = {
+        "ptrace": f"TARGET={pid} {PTRACE_ATTACH}",
+        "fds": f"ls /proc/{pid}/fd >/dev/null 2>&1 && echo listed || echo rc=1",
+    }
+    outcomes = {}
+    for name, attack in attacks.items():
+        result = await workspace.exec(attack, timeout_s=30).wait()
+        outcomes[name] = result.stdout.strip().splitlines()[-1:]
+    assert outcomes == {"ptrace": ["ptrace=Operation not permitted"], "fds": ["rc=1"]}
+    # Stopped, then killed: each time the next operation is served, by a helper or a new server.
+    await workspace.exec(f"kill -STOP {pid}").wait(check=True)
+    assert (await asyncio.wait_for(workspace.read_file("/etc/hostname"), 20)).content.strip()
+    second = await file_server(workspace)
+    assert second != pid
+    await workspace.exec(f"kill -9 {second}").wait(check=True)
+    await workspace.write_file("/tmp/after-the-kill", "whole\n")
+    assert (await workspace.read_file("/tmp/after-the-kill")).content == "     1\twhole"
+
+
 async def test_a_dead_agent_is_restarted_and_its_sessions_fail(client, workspace, docker_client) -> None:
     """Root kills the agent from outside: the workspace comes back, the running command ends
     `failed` saying the agent restarted, and the next command runs."""

@@ -37,9 +37,10 @@ async def raw(workspace, path: str) -> bytes:  # type: ignore[no-untyped-def]
 
 
 async def fileops_left(workspace) -> list[str]:  # type: ignore[no-untyped-def]
-    # Each file operation runs in an agent helper as the workspace user (the idle helper waiting
-    # for the next command is root's; "[w]": this shell's own argv must not match).
-    out = await sh(workspace, "pgrep -u $(id -u) -fa 'sandboxd-agent spa[w]n' || true")
+    # A long file operation runs in an agent helper as the workspace user (the idle helper waiting
+    # for the next command is root's, the user's file server stays: "spawn fileserver"; "[w]":
+    # this shell's own argv must not match).
+    out = await sh(workspace, "pgrep -u $(id -u) -fa 'sandboxd-agent spa[w]n$' || true")
     return out.splitlines()
 
 

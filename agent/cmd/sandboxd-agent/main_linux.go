@@ -52,7 +52,7 @@ func main() {
 			os.Exit(1)
 		}
 	case "spawn":
-		spawn.Child(map[string]func() int{"fileop": fileops.Main})
+		spawn.Child(fileops.Helpers)
 	case "bridge":
 		if err := agent.Bridge(); err != nil {
 			fmt.Fprintln(os.Stderr, "sandboxd-agent:", err)

@@ -58,7 +58,10 @@ type Agent struct {
 	sessions map[uint32]*session.Session
 	files    map[uint32]*fileOp
 	forwards map[uint32]*forward
-	conn     *conn
+	// Each user's file server (fileServer), and the users whose server is being started.
+	servers        map[uint32]*fileServer
+	serverStarting map[uint32]bool
+	conn           *conn
 	changed  chan struct{} // closed when the connection changes
 
 	reapMu   sync.Mutex
@@ -78,6 +81,8 @@ func New(self string) *Agent {
 		sessions: map[uint32]*session.Session{},
 		files:    map[uint32]*fileOp{},
 		forwards: map[uint32]*forward{},
+		servers:        map[uint32]*fileServer{},
+		serverStarting: map[uint32]bool{},
 		changed:  make(chan struct{}),
 		expected: map[int]chan syscall.WaitStatus{},
 		unowned:  map[int]reaped{},

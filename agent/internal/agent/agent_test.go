@@ -31,7 +31,7 @@ import (
 
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "spawn" {
-		spawn.Child(map[string]func() int{"fileop": fileops.Main})
+		spawn.Child(fileops.Helpers)
 	}
 	dir, err := os.MkdirTemp("", "sandboxd-agent-test-")
 	if err != nil {
@@ -691,14 +691,90 @@ func idleHelper(t *testing.T, not int) int {
 // testAgent is the agent the tests speak to.
 var testAgent *Agent
 
-// settleSpares waits until no spare is being made: a spare takes the idle helper too.
+// settleSpares waits until no spare and no file server is being made: a spare takes the
+// idle helper too.
 func settleSpares(t *testing.T) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !testAgent.Spares().Settled(); time.Sleep(5 * time.Millisecond) {
+	settled := func() bool {
+		testAgent.mu.Lock()
+		starting := len(testAgent.serverStarting)
+		testAgent.mu.Unlock()
+		return starting == 0 && testAgent.Spares().Settled()
+	}
+	for deadline := time.Now().Add(10 * time.Second); !settled(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("a spare is still being made after 10 s")
+			t.Fatal("a spare or a file server is still being made after 10 s")
 		}
 	}
+}
+
+// whoReads reads /proc/self/cmdline and /proc/self/stat with a file operation: the argv and
+// pid of the process that performs it.
+func whoReads(d *daemon) (string, int) {
+	d.t.Helper()
+	read := func(path string) []byte {
+		var data []byte
+		replies := runFileOp(d, map[string]any{"op": "read", "path": path, "max_bytes": 1 << 20}, nil)
+		for _, reply := range replies {
+			if reply[0] == "D" {
+				data = append(data, reply[1]...)
+			}
+		}
+		if len(replies) == 0 || replies[len(replies)-1][0] != "R" {
+			d.t.Fatalf("read %s: %q", path, replies)
+		}
+		return data
+	}
+	cmdline := read("/proc/self/cmdline")
+	pid, _ := strconv.Atoi(strings.Fields(string(read("/proc/self/stat")))[0])
+	return strings.ReplaceAll(strings.TrimSuffix(string(cmdline), "\x00"), "\x00", " "), pid
+}
+
+func TestFileOperationsRunInTheUsersFileServerAndWithoutIt(t *testing.T) {
+	d, _ := connect(t)
+	runFileOp(d, map[string]any{"op": "stat", "path": "/"}, nil) // the user's first: a server starts
+	settleSpares(t)
+	who, server := whoReads(d)
+	if who != "sandboxd-agent spawn fileserver" {
+		t.Fatalf("a read ran in %q, want the user's file server", who)
+	}
+	if _, again := whoReads(d); again != server {
+		t.Fatalf("the next read ran in pid %d, not the server's %d", again, server)
+	}
+	// Killed by a process of its user: the next operation takes a helper, and a new server starts.
+	if err := syscall.Kill(server, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, server, "Z")
+	if who, pid := whoReads(d); who != "sandboxd-agent spawn fileserver" && who != "sandboxd-agent spawn" || pid == server {
+		t.Fatalf("after the server was killed: %q pid %d", who, pid)
+	}
+	settleSpares(t)
+	who, second := whoReads(d)
+	if who != "sandboxd-agent spawn fileserver" || second == server {
+		t.Fatalf("no new server after the first died: %q pid %d", who, second)
+	}
+	// Stopped: it would hold every operation; it is killed and the operation goes elsewhere.
+	if err := syscall.Kill(second, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, second, "T")
+	if _, pid := whoReads(d); pid == second {
+		t.Fatalf("a read ran in the stopped server %d", second)
+	}
+	waitState(t, second, "Z") // killed: it goes
+}
+
+// waitState waits until process pid is in state ("Z" also when it is gone: reaped).
+func waitState(t *testing.T, pid int, state string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		stat, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+		if bytes.Contains(stat, []byte(") "+state+" ")) || (state == "Z" && len(stat) == 0) {
+			return
+		}
+	}
+	t.Fatalf("process %d is not in state %s after 10 s", pid, state)
 }
 
 func TestCommandsStartInTheIdleHelperAndWithoutOne(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"sandboxd/agent/internal/fileops"
 	"sandboxd/agent/internal/proto"
 	"sandboxd/agent/internal/session"
 	"sandboxd/agent/internal/spawn"
@@ -47,6 +48,7 @@ type fileOp struct {
 	mu      sync.Mutex
 	stdin   *os.File
 	pid     int
+	server  *fileServer // the user's file server doing it, if one is
 	sent    uint64
 	acked   uint64
 	room    *sync.Cond
@@ -112,14 +114,21 @@ func (a *Agent) dispatchFile(c *conn, f proto.Frame) {
 	}
 }
 
-// run starts the helper as the operation's user, with no privileges left: the spawn
-// helper drops them as for a command, then runs the operation itself (fileops.Main)
-// rather than executing anything, so it is never dumpable. It relays input and output.
+// run has the operation done as its user: by the user's file server when it is one of the
+// short operations and the server is idle, else by a helper of its own, started with no
+// privileges left (the spawn helper drops them as for a command, then runs the operation
+// itself, fileops.Main, rather than executing anything, so it is never dumpable). It
+// relays input and output.
 func (op *fileOp) run(req FileRequest) {
 	u, err := users.Resolve(req.User, "")
 	if err != nil {
 		op.agent.finishFile(op, fmt.Sprintf("the file operation could not start: %v", err))
 		return
+	}
+	if fileops.ServedByServer(req.Operation) {
+		if s := op.agent.fileServerFor(u); s != nil && op.runIn(s, req) {
+			return
+		}
 	}
 	files, err := pipes(3)
 	if err != nil {
@@ -165,7 +174,51 @@ func (op *fileOp) run(req FileRequest) {
 	_, _ = reqW.Write(req.Operation)
 	reqW.Close()
 	go op.feed()
-	op.relay(outR, status)
+	op.relay(outR, func() int {
+		ws := <-status
+		if ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ws.ExitStatus()
+	})
+}
+
+// runIn has the idle file server s do the operation; false (s let go) if s could not take
+// it, and the operation is to be done by a helper.
+func (op *fileOp) runIn(s *fileServer, req FileRequest) bool {
+	files, err := pipes(2)
+	if err != nil {
+		op.agent.release(s)
+		return false
+	}
+	inR, inW, outR, outW := files[0], files[1], files[2], files[3]
+	err = s.hand(req.Operation, inR, outW)
+	inR.Close()
+	outW.Close()
+	if err != nil {
+		inW.Close()
+		outR.Close()
+		op.agent.abandon(s) // it died, or a process of its user killed it
+		return false
+	}
+	op.mu.Lock()
+	op.stdin, op.pid, op.server, op.started = inW, s.pid, s, true
+	abandoned := op.done
+	op.mu.Unlock()
+	if abandoned {
+		op.agent.abandon(s)
+	}
+	go op.feed()
+	op.relay(outR, func() int {
+		// The server closes the output when it is done; it is still there unless it died
+		// (killed by a process of its user) before it could answer.
+		if s.exited() {
+			return 128 + int(syscall.SIGKILL)
+		}
+		return 0
+	})
+	op.agent.release(s)
+	return true
 }
 
 func pipes(n int) ([]*os.File, error) {
@@ -221,7 +274,9 @@ func (op *fileOp) feed() {
 	}
 }
 
-func (op *fileOp) relay(out *os.File, status <-chan syscall.WaitStatus) {
+// relay sends the operation's output to the daemon within its window, then its exit code
+// (exit, once the output has ended).
+func (op *fileOp) relay(out *os.File, exit func() int) {
 	defer out.Close()
 	chunk := make([]byte, 64<<10)
 	abandoned := false
@@ -244,14 +299,10 @@ func (op *fileOp) relay(out *os.File, status <-chan syscall.WaitStatus) {
 	if abandoned {
 		op.agent.forgetFile(op) // nobody to tell: the helper is killed, not left waiting
 	}
-	ws := <-status
+	code := exit()
 	op.mu.Lock()
 	op.exited = true
 	op.mu.Unlock()
-	code := ws.ExitStatus()
-	if ws.Signaled() {
-		code = 128 + int(ws.Signal())
-	}
 	body, _ := json.Marshal(map[string]int{"exit_code": code})
 	op.agent.Send(proto.Result, op.channel, body)
 	op.agent.forgetFile(op)
@@ -275,9 +326,12 @@ func (a *Agent) forgetFile(op *fileOp) {
 	already := op.done
 	op.done = true
 	op.input.drop()
-	pid, exited := op.pid, op.exited
+	pid, exited, server := op.pid, op.exited, op.server
 	op.room.Broadcast()
 	op.mu.Unlock()
+	if !already && server != nil && !exited {
+		a.abandon(server)
+	}
 	if !already && pid > 0 && !exited {
 		// SIGTERM lets the helper remove a half-written temporary file; SIGKILL follows.
 		_ = syscall.Kill(pid, syscall.SIGTERM)

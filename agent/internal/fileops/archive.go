@@ -18,8 +18,6 @@ import (
 	"time"
 )
 
-func bufioReader(f *os.File) *bufio.Reader { return bufio.NewReaderSize(f, 256<<10) }
-
 // opDownload writes a tar of a file or tree; FIFOs, sockets and devices are left out
 // (a copy has no use for them).
 func opDownload(req map[string]any, o *out) (any, error) {
@@ -165,12 +163,12 @@ func decompress(r *bufio.Reader) (io.Reader, error) {
 }
 
 // opUpload extracts a tar stream from stdin into a directory, refusing names that leave it.
-func opUpload(req map[string]any, _ *out) (any, error) {
+func opUpload(req map[string]any, o *out) (any, error) {
 	root := str(req, "path")
 	if err := os.MkdirAll(root, 0o777); err != nil {
 		return nil, fromOS(err, root)
 	}
-	stream, err := decompress(bufio.NewReaderSize(&in{r: bufioReader(os.Stdin)}, 64<<10))
+	stream, err := decompress(bufio.NewReaderSize(&in{r: o.input}, 64<<10))
 	if err != nil {
 		var op *OpError
 		if errors.As(err, &op) {

@@ -90,9 +90,11 @@ func fromOS(err error, path string) *OpError {
 	return &OpError{Code: "io", Message: fmt.Sprintf("%s: %v", path, err)}
 }
 
-// out writes frames to stdout, buffered.
+// out writes frames to the operation's output, buffered; input is where its data comes
+// from (the 'I' and 'C' frames of write and upload).
 type out struct {
-	w *bufio.Writer
+	w     *bufio.Writer
+	input *bufio.Reader
 }
 
 func (o *out) send(kind byte, payload []byte) {
@@ -196,45 +198,58 @@ func cleanUpOnTerm() {
 	}()
 }
 
-// Main runs one operation; its exit status is the process's.
+// Main runs one operation, read from fd 4, with stdin and stdout; its exit status is the
+// process's.
 func Main() int {
 	cleanUpOnTerm()
-	request, err := io.ReadAll(io.LimitReader(os.NewFile(4, "request"), 1<<20))
+	request, err := io.ReadAll(io.LimitReader(os.NewFile(4, "request"), maxRequest))
 	if err != nil {
 		return 127
 	}
-	o := &out{w: bufio.NewWriterSize(os.Stdout, 256<<10)}
+	run(request, os.Stdin, os.Stdout, allOps)
+	return 0
+}
+
+// maxRequest bounds an operation's JSON.
+const maxRequest = 1 << 20
+
+type handler func(map[string]any, *out) (any, error)
+
+var allOps = map[string]handler{
+	"read":      opRead,
+	"read_text": opReadText,
+	"write":     opWrite,
+	"stat":      opStat,
+	"list":      opList,
+	"remove":    opRemove,
+	"move":      opMove,
+	"download":  opDownload,
+	"upload":    opUpload,
+	"fetch":     opFetch,
+}
+
+// run performs one operation (JSON) with ops, reading its data from input and writing its
+// frames to output, and always ends them with 'R' or 'E'.
+func run(request []byte, input io.Reader, output io.Writer, ops map[string]handler) {
+	o := &out{w: bufio.NewWriterSize(output, 256<<10), input: bufio.NewReaderSize(input, 256<<10)}
 	defer o.w.Flush()
 	var req map[string]any
 	if err := json.Unmarshal(request, &req); err != nil {
 		o.sendJSON('E', opErr("invalid", "the file operation is not JSON"))
-		return 0
-	}
-	ops := map[string]func(map[string]any, *out) (any, error){
-		"read":      opRead,
-		"read_text": opReadText,
-		"write":     opWrite,
-		"stat":      opStat,
-		"list":      opList,
-		"remove":    opRemove,
-		"move":      opMove,
-		"download":  opDownload,
-		"upload":    opUpload,
-		"fetch":     opFetch,
+		return
 	}
 	name, _ := req["op"].(string)
 	op, ok := ops[name]
 	if !ok {
 		o.sendJSON('E', opErr("invalid", "unknown file operation %q", name))
-		return 0
+		return
 	}
 	result, err := op(req, o)
 	if err != nil {
 		o.sendJSON('E', fromOS(err, str(req, "path")))
-		return 0
+		return
 	}
 	o.sendJSON('R', result)
-	return 0
 }
 
 func str(req map[string]any, key string) string {

@@ -310,7 +310,7 @@ func opWrite(req map[string]any, o *out) (any, error) {
 	if err := checkTarget(info, path, target); err != nil {
 		return nil, err
 	}
-	source := &in{r: bufioReader(os.Stdin)}
+	source := &in{r: o.input}
 	atomic := syscall.Access(parent, 2|1) == nil && (info == nil || ownerOf(info) == uint32(os.Getuid()))
 	var spool *os.File
 	staged := ""

@@ -35,10 +35,21 @@ type Spares struct {
 	byUID   map[uint32]*spare
 	wanted  map[uint32]shellSpec // the last spec asked for, per user: what a thaw makes again
 	pending map[uint32]bool      // a make is scheduled or running
+	making  map[uint32]*making   // the spare being started now, per user
 	misses  map[uint32]int
 	frozen  bool
 	serial  int
 }
+
+// making is a spare on its way: its key, and a channel closed once it is there (or not).
+type making struct {
+	key  string
+	done chan struct{}
+}
+
+// makingWait bounds how long a command waits for a spare on its way rather than start cold:
+// more than a login shell takes to start under gVisor (140 ms), less than a stalled helper.
+const makingWait = time.Second
 
 // spare is one waiting shell.
 type spare struct {
@@ -53,16 +64,27 @@ type spare struct {
 
 // NewSpares returns an empty set of spares whose shells host starts.
 func NewSpares(host Host) *Spares {
-	return &Spares{host: host, byUID: map[uint32]*spare{}, wanted: map[uint32]shellSpec{}, pending: map[uint32]bool{}, misses: map[uint32]int{}}
+	return &Spares{host: host, byUID: map[uint32]*spare{}, wanted: map[uint32]shellSpec{}, pending: map[uint32]bool{}, making: map[uint32]*making{}, misses: map[uint32]int{}}
 }
 
 // Take returns the spare started for spec, ready to be handed its command, or nil: none,
 // another user's key (environment, working directory...), a shell that has died, or one
 // that something its login shell reads (or its working directory) has changed under since
-// it started. A spare that does not fit is let go.
+// it started. A spare that does not fit is let go. A spare on its way for spec is waited
+// for: it is further along than a cold start would be (calls back to back).
 func (p *Spares) Take(spec shellSpec) *launched {
 	uid := spec.user.UID
 	p.mu.Lock()
+	if m := p.making[uid]; m != nil && p.byUID[uid] == nil && m.key == spec.key() {
+		p.mu.Unlock()
+		timer := time.NewTimer(makingWait)
+		select {
+		case <-m.done:
+		case <-timer.C:
+		}
+		timer.Stop()
+		p.mu.Lock()
+	}
 	sp := p.byUID[uid]
 	delete(p.byUID, uid)
 	p.mu.Unlock()
@@ -142,6 +164,8 @@ func (p *Spares) make(uid uint32) {
 	delete(p.byUID, uid)
 	p.serial++
 	marker := []byte(MarkerName + "=spare-" + strconv.Itoa(p.serial))
+	m := &making{key: spec.key(), done: make(chan struct{})}
+	p.making[uid] = m
 	p.mu.Unlock()
 	if old != nil {
 		p.discard(old)
@@ -149,6 +173,8 @@ func (p *Spares) make(uid uint32) {
 	sp := p.start(spec, marker)
 	p.mu.Lock()
 	p.pending[uid] = false
+	delete(p.making, uid)
+	defer close(m.done)
 	if sp != nil && !p.frozen && p.byUID[uid] == nil {
 		p.byUID[uid], sp = sp, nil
 	}
@@ -244,6 +270,7 @@ func (p *Spares) Settled() bool {
 type stamp struct {
 	path     string
 	missing  bool
+	refused  bool // EACCES: the stat is to be made as the shell's user
 	dev, ino uint64
 	mode     uint32
 	uid, gid uint32
@@ -252,10 +279,12 @@ type stamp struct {
 	ctime    syscall.Timespec
 }
 
-// stampsOf stats, as the shell's user, every file a bash login shell reads (the profiles,
+// stampsOf stats every file a bash login shell reads (the profiles,
 // the user's, the BASH_ENV file) and its working directory (which must be the same
 // directory: one removed and made again is another). Nil if they cannot be told (a
-// BASH_ENV that is expanded): no spare then.
+// BASH_ENV that is expanded): no spare then. It stats as the agent; only where that is
+// refused (a home of mode 0700, and the agent without CAP_DAC_OVERRIDE) as the shell's
+// user, which costs a change of credentials (two under gVisor are milliseconds).
 func stampsOf(spec shellSpec) []stamp {
 	home := spec.home()
 	paths := []string{"/etc/profile", "/etc/bash.bashrc", "/etc/profile.d",
@@ -272,30 +301,41 @@ func stampsOf(spec shellSpec) []stamp {
 		}
 		paths = append(paths, bashEnv)
 	}
-	var out []stamp
-	cred := creds.User{UID: spec.user.UID, GID: spec.user.GID, Groups: spec.user.Groups}
-	_ = creds.As(cred, func() error {
-		if entries, err := os.ReadDir("/etc/profile.d"); err == nil {
-			names := make([]string, 0, len(entries))
-			for _, e := range entries {
-				names = append(names, "/etc/profile.d/"+e.Name())
-			}
-			sort.Strings(names)
-			paths = append(paths, names...)
+	out := stampsAt(paths, spec.cwd)
+	for _, st := range out {
+		if st.refused {
+			cred := creds.User{UID: spec.user.UID, GID: spec.user.GID, Groups: spec.user.Groups}
+			_ = creds.As(cred, func() error {
+				out = stampsAt(paths, spec.cwd)
+				return nil
+			})
+			break
 		}
-		for _, path := range paths {
-			out = append(out, stampOf(path, false))
-		}
-		out = append(out, stampOf(spec.cwd, true))
-		return nil
-	})
+	}
 	return out
+}
+
+// stampsAt stamps paths, the files in /etc/profile.d, and the working directory cwd.
+func stampsAt(paths []string, cwd string) []stamp {
+	var out []stamp
+	if entries, err := os.ReadDir("/etc/profile.d"); err == nil {
+		names := make([]string, 0, len(entries))
+		for _, e := range entries {
+			names = append(names, "/etc/profile.d/"+e.Name())
+		}
+		sort.Strings(names)
+		paths = append(paths[:len(paths):len(paths)], names...)
+	}
+	for _, path := range paths {
+		out = append(out, stampOf(path, false))
+	}
+	return append(out, stampOf(cwd, true))
 }
 
 func stampOf(path string, identity bool) stamp {
 	var st syscall.Stat_t
 	if err := syscall.Stat(path, &st); err != nil {
-		return stamp{path: path, missing: true}
+		return stamp{path: path, missing: true, refused: err == syscall.EACCES}
 	}
 	s := stamp{path: path, dev: st.Dev, ino: st.Ino, mode: st.Mode, uid: st.Uid, gid: st.Gid}
 	if !identity {

@@ -465,6 +465,28 @@ func (p *Pool) Start(req Request, stdio [3]*os.File, extra []*os.File, tty bool)
 	return proc, failure, nil
 }
 
+// StartOwn is Start for a helper of its own, started now and never the idle one: one
+// that lives on (a user's file server) and that ps tells apart by its argv, "sandboxd-agent
+// spawn NAME". Its stdio stays /dev/null.
+func (p *Pool) StartOwn(req Request, extra []*os.File, name string) (*Process, *Failure, error) {
+	if len(extra) > maxHanded-3 {
+		return nil, nil, fmt.Errorf("%d extra files: a helper takes at most %d", len(extra), maxHanded-3)
+	}
+	req.Files, req.TTY = nil, false
+	for i := range extra {
+		req.Files = append(req.Files, handedTargets[3+i])
+	}
+	h, failure := p.launch(name)
+	if failure != nil {
+		return nil, failure, nil
+	}
+	proc, failure := p.hand(h, req, extra)
+	if failure != nil && failure.Stage == "handoff" {
+		failure = died()
+	}
+	return proc, failure, nil
+}
+
 // hand is h.hand, collecting the status of a helper killed for stalling (nobody expects it).
 func (p *Pool) hand(h *helper, req Request, files []*os.File) (*Process, *Failure) {
 	proc, failure := h.hand(req, files)
@@ -474,8 +496,8 @@ func (p *Pool) hand(h *helper, req Request, files []*os.File) (*Process, *Failur
 	return proc, failure
 }
 
-// launch starts a helper that waits for its request.
-func (p *Pool) launch() (*helper, *Failure) {
+// launch starts a helper that waits for its request; name, if any, follows "spawn" in its argv.
+func (p *Pool) launch(name ...string) (*helper, *Failure) {
 	pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, &Failure{Stage: "spawn", Message: "socketpair: " + errText(err)}
@@ -496,7 +518,7 @@ func (p *Pool) launch() (*helper, *Failure) {
 		Files: []*os.File{null, null, null, theirs, null, null, null, null},
 		Sys:   &syscall.SysProcAttr{Setsid: true},
 	}
-	proc, err := os.StartProcess(p.self, []string{"sandboxd-agent", "spawn"}, attr)
+	proc, err := os.StartProcess(p.self, append([]string{"sandboxd-agent", "spawn"}, name...), attr)
 	if err != nil {
 		ours.Close()
 		return nil, &Failure{Stage: "fork", Message: "fork: " + errText(err)}
@@ -514,7 +536,7 @@ func (h *helper) hand(req Request, files []*os.File) (*Process, *Failure) {
 	for i, f := range files {
 		fds[i] = int(f.Fd())
 	}
-	err := sendRights(h.ctl, header[:], fds)
+	err := SendRights(h.ctl, header[:], fds)
 	runtime.KeepAlive(files)
 	if err == nil {
 		_, err = h.ctl.Write(body)
@@ -589,8 +611,8 @@ func stalled(pid int, ctl *os.File) *Failure {
 	return &Failure{Stage: "stalled", Message: fmt.Sprintf("the command's helper did not start it within %s (stopped by a process of the workspace?); it was killed", time.Duration(helperTimeout.Load()))}
 }
 
-// sendRights writes data with fds attached (SCM_RIGHTS), waiting while the socket is full.
-func sendRights(ctl *os.File, data []byte, fds []int) error {
+// SendRights writes data with fds attached (SCM_RIGHTS), waiting while the socket is full.
+func SendRights(ctl *os.File, data []byte, fds []int) error {
 	raw, err := ctl.SyscallConn()
 	if err != nil {
 		return err

@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 )
 
 // User is a resolved user.
@@ -26,8 +28,55 @@ type passwdEntry struct {
 }
 
 // Resolve turns spec ("name", "uid", "name:group", "uid:gid") into a user, reading
-// root+"/etc/passwd" and root+"/etc/group" (root is "" in a container).
+// root+"/etc/passwd" and root+"/etc/group" (root is "" in a container). An answer is
+// kept while a stat of both files says they are the same: each command and file operation
+// resolves its user, and reading the two files cost milliseconds under gVisor.
 func Resolve(spec, root string) (User, error) {
+	stamp := stampOf(root+"/etc/passwd") + "|" + stampOf(root+"/etc/group")
+	cache.Lock()
+	hit, ok := cache.entries[root+"\x00"+spec]
+	cache.Unlock()
+	if ok && hit.stamp == stamp {
+		u := hit.user
+		u.Groups = append([]uint32(nil), hit.user.Groups...) // the caller's to change
+		return u, hit.err
+	}
+	u, err := resolve(spec, root)
+	cache.Lock()
+	if len(cache.entries) >= maxCached {
+		cache.entries = map[string]cached{} // specs are few; a flood of new ones only restarts it
+	}
+	kept := u
+	kept.Groups = append([]uint32(nil), u.Groups...) // the caller's copy is theirs to change
+	cache.entries[root+"\x00"+spec] = cached{stamp: stamp, user: kept, err: err}
+	cache.Unlock()
+	return u, err
+}
+
+// maxCached bounds the cache: a caller may name any number of users.
+const maxCached = 256
+
+type cached struct {
+	stamp string
+	user  User
+	err   error
+}
+
+var cache = struct {
+	sync.Mutex
+	entries map[string]cached
+}{entries: map[string]cached{}}
+
+// stampOf tells a file's version by stat: device, inode, size, modification and change times.
+func stampOf(path string) string {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d.%d.%d.%d.%d.%d.%d", st.Dev, st.Ino, st.Size, st.Mtim.Sec, st.Mtim.Nsec, st.Ctim.Sec, st.Ctim.Nsec)
+}
+
+func resolve(spec, root string) (User, error) {
 	userPart, groupPart, hasGroup := strings.Cut(spec, ":")
 	if userPart == "" {
 		return User{}, fmt.Errorf("no user in %q", spec)

@@ -1,0 +1,185 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"syscall"
+
+	"sandboxd/agent/internal/session"
+	"sandboxd/agent/internal/spawn"
+	"sandboxd/agent/internal/users"
+)
+
+// fileServer is a workspace user's file server (fileops.Server): one process per user,
+// started on that user's first file operation and kept, which performs the short
+// operations one at a time. An operation that finds it busy (or not there yet, or dead)
+// takes a helper of its own, as every operation once did.
+type fileServer struct {
+	uid  uint32
+	key  string // the user's ids: a server is that user's only while they stay the same
+	pid  int
+	ctl  *os.File      // the agent's end of the server's socket
+	dead chan struct{} // closed once the server has exited
+	busy bool          // an operation is in it (Agent.mu)
+}
+
+// userKey names a user's ids and groups, all that decides what a process of theirs may do.
+func userKey(u users.User) string {
+	return fmt.Sprintf("%d:%d:%v", u.UID, u.GID, u.Groups)
+}
+
+// fileServerFor returns u's file server, marked busy, or nil when it has none idle; then
+// it starts one in the background if there is none, for the operations that follow.
+func (a *Agent) fileServerFor(u users.User) *fileServer {
+	key := userKey(u)
+	a.mu.Lock()
+	s := a.servers[u.UID]
+	if s != nil && !s.busy && (s.key != key || s.exited() || stopped(s.pid)) {
+		// Another user under the same uid, or a server that a process of the user killed
+		// or stopped (it is theirs): it goes, and a new one is started.
+		a.dropFileServerLocked(s)
+		s = nil
+	}
+	if s != nil && !s.busy {
+		s.busy = true
+		a.mu.Unlock()
+		return s
+	}
+	start := s == nil && !a.serverStarting[u.UID]
+	if start {
+		a.serverStarting[u.UID] = true
+	}
+	a.mu.Unlock()
+	if start {
+		go a.startFileServer(u, key)
+	}
+	return nil
+}
+
+// startFileServer starts u's file server and makes it theirs.
+func (a *Agent) startFileServer(u users.User, key string) {
+	s, err := a.launchFileServer(u, key)
+	a.mu.Lock()
+	delete(a.serverStarting, u.UID)
+	if err == nil {
+		if old := a.servers[u.UID]; old != nil && !old.busy {
+			a.dropFileServerLocked(old)
+		}
+		if a.servers[u.UID] == nil {
+			a.servers[u.UID], s = s, nil
+		}
+	}
+	a.mu.Unlock()
+	if s != nil {
+		s.ctl.Close() // another server was there, busy: this one is not needed
+	}
+}
+
+// launchFileServer starts a spawn helper that becomes u's file server.
+func (a *Agent) launchFileServer(u users.User, key string) (*fileServer, error) {
+	pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	// Ours through the poller: SendRights waits while the socket is full.
+	_ = syscall.SetNonblock(pair[0], true)
+	ours, theirs := os.NewFile(uintptr(pair[0]), "fileserver"), os.NewFile(uintptr(pair[1]), "fileserver")
+	request := spawn.Request{
+		Run:         "fileserver",
+		Dir:         "/",
+		UID:         u.UID,
+		GID:         u.GID,
+		Groups:      u.Groups,
+		OOMScoreAdj: session.OOMScoreAdj,
+	}
+	proc, failure, err := a.spawner.StartOwn(request, []*os.File{theirs}, "fileserver")
+	theirs.Close()
+	if err == nil && failure == nil {
+		failure = proc.Go()
+	}
+	if err == nil && failure != nil {
+		err = fmt.Errorf("%s", failure.Message)
+	}
+	if err != nil {
+		ours.Close()
+		return nil, err
+	}
+	s := &fileServer{uid: u.UID, key: key, pid: proc.PID, ctl: ours, dead: make(chan struct{})}
+	status := a.Expect(proc.PID)
+	go func() {
+		<-status
+		close(s.dead)
+	}()
+	return s, nil
+}
+
+func (s *fileServer) exited() bool {
+	select {
+	case <-s.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+// dropFileServerLocked lets s go (it exits when its socket closes); a server that is stopped
+// or in an operation is killed. Agent.mu is held.
+func (a *Agent) dropFileServerLocked(s *fileServer) {
+	if a.servers[s.uid] == s {
+		delete(a.servers, s.uid)
+	}
+	s.ctl.Close()
+	if !s.exited() && (s.busy || stopped(s.pid)) {
+		_ = syscall.Kill(s.pid, syscall.SIGKILL)
+	}
+}
+
+// release makes s idle again after an operation.
+func (a *Agent) release(s *fileServer) {
+	a.mu.Lock()
+	s.busy = false
+	a.mu.Unlock()
+}
+
+// abandon ends the operation s is in: SIGTERM lets it remove a file it was staging (then
+// SIGKILL, as for a helper), and the server goes.
+func (a *Agent) abandon(s *fileServer) {
+	a.mu.Lock()
+	if a.servers[s.uid] == s {
+		delete(a.servers, s.uid)
+	}
+	a.mu.Unlock()
+	s.ctl.Close()
+	_ = syscall.Kill(s.pid, syscall.SIGTERM)
+}
+
+// hand gives s an operation, its input and its output (fileops.Server reads them).
+func (s *fileServer) hand(operation []byte, input, output *os.File) error {
+	var header [4]byte
+	binary.BigEndian.PutUint32(header[:], uint32(len(operation)))
+	if err := spawn.SendRights(s.ctl, header[:], []int{int(input.Fd()), int(output.Fd())}); err != nil {
+		return err
+	}
+	_, err := s.ctl.Write(operation)
+	return err
+}
+
+// stopped says whether process pid is stopped (SIGSTOP, or traced): a server that a process
+// of its user stopped would hold every operation handed to it.
+func stopped(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S ...": the state follows the last ')', whatever comm holds.
+	end := bytes.LastIndexByte(stat, ')')
+	if end < 0 || end+2 >= len(stat) {
+		return false
+	}
+	state := stat[end+2]
+	return state == 'T' || state == 't'
+}
