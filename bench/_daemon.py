@@ -18,13 +18,17 @@ IMAGE = "sandboxd/base:bookworm"
 
 
 @contextlib.contextmanager
-def private_daemon(*, pool_size: int = 0, pool_file: str = "") -> Iterator[str]:
+def private_daemon(
+    *, pool_size: int = 0, pool_file: str = "", demand_bytes: int = 0, instance: str = INSTANCE
+) -> Iterator[str]:
     """Start `sandboxd serve` on a temporary socket; yield the socket path; stop it on exit.
 
-    The warm pool is off unless ``pool_size`` (or ``pool_file``) says otherwise: a create is then
-    a container started, as the create figures mean.
+    The warm pool is off unless ``pool_size``, ``pool_file`` or ``demand_bytes`` (its demand
+    classes' budget) says otherwise: a create is then a container started, as the create
+    figures mean. Two at once need two instances (``instance``, INSTANCE by default).
     """
-    with private_daemon_process(pool_size=pool_size, pool_file=pool_file) as (socket_path, _pid):
+    env = {"SANDBOXD_POOL_DEMAND_MEMORY_BYTES": str(demand_bytes), "SANDBOXD_INSTANCE": instance}
+    with private_daemon_process(pool_size=pool_size, pool_file=pool_file, env=env) as (socket_path, _pid):
         yield socket_path
 
 
@@ -42,6 +46,7 @@ def private_daemon_process(
             "SANDBOXD_LOG_LEVEL": "warning",
             "SANDBOXD_POOL_SIZE": str(pool_size),
             "SANDBOXD_POOL_FILE": pool_file,
+            "SANDBOXD_POOL_DEMAND_MEMORY_BYTES": "0",
             **(env or {}),
         }
         daemon = subprocess.Popen([str(Path(sys.executable).with_name("sandboxd")), "serve", "--no-build"], env=env)
@@ -54,20 +59,20 @@ def private_daemon_process(
         finally:
             daemon.terminate()
             daemon.wait(30)
-            remove_everything()
+            remove_everything(env["SANDBOXD_INSTANCE"])
 
 
-def remove_everything() -> None:
+def remove_everything(instance: str = INSTANCE) -> None:
     """Remove what the run left under its instance label (the pool's members stay after the daemon)."""
     import docker
 
     engine = docker.from_env()
     try:
-        for leftover in engine.containers.list(all=True, filters={"label": f"sandboxd.instance={INSTANCE}"}):
+        for leftover in engine.containers.list(all=True, filters={"label": f"sandboxd.instance={instance}"}):
             if leftover.status == "paused":
                 leftover.unpause()
             leftover.remove(force=True, v=True)
-        for volume in engine.volumes.list(filters={"label": f"sandboxd.instance={INSTANCE}"}):
+        for volume in engine.volumes.list(filters={"label": f"sandboxd.instance={instance}"}):
             volume.remove(force=True)
     finally:
         engine.close()

@@ -7,8 +7,12 @@ removes every container it made. Each runtime given (default: runc, and runsc wh
 the engine has it) is measured on both sides.
 
 What is compared:
-  create->first exec  sandboxd: CreateWorkspace + Exec("true") until exited;
+  create->first exec  sandboxd: CreateWorkspace + Exec("true") until exited, on a daemon
+                      with no warm pool (a container started);
                       docker-py: containers.run(detach) + exec_run("true").
+  ... from the pool   the same on a daemon whose pool serves the spec (runc: the default
+                      class; runsc: the demand class its first two creates make), each
+                      sample once a member is ready (a create that finds none is a cold one).
   exec round trip     sandboxd: Exec("true") on a live workspace until exited;
                       docker-py: exec_run(["true"]) on a live container.
   read_file           sandboxd: ReadFile of a 100-line file (cat -n text);
@@ -68,11 +72,14 @@ SMALL_FILE = "/workspace/bench-100.txt"
 SMALL_TEXT = "".join(f"line {n}: the quick brown fox jumps over the lazy dog\n" for n in range(1, 101))
 
 
-async def interleaved(socket_path: str, runs: int, runtime: str) -> dict[str, tuple[list[float], list[float]]]:
+async def interleaved(
+    socket_path: str, pool_socket: str, runs: int, runtime: str
+) -> dict[str, tuple[list[float], list[float]]]:
     """Samples of both sides taken in turns (which goes first alternates), so drift hits both alike."""
     engine = docker.from_env()
     results: dict[str, tuple[list[float], list[float]]] = {
         "create": ([], []),
+        "pool": ([], []),
         "rtt": ([], []),
         "read": ([], []),
         "shell": ([], []),
@@ -88,6 +95,17 @@ async def interleaved(socket_path: str, runs: int, runtime: str) -> dict[str, tu
         container = engine.containers.run(IMAGE, **options)
         assert container.exec_run(["true"]).exit_code == 0
         containers.append(container)
+
+    async def sandboxd_pool_create() -> None:
+        ws = await pooled.create_workspace(runtime=runtime)
+        await ws.exec("true").wait(check=True)
+        pool_created.append(ws)
+
+    async def pool_ready() -> None:
+        deadline = time.monotonic() + 120
+        while not any(c.ready for c in await pooled.get_pool() if c.runtime == runtime):
+            assert time.monotonic() < deadline, "the pool never held a member"
+            await asyncio.sleep(0.05)
 
     async def sandboxd_true() -> None:
         await live.exec("true").wait(check=True)
@@ -105,9 +123,10 @@ async def interleaved(socket_path: str, runs: int, runtime: str) -> dict[str, tu
         assert result.output.decode() == SMALL_TEXT
 
     created: list[Any] = []
+    pool_created: list[Any] = []
     containers: list[Any] = []
     try:
-        async with SandboxClient(socket_path=socket_path) as client:
+        async with SandboxClient(socket_path=socket_path) as client, SandboxClient(socket_path=pool_socket) as pooled:
             pairs = [
                 ("create", sandboxd_create, lambda: asyncio.to_thread(docker_create), max(3, runs // 4)),
                 ("rtt", sandboxd_true, lambda: asyncio.to_thread(docker_true), runs),
@@ -124,9 +143,19 @@ async def interleaved(socket_path: str, runs: int, runtime: str) -> dict[str, tu
                     order = [(0, ours), (1, theirs)] if index % 2 == 0 else [(1, theirs), (0, ours)]
                     for side, call in order:
                         results[name][side].append(await timed(call))
+            if runtime != "runc":  # asked for twice: the pool makes it a demand class
+                for _ in range(2):
+                    await sandboxd_pool_create()
+            for index in range(max(3, runs // 4)):
+                await pool_ready()
+                order = [(0, sandboxd_pool_create), (1, lambda: asyncio.to_thread(docker_create))]
+                for side, call in order if index % 2 == 0 else order[::-1]:
+                    results["pool"][side].append(await timed(call))
+                    if side == 1:
+                        await pool_ready()
             for _ in range(5):
                 results["shell"][0].append(await asyncio.to_thread(login_shell_s, raw))
-            for ws in [live, *created]:
+            for ws in [live, *created, *pool_created]:
                 await ws.delete()
     finally:
         for leftover in engine.containers.list(all=True, filters={"label": f"sandboxd.instance={INSTANCE}"}):
@@ -159,14 +188,21 @@ def main() -> int:
     opts = parser.parse_args()
     for runtime in opts.runtime or default_runtimes():
         started = datetime.datetime.now(datetime.UTC)
-        with private_daemon() as socket_path:
-            results = asyncio.run(interleaved(socket_path, opts.runs, runtime))
+        pool = {"pool_size": 2} if runtime == "runc" else {"pool_size": 0, "demand_bytes": 4 * 1024**3}
+        pooled = private_daemon(**pool, instance=f"{INSTANCE}-pool")
+        with private_daemon() as socket_path, pooled as pool_socket:
+            results = asyncio.run(interleaved(socket_path, pool_socket, opts.runs, runtime))
         print(
             f"{started:%Y-%m-%d %H:%M} UTC; runtime {runtime}; runs: {opts.runs} round trips and reads, "
             f"{len(results['create'][0])} creations, interleaved; image {IMAGE}"
         )
         print(f"{'':24}{'sandboxd':>38}   {'docker-py':>38}   ratio (median)")
-        rows = (("create -> first exec", "create"), ("exec `true` round trip", "rtt"), ("read_file, 100 lines", "read"))
+        rows = (
+            ("create -> first exec", "create"),
+            ("... from the pool", "pool"),
+            ("exec `true` round trip", "rtt"),
+            ("read_file, 100 lines", "read"),
+        )
         for name, key in rows:
             ours, theirs = results[key]
             ratio = statistics.median(ours) / statistics.median(theirs)

@@ -14,6 +14,14 @@ and count toward no quota. A claim is recorded by the engine (``Backend.claim_co
 so a claimed workspace survives a daemon restart with its id, tenant and spec. After a
 restart every unclaimed member whose agent holds no session, whose class is still
 configured and whose image is current is taken back; the rest are removed.
+
+The pool follows demand. Besides the configured classes (``default``, and a pool file's), a
+spec that no class serves and that callers ask for again (``DEMAND_ASKS`` creates within the
+idle time) gets a *demand class* (``demand-N``) of its own, with up to ``DEMAND_CLASS_SIZE``
+members, while the demand classes' members fit a memory budget (``pool_demand_memory_bytes``,
+counted in their memory limits: what the engine may give them, not the few MiB an idle one
+uses). A demand class nobody asks for in ``pool_demand_idle_s`` goes with its members; a
+daemon that stops removes its demand members (the next run starts with no demand).
 """
 
 from __future__ import annotations
@@ -52,6 +60,13 @@ CONCURRENT_STARTS = 2
 """Members started at once across all classes (the engine's work, not the daemon's, is the bound)."""
 MAX_CLASSES = 32
 MAX_CLASS_SIZE = 64
+DEMAND_ASKS = 2
+"""Creates of one spec (that no class serves) within the idle time that make a demand class."""
+DEMAND_CLASS_SIZE = 2
+"""Members a demand class keeps, budget allowing: a caller creating one after another (a test
+suite, a benchmark) then finds one ready while the one it took is replaced."""
+DEMAND_TRACKED = 64
+"""Specs whose asks are remembered; the least recently asked is forgotten first."""
 _CLASS_FIELDS = frozenset(
     {
         "name",
@@ -96,6 +111,8 @@ class PoolClass:
     size: int
     spec: WorkspaceSpec
     """Resolved (every default filled in, the user as the request would give it)."""
+    demand: bool = False
+    """Made by the pool for a spec callers kept asking for, not configured."""
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -191,13 +208,29 @@ class WarmPool:
     """Keeps each class's members ready, hands them out, and starts new ones in the background.
 
     Args:
-        manager: makes members (``create_member``), claims and removes them.
+        manager: makes members (``create_member``), claims and removes them; resolves the specs
+            of demand classes.
         classes: the classes to keep; names are unique.
+        demand_memory_bytes: the demand classes' budget, in bytes of memory limits; 0 makes none.
+        demand_idle_s: a demand class not asked for in this long, in seconds, goes.
     """
 
-    def __init__(self, manager: WorkspaceManager, classes: Sequence[PoolClass]) -> None:
+    def __init__(
+        self,
+        manager: WorkspaceManager,
+        classes: Sequence[PoolClass],
+        *,
+        demand_memory_bytes: int = 0,
+        demand_idle_s: float = 600.0,
+    ) -> None:
         """Prepare the pool; :meth:`start` begins filling it."""
         self.manager = manager
+        self.demand_memory_bytes = demand_memory_bytes
+        self.demand_idle_s = demand_idle_s
+        self._asks: collections.OrderedDict[tuple[Any, ...], collections.deque[float]] = collections.OrderedDict()
+        self._asked_at: dict[str, float] = {}
+        """Demand classes: when each was last asked for."""
+        self._demand_serial = 0
         self.classes = {c.name: c for c in classes if c.size > 0}
         self._by_key = {c.key: c for c in self.classes.values()}
         self._ready: dict[str, collections.deque[ContainerInfo]] = {name: collections.deque() for name in self.classes}
@@ -211,14 +244,94 @@ class WarmPool:
         self._starts: set[asyncio.Task[None]] = set()
 
     def match(self, spec: WorkspaceSpec) -> PoolClass | None:
-        """The class a resolved spec belongs to, if any (never an allowlist's: no class is one)."""
+        """The class a resolved spec belongs to, if any (never an allowlist's: no class is one).
+
+        A spec that none serves is counted as asked for, and may make a demand class for the
+        creates that follow.
+        """
         if spec.network is NetworkPolicy.ALLOWLIST:
             return None
-        return self._by_key.get(class_key(spec))
+        now = time.monotonic()
+        found = self._by_key.get(class_key(spec))
+        if found is None:
+            self._ask(spec, now)
+        elif found.demand:
+            self._asked_at[found.name] = now
+        return found
+
+    def _demand_bytes(self) -> int:
+        return sum(c.size * c.spec.limits.memory_bytes for c in self.classes.values() if c.demand)
+
+    def _ask(self, spec: WorkspaceSpec, now: float) -> None:
+        """Count an ask for a spec no class serves; at ``DEMAND_ASKS``, make its demand class if it fits."""
+        if self.demand_memory_bytes <= 0:
+            return
+        key = class_key(spec)
+        asks = self._asks.setdefault(key, collections.deque(maxlen=DEMAND_ASKS))
+        self._asks.move_to_end(key)
+        asks.append(now)
+        while len(self._asks) > DEMAND_TRACKED:
+            self._asks.popitem(last=False)
+        if len(asks) < DEMAND_ASKS or now - asks[0] > self.demand_idle_s:
+            return
+        cost = max(spec.limits.memory_bytes, 1)
+        size = min(DEMAND_CLASS_SIZE, (self.demand_memory_bytes - self._demand_bytes()) // cost)
+        if size < 1:
+            log.info("pool.demand_over_budget", image=spec.image, runtime=spec.runtime, memory_bytes=cost)
+            return
+        # The class's spec holds what Docker fixes at create, and nothing of this caller's.
+        asked = WorkspaceSpec(
+            image=spec.image,
+            limits=spec.limits,
+            network=spec.network,
+            runtime=spec.runtime,
+            security=spec.security,
+            idle_ttl_s=0.0,
+        )
+        try:
+            resolved = self.manager.resolve(asked)
+        except SandboxdError:
+            return
+        if class_key(resolved) != key:
+            return  # resolving it again would make it another class: nothing to keep warm
+        del self._asks[key]
+        self._demand_serial += 1
+        pool_class = PoolClass(name=f"demand-{self._demand_serial}", size=size, spec=resolved, demand=True)
+        self.classes[pool_class.name] = pool_class
+        self._by_key[key] = pool_class
+        self._ready[pool_class.name] = collections.deque()
+        self._asked_at[pool_class.name] = now
+        log.info(
+            "pool.demand_class_added",
+            pool_class=pool_class.name,
+            size=size,
+            image=resolved.image,
+            runtime=resolved.runtime,
+            memory_bytes=resolved.limits.memory_bytes,
+        )
+        self.start()
+        self._wake.set()
+
+    async def _let_idle_demand_go(self) -> None:
+        """Remove the demand classes nobody asked for in ``demand_idle_s``, and their members."""
+        now = time.monotonic()
+        for name, asked_at in list(self._asked_at.items()):
+            if now - asked_at > self.demand_idle_s:
+                await self._remove_class(name)
+
+    async def _remove_class(self, name: str) -> None:
+        pool_class = self.classes.pop(name)
+        self._asked_at.pop(name, None)
+        if self._by_key.get(pool_class.key) is pool_class:
+            del self._by_key[pool_class.key]
+        ready = self._ready.pop(name)
+        log.info("pool.demand_class_removed", pool_class=name, members=len(ready))
+        for info in ready:
+            await self.manager.remove_member(info.workspace_id)
 
     def take(self, pool_class: PoolClass) -> ContainerInfo | None:
         """A ready member of the class, or None (counted as a miss); either way a refill is due."""
-        ready = self._ready[pool_class.name]
+        ready = self._ready.get(pool_class.name)
         self._wake.set()
         if not ready:
             self._misses[pool_class.name] += 1
@@ -265,11 +378,14 @@ class WarmPool:
 
     def start(self) -> None:
         """Begin keeping the classes full, for as long as the daemon runs."""
-        if self.classes and self._task is None:
+        if (self.classes or self.demand_memory_bytes > 0) and self._task is None:
             self._task = asyncio.create_task(self._run(), name="warm-pool")
 
     async def close(self) -> None:
-        """Stop refilling; members being started are finished or removed, ready ones stay for the next run."""
+        """Stop refilling; members being started are finished or removed.
+
+        The configured classes' ready members stay for the next run; the demand classes' go.
+        """
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -278,6 +394,9 @@ class WarmPool:
             task.cancel()
         if self._starts:
             await asyncio.gather(*self._starts, return_exceptions=True)
+        for name in [c.name for c in self.classes.values() if c.demand]:
+            with contextlib.suppress(SandboxdError):
+                await self._remove_class(name)
 
     async def _run(self) -> None:
         checked = time.monotonic()
@@ -292,6 +411,7 @@ class WarmPool:
             if time.monotonic() - checked >= CHECK_INTERVAL_S:
                 checked = time.monotonic()
                 try:
+                    await self._let_idle_demand_go()
                     await self._check()
                 except Exception:  # the pool must outlive any one failure (an engine away)
                     log.exception("pool.check_failed")
@@ -322,6 +442,9 @@ class WarmPool:
         finally:
             self._starting[pool_class.name] -= 1
         self._failed_at.pop(pool_class.name, None)
+        if self.classes.get(pool_class.name) is not pool_class:
+            await self.manager.remove_member(member_id)  # a demand class let go meanwhile
+            return
         self._ready[pool_class.name].append(info)
         log.info(
             "pool.member_ready",
@@ -333,8 +456,8 @@ class WarmPool:
 
     async def _check(self) -> None:
         """Drop members whose agent stopped answering or whose image was rebuilt since."""
-        for pool_class in self.classes.values():
-            ready = self._ready[pool_class.name]
+        for pool_class in list(self.classes.values()):
+            ready = self._ready.get(pool_class.name, collections.deque())
             current = await self.manager.backend.image_info(pool_class.spec.image)
             for info in list(ready):
                 fresh = current is not None and info.image_id == current.image_id

@@ -148,6 +148,14 @@ class Settings:
     pool_file: str = ""
     """YAML list of more warm-pool classes (``sandboxd.pool.read_pool_file``); empty: none."""
 
+    pool_demand_memory_bytes: int = 2 * _GIB
+    """Budget of the warm pool's demand classes, in bytes of their members' memory limits: a spec
+    that no class serves and that CreateWorkspace is asked for again (another runtime, image or
+    limit) gets warm members of its own within it (``sandboxd.pool``); 0 makes none."""
+
+    pool_demand_idle_s: float = 600.0
+    """A demand class nobody asked for in this long, in seconds, is let go with its members."""
+
     default_idle_ttl_s: float = 0.0
     """Remove a workspace after this long without calls, in seconds; 0 means never."""
 

@@ -119,6 +119,7 @@ def make_settings(tmp_dir: Path, **overrides: object) -> Settings:
         kill_grace_s=1.0,
         audit_log=str(tmp_dir / "audit.jsonl"),
         pool_size=0,  # the warm pool's own tests turn it on: elsewhere members would be in the counts
+        pool_demand_memory_bytes=0,
     )
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
@@ -141,6 +142,7 @@ def spawned_daemon(
         "SANDBOXD_LOG_FORMAT": "json",
         "SANDBOXD_AUDIT_LOG": str(tmp_dir / "audit.jsonl"),
         "SANDBOXD_POOL_SIZE": "0",
+        "SANDBOXD_POOL_DEMAND_MEMORY_BYTES": "0",
         **env,
     }
     with log_path.open("wb") as log:

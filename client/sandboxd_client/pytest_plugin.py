@@ -183,6 +183,7 @@ def _own_daemon() -> Iterator[str]:
         # and no warm pool (its members would outlive it, left on the machine after every run).
         env.setdefault("SANDBOXD_AUDIT_LOG", str(Path(tmp) / "audit.jsonl"))
         env.setdefault("SANDBOXD_POOL_SIZE", "0")
+        env.setdefault("SANDBOXD_POOL_DEMAND_MEMORY_BYTES", "0")
         with log.open("wb") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "sandboxd", "serve", "--socket", socket_path],

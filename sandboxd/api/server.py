@@ -309,7 +309,12 @@ async def start(
             agent = await _find_agent(settings, backend, progress)
         processes = ProcessTable(backend, settings, tenants=authenticator.tenant_count)
         workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store, agent=agent)
-        workspaces.pool = WarmPool(workspaces, workspaces.pool_classes())  # a bad pool file stops the start
+        workspaces.pool = WarmPool(  # a bad pool file stops the start
+            workspaces,
+            workspaces.pool_classes(),
+            demand_memory_bytes=settings.pool_demand_memory_bytes,
+            demand_idle_s=settings.pool_demand_idle_s,
+        )
     except BaseException:
         await asyncio.shield(lease.release())
         raise

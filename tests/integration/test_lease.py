@@ -49,7 +49,12 @@ def _second_daemon(tmp_path: Path, instance: str) -> tuple[subprocess.CompletedP
     started = time.monotonic()
     run = subprocess.run(
         _daemon_command(tmp_path / "second" / "sandboxd.sock", instance),
-        env={**os.environ, "SANDBOXD_POOL_SIZE": "0", "SANDBOXD_AUDIT_LOG": str(tmp_path / "second.jsonl")},
+        env={
+            **os.environ,
+            "SANDBOXD_POOL_SIZE": "0",
+            "SANDBOXD_POOL_DEMAND_MEMORY_BYTES": "0",
+            "SANDBOXD_AUDIT_LOG": str(tmp_path / "second.jsonl"),
+        },
         capture_output=True,
         text=True,
         timeout=60,
@@ -249,6 +254,7 @@ def test_two_daemons_started_at_once_one_serves_and_the_other_refuses(tmp_path: 
                 env={
                     **os.environ,
                     "SANDBOXD_POOL_SIZE": "0",
+                    "SANDBOXD_POOL_DEMAND_MEMORY_BYTES": "0",
                     "SANDBOXD_AUDIT_LOG": "off",
                     "SANDBOXD_LOG_FORMAT": "json",
                 },

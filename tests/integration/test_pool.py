@@ -194,6 +194,54 @@ async def test_a_runsc_class_from_the_pool_file(tmp_path: Path, runsc_available:
         stop(thread)
 
 
+async def test_the_pool_follows_demand_within_its_budget(tmp_path: Path, docker_client) -> None:
+    """A spec no class serves, asked for twice, gets a demand class of two members (its budget
+    holds two of its 256 MiB limits, not three); the next create of it is claimed from there;
+    another spec asked for twice then finds the budget spent; a demand class nobody asks for
+    goes with its members, and so do the rest when the daemon stops."""
+    mib = 1024**2
+    settings = make_settings(
+        tmp_path, pool_size=0, pool_demand_memory_bytes=(2 * 256 + 100) * mib, pool_demand_idle_s=15.0
+    )
+    thread = DaemonThread(settings).start()
+    instance = settings.instance
+    made = []
+    try:
+        async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+            assert await client.get_pool() == []
+            for _ in range(2):  # asked for twice: each a normal create
+                made.append(await client.create_workspace(memory_bytes=256 * mib))
+            (demand,) = await client.get_pool()
+            assert (demand.name, demand.size) == ("demand-1", 2)
+            await until_ready(client, 2, "demand-1", timeout=120)
+            claimed = await client.create_workspace(memory_bytes=256 * mib, env={"WHO": "claimer"})
+            made.append(claimed)
+            assert docker_client.containers.get(claimed.info.container_id).labels["sandboxd.pool"] == "demand-1"
+            assert (await claimed.exec("echo $WHO; id -un").wait()).stdout == "claimer\nsandbox\n"
+            for _ in range(2):  # another spec, asked for twice: over the budget, no class
+                made.append(await client.create_workspace(memory_bytes=300 * mib))
+            assert [c.name for c in await client.get_pool()] == ["demand-1"]
+            for ws in made:
+                await ws.delete()
+            # Nobody asks for it again: after its idle time (and a check), it goes with its members.
+            deadline = time.monotonic() + 60
+            while await client.get_pool():
+                assert time.monotonic() < deadline, "the idle demand class stayed"
+                await asyncio.sleep(0.5)
+            deadline = time.monotonic() + 30
+            while containers(docker_client, instance):
+                assert time.monotonic() < deadline, "its members stayed"
+                await asyncio.sleep(0.2)
+            # Asked for again: made again; stopping the daemon removes its members.
+            for _ in range(2):
+                await (await client.create_workspace(memory_bytes=256 * mib)).delete()
+            assert [c.name for c in await client.get_pool()] == ["demand-2"]
+            await until_ready(client, 2, "demand-2", timeout=120)
+    finally:
+        thread.stop()
+    assert containers(docker_client, instance) == []
+
+
 def test_a_bad_pool_file_stops_the_start_in_one_line(tmp_path: Path) -> None:
     """An unknown field, a bad size or two classes of one spec: the daemon says which, and does not start."""
     from sandboxd.errors import InvalidSpecError
