@@ -183,7 +183,7 @@ func (op *fileOp) run(req FileRequest) {
 	})
 }
 
-// runIn has the idle file server s do the operation; false (s let go) if s could not take
+// runIn has the idle file server s do the operation; false (s let go) if s did not take
 // it, and the operation is to be done by a helper.
 func (op *fileOp) runIn(s *fileServer, req FileRequest) bool {
 	files, err := pipes(2)
@@ -195,10 +195,15 @@ func (op *fileOp) runIn(s *fileServer, req FileRequest) bool {
 	err = s.hand(req.Operation, inR, outW)
 	inR.Close()
 	outW.Close()
+	if err == nil {
+		err = s.expect('T')
+	}
 	if err != nil {
+		// It died (a process of its user killed it), if only just, before it took the
+		// operation: nothing of it was done.
 		inW.Close()
 		outR.Close()
-		op.agent.abandon(s) // it died, or a process of its user killed it
+		op.agent.abandon(s)
 		return false
 	}
 	op.mu.Lock()
@@ -210,14 +215,15 @@ func (op *fileOp) runIn(s *fileServer, req FileRequest) bool {
 	}
 	go op.feed()
 	op.relay(outR, func() int {
-		// The server closes the output when it is done; it is still there unless it died
-		// (killed by a process of its user) before it could answer.
-		if s.exited() {
+		// Done, the server is idle: it is released before the result goes, so that the
+		// caller's next operation finds it free. Without its 'D' it died in the operation.
+		if s.expect('D') != nil {
+			op.agent.abandon(s)
 			return 128 + int(syscall.SIGKILL)
 		}
+		op.agent.release(s)
 		return 0
 	})
-	op.agent.release(s)
 	return true
 }
 

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"os"
 	"syscall"
 
@@ -166,6 +167,18 @@ func (s *fileServer) hand(operation []byte, input, output *os.File) error {
 	}
 	_, err := s.ctl.Write(operation)
 	return err
+}
+
+// expect reads the server's next word on its socket, which must be want.
+func (s *fileServer) expect(want byte) error {
+	var word [1]byte
+	if _, err := io.ReadFull(s.ctl, word[:]); err != nil {
+		return err
+	}
+	if word[0] != want {
+		return fmt.Errorf("file server %d said %q, not %q", s.pid, word[0], want)
+	}
+	return nil
 }
 
 // stopped says whether process pid is stopped (SIGSTOP, or traced): a server that a process

@@ -45,7 +45,8 @@ func ServedByServer(operation []byte) bool {
 //
 // An operation comes as a 4-byte big-endian length carrying two files as SCM_RIGHTS (the
 // operation's input, then its output: the pipes a helper would have as stdin and stdout),
-// then that many bytes of JSON. Its frames are a helper's; the server closes the output
+// then that many bytes of JSON. The server answers 'T' on the socket when it has taken the
+// operation and 'D' when it is done; its frames are a helper's, and it closes the output
 // after the last ('R' or 'E'). SIGTERM removes a file being staged and ends the server.
 func Server() int {
 	cleanUpOnTerm()
@@ -58,9 +59,19 @@ func Server() int {
 			}
 			return 0 // the agent let it go
 		}
+		// 'T' says the operation is the server's: a server that dies before it took one
+		// (killed by a process of its user, its threads still exiting when it was handed
+		// the operation) has not begun it, and the agent has a helper do it instead.
+		if !tell(4, 'T') {
+			return 0
+		}
 		run(request, input, output, serverOps)
 		input.Close()
 		output.Close()
+		// 'D' says it is done and idle: the output's end alone cannot tell done from dead.
+		if !tell(4, 'D') {
+			return 0
+		}
 		// What an operation took (a 64 KiB page, a whole written file) is given back at
 		// once: the server waits idle for most of its life, counted in the workspace's memory.
 		debug.FreeOSMemory()
@@ -120,6 +131,16 @@ func receiveOp(fd int) (request []byte, input, output *os.File, err error) {
 		return fail(err)
 	}
 	return request, input, output, nil
+}
+
+// tell writes one byte to the agent on socket fd; false if the agent is gone.
+func tell(fd int, b byte) bool {
+	for {
+		err := syscall.Sendmsg(fd, []byte{b}, nil, nil, syscall.MSG_NOSIGNAL)
+		if err != syscall.EINTR {
+			return err == nil
+		}
+	}
 }
 
 // readFull reads len(p) bytes from fd (not an *os.File: one would close the socket when
