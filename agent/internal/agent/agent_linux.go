@@ -62,7 +62,7 @@ type Agent struct {
 	servers        map[uint32]*fileServer
 	serverStarting map[uint32]bool
 	conn           *conn
-	changed  chan struct{} // closed when the connection changes
+	changed        chan struct{} // closed when the connection changes
 
 	reapMu   sync.Mutex
 	expected map[int]chan syscall.WaitStatus
@@ -77,15 +77,15 @@ type reaped struct {
 // New returns an agent that starts helpers from the binary at self.
 func New(self string) *Agent {
 	a := &Agent{
-		logf:     log.New(os.Stderr, "sandboxd-agent: ", 0).Printf,
-		sessions: map[uint32]*session.Session{},
-		files:    map[uint32]*fileOp{},
-		forwards: map[uint32]*forward{},
+		logf:           log.New(os.Stderr, "sandboxd-agent: ", 0).Printf,
+		sessions:       map[uint32]*session.Session{},
+		files:          map[uint32]*fileOp{},
+		forwards:       map[uint32]*forward{},
 		servers:        map[uint32]*fileServer{},
 		serverStarting: map[uint32]bool{},
-		changed:  make(chan struct{}),
-		expected: map[int]chan syscall.WaitStatus{},
-		unowned:  map[int]reaped{},
+		changed:        make(chan struct{}),
+		expected:       map[int]chan syscall.WaitStatus{},
+		unowned:        map[int]reaped{},
 	}
 	a.spawner = spawn.NewPool(self, func(pid int) { go func() { <-a.Expect(pid) }() })
 	a.spares = session.NewSpares(a)

@@ -21,6 +21,7 @@ import (
 type info struct {
 	state           byte
 	ppid, pgid, sid int
+	start           uint64 // clock ticks after boot
 }
 
 func scan() map[int]info {
@@ -45,16 +46,40 @@ func scan() map[int]info {
 		if end < 0 || end+2 >= len(data) {
 			continue
 		}
-		fields := bytes.Fields(data[end+2:])
-		if len(fields) < 4 {
-			continue
+		p, ok := parse(data)
+		if ok {
+			table[pid] = p
 		}
-		ppid, _ := strconv.Atoi(string(fields[1]))
-		pgid, _ := strconv.Atoi(string(fields[2]))
-		sid, _ := strconv.Atoi(string(fields[3]))
-		table[pid] = info{state: fields[0][0], ppid: ppid, pgid: pgid, sid: sid}
 	}
 	return table
+}
+
+// parse reads a /proc/PID/stat line: "pid (comm) state ppid pgrp session ... starttime ...";
+// comm may hold spaces and parentheses.
+func parse(data []byte) (info, bool) {
+	end := bytes.LastIndexByte(data, ')')
+	if end < 0 || end+2 >= len(data) {
+		return info{}, false
+	}
+	fields := bytes.Fields(data[end+2:])
+	if len(fields) < 20 {
+		return info{}, false
+	}
+	ppid, _ := strconv.Atoi(string(fields[1]))
+	pgid, _ := strconv.Atoi(string(fields[2]))
+	sid, _ := strconv.Atoi(string(fields[3]))
+	start, _ := strconv.ParseUint(string(fields[19]), 10, 64)
+	return info{state: fields[0][0], ppid: ppid, pgid: pgid, sid: sid, start: start}, true
+}
+
+// StartTime is when process pid started, in clock ticks after boot; 0 if it is gone.
+func StartTime(pid int) uint64 {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	p, _ := parse(data)
+	return p.start
 }
 
 func hasMarker(env, marker []byte) bool {
@@ -68,6 +93,13 @@ func hasMarker(env, marker []byte) bool {
 // Tree returns the live processes of the command whose session leader is leader, or
 // that carry marker; never the agent itself or pid 1.
 func Tree(leader int, marker []byte, u creds.User) []int {
+	return TreeSince(leader, marker, u, 0)
+}
+
+// TreeSince is Tree for a command whose leader started at tick since (StartTime): a
+// process that started before it cannot carry its marker, and its environment is not
+// read (under gVisor, reading every process's is what an exit's report cost).
+func TreeSince(leader int, marker []byte, u creds.User, since uint64) []int {
 	table := scan()
 	children := map[int][]int{}
 	for pid, p := range table {
@@ -98,7 +130,7 @@ func Tree(leader int, marker []byte, u creds.User) []int {
 		}
 		if found[pid] || (leader > 0 && (p.pgid == leader || p.sid == leader)) {
 			out = append(out, pid)
-		} else if len(marker) > 0 {
+		} else if len(marker) > 0 && p.start >= since {
 			unsure = append(unsure, pid)
 		}
 	}

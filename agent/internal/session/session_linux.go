@@ -83,6 +83,7 @@ type Session struct {
 
 	mu          sync.Mutex
 	pid         int
+	pidStart    uint64 // when pid started (proctree.StartTime)
 	started     bool
 	startFailed *proto.FailedMsg
 	exit        *proto.ExitedMsg
@@ -198,8 +199,9 @@ func (s *Session) Run() {
 	} else if k == bashNative {
 		s.shellCmdline = shellCmdline(s.spec.Command)
 	}
+	pidStart := proctree.StartTime(l.pid)
 	s.mu.Lock()
-	s.pid = l.pid
+	s.pid, s.pidStart = l.pid, pidStart
 	s.stdin, s.master = l.stdin, l.master
 	s.started = true
 	discarded := s.discarded
@@ -229,7 +231,9 @@ func (s *Session) Run() {
 		}
 	}
 	if k != plainSh {
-		s.host.Spares().Want(spec, s.exiting)
+		// Made once this command's end is reported: under gVisor a login shell starting
+		// beside the report's scan of the workspace's processes slows both.
+		s.host.Spares().Want(spec, s.done)
 	}
 	go s.awaitShell(l)
 	s.applyPending()
@@ -446,7 +450,7 @@ func (s *Session) finish(ws syscall.WaitStatus, readers []*reader) {
 		ExitCode:  code,
 		Signal:    sig,
 		OOMKills:  max(0, oomKills()-s.oomBefore),
-		Leftovers: len(proctree.Tree(s.pid, s.marker, s.cred)),
+		Leftovers: len(proctree.TreeSince(s.pid, s.marker, s.cred, s.pidStart)),
 		SpillPath: s.spill.close(),
 		End:       end,
 	}

@@ -121,7 +121,7 @@ func (p *Spares) Take(spec shellSpec) *launched {
 	return sp.l
 }
 
-// Want asks for a spare like spec once after has closed (the command that asked has exited)
+// Want asks for a spare like spec once after has closed (the end of the command that asked is reported)
 // or spareDelay has passed, whichever comes first.
 func (p *Spares) Want(spec shellSpec, after <-chan struct{}) {
 	spec.tty = false // a spare's stdio are pipes
