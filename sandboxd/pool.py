@@ -242,6 +242,9 @@ class WarmPool:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._starts: set[asyncio.Task[None]] = set()
+        # Removals run on their own, so that a check or a start cancelled at close cannot
+        # leave a member it had taken off its class half removed; close waits for them.
+        self._removals: set[asyncio.Task[None]] = set()
 
     def match(self, spec: WorkspaceSpec) -> PoolClass | None:
         """The class a resolved spec belongs to, if any (never an allowlist's: no class is one).
@@ -317,9 +320,9 @@ class WarmPool:
         now = time.monotonic()
         for name, asked_at in list(self._asked_at.items()):
             if now - asked_at > self.demand_idle_s:
-                await self._remove_class(name)
+                self._remove_class(name)
 
-    async def _remove_class(self, name: str) -> None:
+    def _remove_class(self, name: str) -> None:
         pool_class = self.classes.pop(name)
         self._asked_at.pop(name, None)
         if self._by_key.get(pool_class.key) is pool_class:
@@ -327,7 +330,18 @@ class WarmPool:
         ready = self._ready.pop(name)
         log.info("pool.demand_class_removed", pool_class=name, members=len(ready))
         for info in ready:
-            await self.manager.remove_member(info.workspace_id)
+            self._remove_member(info.workspace_id)
+
+    def _remove_member(self, member_id: str) -> None:
+        async def remove() -> None:
+            try:
+                await self.manager.remove_member(member_id)
+            except SandboxdError as exc:
+                log.warning("pool.member_not_removed", member=member_id, error=exc.message)
+
+        task = asyncio.create_task(remove(), name=f"pool-remove-{member_id}")
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
 
     def take(self, pool_class: PoolClass) -> ContainerInfo | None:
         """A ready member of the class, or None (counted as a miss); either way a refill is due."""
@@ -395,8 +409,9 @@ class WarmPool:
         if self._starts:
             await asyncio.gather(*self._starts, return_exceptions=True)
         for name in [c.name for c in self.classes.values() if c.demand]:
-            with contextlib.suppress(SandboxdError):
-                await self._remove_class(name)
+            self._remove_class(name)
+        if self._removals:
+            await asyncio.gather(*self._removals, return_exceptions=True)
 
     async def _run(self) -> None:
         checked = time.monotonic()
@@ -443,7 +458,7 @@ class WarmPool:
             self._starting[pool_class.name] -= 1
         self._failed_at.pop(pool_class.name, None)
         if self.classes.get(pool_class.name) is not pool_class:
-            await self.manager.remove_member(member_id)  # a demand class let go meanwhile
+            self._remove_member(member_id)  # a demand class let go meanwhile
             return
         self._ready[pool_class.name].append(info)
         log.info(
