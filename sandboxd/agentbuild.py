@@ -19,6 +19,7 @@ from pathlib import Path
 
 import structlog
 
+from .agent.paths import AGENT_MOUNT, AGENT_PATH
 from .backend.base import Backend
 from .errors import BackendError
 from .images import ensure_base_image, recipe_digest, recipe_dir
@@ -39,12 +40,6 @@ AGENT_IMAGE = "sandboxd/agent"
 """Repository of the agent images; the tag is the digest's first 16 hex digits."""
 
 BUILDER_IMAGE = "sandboxd/agent-builder"
-AGENT_MOUNT = "/.sandboxd"
-"""Where every workspace sees the agent's volume (read-only)."""
-
-AGENT_PATH = f"{AGENT_MOUNT}/sandboxd-agent"
-"""The agent binary inside a workspace."""
-
 DIGEST_LABEL = "sandboxd.agent.digest"
 _SOURCE_SUFFIXES = (".go", ".mod", "Dockerfile")
 
@@ -110,8 +105,10 @@ async def ensure_agent(backend: Backend, *, route: ImageRoute, progress: Progres
         backend: the container engine.
         route: where the Debian base comes from when the toolchain image must be built.
         progress: called with one human-readable line per step.
-        test: run the agent's Go tests (vet, race detector) again, uncached; a build that
-            makes the image runs them anyway (the image is copied from the tested stage).
+        test: run the agent's Go tests (vet, race detector), uncached, and make the image
+            from the tested stage. Without it a missing image is built from the ``agent``
+            stage, which runs no test: the tests belong to ``./dev test`` and CI, not to a
+            user's first start.
 
     Raises:
         BackendError: a build failed (its last lines are in the message).
@@ -140,8 +137,9 @@ async def ensure_agent(backend: Backend, *, route: ImageRoute, progress: Progres
                     build_args={"BUILDER": builder, "VERSION": build.tag},
                     labels={DIGEST_LABEL: build.digest},
                     on_line=lambda line: progress(f"  {line}"),
+                    target="" if test else "agent",
                 )
-                log.info("agent.built", image=build.image)
+                log.info("agent.built", image=build.image, tested=test)
     architecture = await backend.architecture()
     await backend.fill_volume(
         build.volume,

@@ -192,7 +192,17 @@ class DockerUnavailableError(SandboxdError):
 
 
 class BackendError(SandboxdError):
-    """The container engine refused or failed an operation."""
+    """The container engine refused or failed an operation.
+
+    Args:
+        message: the caller-facing message.
+        transient: whether the same call may succeed if retried (the engine failed rather
+            than refused: an HTTP 5xx); idempotent calls are retried on it.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class ExecTimeoutError(SandboxdError):

@@ -20,7 +20,7 @@ import posixpath
 import random
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import structlog
 from sandboxd_protocol.limits import (
@@ -31,27 +31,31 @@ from sandboxd_protocol.limits import (
     utf8_size,
 )
 
-from .agent import (
-    MAX_MESSAGE_CHARS,
-    FileData,
-    FileLine,
-    FileOperationRefused,
-    FileReply,
-    FileResult,
-    from_container_json,
-)
+from .agent import FileData, FileLine, FileOperationRefused, FileReply, FileResult
 from .backend.base import Backend
-from .errors import (
-    ExecTimeoutError,
-    FailedPreconditionError,
-    InvalidSpecError,
-    PathExistsError,
-    PathNotFoundError,
-    PermissionDeniedError,
-    QuotaExceededError,
-    SandboxdError,
+from .errors import ExecTimeoutError, FailedPreconditionError, InvalidSpecError
+from .fileops import (
+    BinaryFileError,
+    DownloadRequest,
+    Entry,
+    FetchRequest,
+    FileChangedError,
+    FileRequest,
+    FileTooLargeError,
+    ListRequest,
+    MalformedResultError,
+    MoveRequest,
+    ReadRequest,
+    ReadTextRequest,
+    RemoveRequest,
+    StatRequest,
+    UploadRequest,
+    UploadResult,
+    WriteRequest,
+    WriteResult,
+    decode_entries,
+    refusal,
 )
-from .logging import cut_text
 from .workspaces import WorkspaceManager
 
 __all__ = [
@@ -64,6 +68,7 @@ __all__ = [
     "FileManager",
     "ImageData",
     "Page",
+    "WriteOutcome",
     "apply_edit",
     "count_lines",
     "edit_diff",
@@ -298,20 +303,51 @@ def edit_diff(
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line))
+    blocks = _site_blocks(starts, positions, len(old))
+    changed = _changed_blocks(text, lines, starts, blocks, old, new)
+    return "\n".join(_render_hunks(lines, changed, path, max_hunks=max_hunks, context=context))
+
+
+_Block = tuple[int, int, list[str], int]
+"""A changed run of old lines: first and last old line (0-based), its new lines, and its sites."""
+
+
+def _site_blocks(starts: Sequence[int], positions: Sequence[int], old_length: int) -> list[tuple[int, int, list[int]]]:
+    """Blocks of whole old lines ``(first, last, sites)``: sites on shared lines share a block.
+
+    Args:
+        starts: the offset of each line's start, then the text's end.
+        positions: the offsets of the replaced sites, ascending.
+        old_length: characters of the replaced string.
+    """
 
     def line_index(offset: int) -> int:
         return max(0, bisect.bisect_right(starts, offset) - 1)
 
-    # Blocks of whole old lines [first, last] and the sites inside them.
-    blocks: list[list[Any]] = []
+    blocks: list[tuple[int, int, list[int]]] = []
     for pos in positions:
-        first, last = line_index(pos), line_index(pos + max(len(old), 1) - 1)
+        first, last = line_index(pos), line_index(pos + max(old_length, 1) - 1)
         if blocks and first <= blocks[-1][1]:
-            blocks[-1][1] = max(blocks[-1][1], last)
-            blocks[-1][2].append(pos)
+            blocks[-1] = (blocks[-1][0], max(blocks[-1][1], last), [*blocks[-1][2], pos])
         else:
-            blocks.append([first, last, [pos]])
-    changed: list[tuple[int, int, list[str], int]] = []  # old first, old last, new lines, sites
+            blocks.append((first, last, [pos]))
+    return blocks
+
+
+def _changed_blocks(
+    text: str,
+    lines: Sequence[str],
+    starts: Sequence[int],
+    blocks: Sequence[tuple[int, int, list[int]]],
+    old: str,
+    new: str,
+) -> list[_Block]:
+    """Each block with the new lines that replace it.
+
+    A replacement that removes a line's newline joins it with the next line, so such a
+    block grows to the next line (taking in any later block it reaches).
+    """
+    changed: list[_Block] = []
     index = 0
     while index < len(blocks):
         first, last, sites = blocks[index]
@@ -323,7 +359,6 @@ def edit_diff(
                 cursor = pos + len(old)
             segment.append(text[cursor:end])
             replaced = "".join(segment)
-            # A replacement that removed a line's newline joins it with the next line.
             if replaced.endswith("\n") or last + 1 >= len(lines) or not replaced:
                 break
             last += 1
@@ -333,9 +368,15 @@ def edit_diff(
                 sites = sites + blocks[index][2]
         changed.append((first, last, split_lines(replaced), len(sites)))
         index += 1
+    return changed
 
+
+def _render_hunks(
+    lines: Sequence[str], changed: Sequence[_Block], path: str, *, max_hunks: int, context: int
+) -> list[str]:
+    """The diff's lines: the header, then the blocks grouped into hunks with ``context`` lines around."""
     out = [f"--- a/{path.lstrip('/')}", f"+++ b/{path.lstrip('/')}"]
-    hunks: list[list[tuple[int, int, list[str], int]]] = []
+    hunks: list[list[_Block]] = []
     for block in changed:
         if hunks and block[0] - hunks[-1][-1][1] - 1 <= 2 * context:
             hunks[-1].append(block)
@@ -367,7 +408,7 @@ def edit_diff(
         out.append(f"@@ -{_range(old_start, old_end)} +{_range(new_start, new_start + new_count)} @@")
         out += body
         shift += sum(len(new_lines) - (last - first + 1) for first, last, new_lines, _ in hunk)
-    return "\n".join(out)
+    return out
 
 
 def unified_diff(old: str, new: str, path: str, *, context: int = 3) -> str:
@@ -485,32 +526,32 @@ def sniff_image(data: bytes, source: str) -> ImageData:
 # -- running operations in the container ------------------------------------------------------
 
 
-_ERRORS: dict[str, type[SandboxdError]] = {
-    "not_found": PathNotFoundError,
-    "permission": PermissionDeniedError,
-    "exists": PathExistsError,
-    "is_directory": InvalidSpecError,
-    "not_directory": InvalidSpecError,
-    "invalid": InvalidSpecError,
-    "not_empty": FailedPreconditionError,
-    "busy": FailedPreconditionError,
-    "binary": FailedPreconditionError,
-    "too_large": FailedPreconditionError,
-    "conflict": FailedPreconditionError,
-    "network": FailedPreconditionError,
-    "no_space": QuotaExceededError,
-}
+_ResultT = TypeVar("_ResultT")
 
 
-class _Conflict(FailedPreconditionError):
-    """The file changed between an edit's read and its write."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Reply(Generic[_ResultT]):
+    """One operation's whole reply: its result, its data bytes and its selected lines."""
 
-
-@dataclasses.dataclass
-class _Reply:
-    result: dict[str, Any]
+    result: _ResultT
     data: bytes
     lines: list[tuple[int, bytes]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WriteOutcome:
+    """What WriteFile did, as it reports it."""
+
+    message: str
+    """The report (seed 000): ``Created``/``Overwrote`` with counts, then a diff or ``+X/-Y``."""
+    created: bool
+    """There was no file before."""
+    diff: str
+    """The diff alone, empty when none is shown."""
+    size_bytes: int
+    """Bytes written."""
+    line_count: int
+    """Lines written (a last line without a newline counts)."""
 
 
 class FileManager:
@@ -537,7 +578,7 @@ class FileManager:
         return lock
 
     async def _stream(
-        self, workspace_id: str, request: dict[str, Any], stdin: AsyncIterable[bytes] | None = None
+        self, workspace_id: str, request: FileRequest[Any], stdin: AsyncIterable[bytes] | None = None
     ) -> AsyncIterator[FileReply]:
         """Run one file operation through the workspace's agent; yield its replies, a ``FileResult`` last.
 
@@ -545,18 +586,17 @@ class FileManager:
         Only once the caller is known to own it: another tenant's calls must not keep it alive.
 
         Raises:
-            SandboxdError: the operation's own failure, mapped to its status (``_ERRORS``).
+            SandboxdError: the operation's own failure, the typed error of its code
+                (:func:`sandboxd.fileops.refusal`).
         """
         context = await self.workspaces.exec_context(workspace_id)
-        replies = context.link.file_operation(context.user, request, stdin)
+        replies = context.link.file_operation(context.user, request.encode(), stdin)
         try:
             async with self.workspaces.in_use(workspace_id):
                 async for reply in replies:
                     yield reply
         except FileOperationRefused as exc:
-            cls = _Conflict if exc.code == "conflict" else _ERRORS.get(exc.code, SandboxdError)
-            # Bounded here, shortened for the caller by the RPC layer (paths may be 4 KiB each).
-            raise cls(cut_text(exc.message, MAX_MESSAGE_CHARS)) from None
+            raise refusal(exc.code, exc.message) from None
         finally:
             await replies.aclose()
 
@@ -564,11 +604,18 @@ class FileManager:
         """Nothing to finish: an abandoned operation's helper is ended by its agent."""
 
     async def _call(
-        self, workspace_id: str, request: dict[str, Any], stdin: AsyncIterable[bytes] | None = None
-    ) -> _Reply:
+        self, workspace_id: str, request: FileRequest[_ResultT], stdin: AsyncIterable[bytes] | None = None
+    ) -> _Reply[_ResultT]:
+        """Run one operation to its end, within :data:`FILE_OP_TIMEOUT_S`, holding its whole reply.
+
+        Raises:
+            ExecTimeoutError: the operation took longer than :data:`FILE_OP_TIMEOUT_S`.
+            FailedPreconditionError: the reply passed :data:`MAX_REPLY_BYTES`.
+            MalformedResultError: the result is not the operation's.
+        """
         data = bytearray()
         lines: list[tuple[int, bytes]] = []
-        result: dict[str, Any] = {}
+        result: _ResultT | None = None
         held = 0
         try:
             async with asyncio.timeout(FILE_OP_TIMEOUT_S):
@@ -576,7 +623,7 @@ class FileManager:
                     # The operation's limits are enforced in the container, where a hostile
                     # workspace could defeat them: the daemon bounds what it holds itself.
                     if isinstance(reply, FileResult):
-                        result = reply.value
+                        result = request.decode(reply.value)
                         continue
                     held += len(reply.data)
                     if held > MAX_REPLY_BYTES:
@@ -589,15 +636,21 @@ class FileManager:
         except TimeoutError:
             msg = f"the file operation did not finish within {FILE_OP_TIMEOUT_S:g} s and was stopped"
             raise ExecTimeoutError(msg) from None
+        if result is None:
+            msg = f"the {request.op} operation ended without a result"
+            raise MalformedResultError(msg)
         return _Reply(result=result, data=bytes(data), lines=lines)
 
     # -- operations ---------------------------------------------------------------------------------
     async def read_file(self, workspace_id: str, path: str, *, offset: int = 0, limit: int = 0) -> tuple[str, Page]:
         """A page of a text file in ``cat -n`` form (defaults: offset 1, limit 2000).
 
+        Returns:
+            The resolved path and the page.
+
         Raises:
             PathNotFoundError: no such file.
-            FailedPreconditionError: the content has NUL bytes (binary).
+            BinaryFileError: the content has NUL bytes (a FailedPreconditionError).
             InvalidSpecError: bad offset/limit, a directory, or an offset past the end.
         """
         if offset < 0 or limit < 0:
@@ -606,26 +659,16 @@ class FileManager:
         first = offset or 1
         count = limit or DEFAULT_READ_LIMIT
         resolved = resolve_path(path)
+        request = ReadTextRequest(path=resolved, offset=first, limit=count, keep_bytes=MAX_LINE_CHARS * 4 + 4)
         try:
-            reply = await self._call(
-                workspace_id,
-                {
-                    "op": "read_text",
-                    "path": resolved,
-                    "offset": first,
-                    "limit": count,
-                    "keep_bytes": MAX_LINE_CHARS * 4 + 4,
-                },
+            reply = await self._call(workspace_id, request)
+        except BinaryFileError:
+            msg = (
+                f"{resolved} is a binary file (it contains NUL bytes), so it is not shown as text; "
+                "inspect it with exec_command (e.g. `file`, `xxd | head`) or, for an image, read_image"
             )
-        except FailedPreconditionError as exc:
-            if "NUL" in exc.message:
-                msg = (
-                    f"{resolved} is a binary file (it contains NUL bytes), so it is not shown as text; "
-                    "inspect it with exec_command (e.g. `file`, `xxd | head`) or, for an image, read_image"
-                )
-                raise FailedPreconditionError(msg) from None
-            raise
-        total = int(reply.result["total_lines"])
+            raise BinaryFileError(msg) from None
+        total = reply.result.total_lines
         if first > max(total, 1):
             msg = f"offset {first} is past the end of {resolved}, which has {total} lines"
             raise InvalidSpecError(msg)
@@ -639,6 +682,9 @@ class FileManager:
         Edits of one path through this daemon are serialised, and each write
         checks the file is still what was read (a change from elsewhere makes it
         re-read and re-apply), so concurrent edits never lose an update.
+
+        Returns:
+            The resolved path and the outcome.
 
         Raises:
             PathNotFoundError: the file does not exist.
@@ -655,13 +701,13 @@ class FileManager:
                 if attempt:
                     # Someone else wrote the file (through another name, or the shell): re-read and re-apply.
                     await asyncio.sleep(random.uniform(0, 0.02 * attempt))
-                reply = await self._call(workspace_id, {"op": "read", "path": resolved, "max_bytes": MAX_EDIT_BYTES})
+                reply = await self._call(workspace_id, ReadRequest(path=resolved, max_bytes=MAX_EDIT_BYTES))
                 outcome = await asyncio.to_thread(
                     apply_edit, reply.data, old, new, replace_all=replace_all, path=resolved
                 )
                 try:
-                    await self._write(workspace_id, resolved, outcome.data, expect=reply.result["sha256"])
-                except _Conflict:
+                    await self._write(workspace_id, resolved, outcome.data, expect=reply.result.sha256)
+                except FileChangedError:
                     continue
                 log.info("file.edited", workspace_id=workspace_id, path=resolved, replacements=outcome.replacements)
                 return resolved, outcome
@@ -670,21 +716,21 @@ class FileManager:
 
     async def _write(
         self, workspace_id: str, path: str, data: bytes, *, expect: str | None = None, return_old_max: int = 0
-    ) -> _Reply:
+    ) -> _Reply[WriteResult]:
         async def chunks() -> AsyncIterator[bytes]:
             yield data
 
-        request: dict[str, Any] = {"op": "write", "path": path, "mkdirs": True, "return_old_max": return_old_max}
-        if expect is not None:
-            request["expect_sha256"] = expect
+        request = WriteRequest(path=path, mkdirs=True, return_old_max=return_old_max, expect_sha256=expect)
         return await self._call(workspace_id, request, chunks())
 
-    async def write_file(self, workspace_id: str, path: str, content: bytes) -> tuple[str, dict[str, Any]]:
+    async def write_file(self, workspace_id: str, path: str, content: bytes) -> tuple[str, WriteOutcome]:
         """Create or atomically overwrite a file with exactly ``content``; parents are created.
 
         Returns:
-            The resolved path and a dict with ``message``, ``created``, ``diff``,
-            ``size`` and ``lines``.
+            The resolved path and what was done.
+
+        Raises:
+            InvalidSpecError: ``content`` is over :data:`MAX_WRITE_BYTES`, or the path names a directory.
         """
         resolved = resolve_path(path)
         if len(content) > MAX_WRITE_BYTES:
@@ -695,34 +741,29 @@ class FileManager:
             raise InvalidSpecError(msg)
         async with self._lock(workspace_id, resolved):
             reply = await self._write(workspace_id, resolved, content, return_old_max=DIFF_OLD_MAX_BYTES)
-        created = bool(reply.result["created"])
-        old_size = int(reply.result["old_size"])
+        created, old_size = reply.result.created, reply.result.old_size
         old = reply.data if not created and old_size <= DIFF_OLD_MAX_BYTES else None
         message, diff = await asyncio.to_thread(
             write_summary, resolved, content, old, old_size=old_size, created=created
         )
         log.info("file.written", workspace_id=workspace_id, path=resolved, size=len(content), created=created)
-        return resolved, {
-            "message": message,
-            "created": created,
-            "diff": diff,
-            "size": len(content),
-            "lines": count_lines(content),
-        }
+        return resolved, WriteOutcome(
+            message=message, created=created, diff=diff, size_bytes=len(content), line_count=count_lines(content)
+        )
 
-    async def list_dir(self, workspace_id: str, path: str) -> tuple[str, list[dict[str, Any]]]:
-        """Entries of a directory, sorted by name."""
+    async def list_dir(self, workspace_id: str, path: str) -> tuple[str, list[Entry]]:
+        """Entries of a directory, sorted by name, and its resolved path."""
         resolved = resolve_path(path or WORKSPACE_ROOT)
-        reply = await self._call(workspace_id, {"op": "list", "path": resolved})
+        reply = await self._call(workspace_id, ListRequest(path=resolved))
         # One JSON entry per line in data frames: a big directory is no single oversized frame.
-        return resolved, [from_container_json(line) for line in reply.data.split(b"\n") if line]
+        return resolved, decode_entries(reply.data)
 
-    async def stat(self, workspace_id: str, path: str, *, follow: bool = False) -> dict[str, Any]:
-        """Describe one path."""
-        return (await self._call(workspace_id, {"op": "stat", "path": resolve_path(path), "follow": follow})).result
+    async def stat(self, workspace_id: str, path: str, *, follow: bool = False) -> Entry:
+        """Describe one path (a final symlink's target with ``follow``)."""
+        return (await self._call(workspace_id, StatRequest(path=resolve_path(path), follow=follow))).result
 
     async def remove(self, workspace_id: str, path: str, *, recursive: bool = False) -> str:
-        """Delete a file, link or (recursive) directory.
+        """Delete a file, link or (recursive) directory; return its resolved path.
 
         Raises:
             InvalidSpecError: ``path`` is the root directory (C11: refused in plain words, before
@@ -734,50 +775,55 @@ class FileManager:
         if posixpath.normpath("/" + resolved.lstrip("/")) == "/":
             msg = "refusing to remove / (the workspace's root directory); remove what is in it by name"
             raise InvalidSpecError(msg)
-        await self._call(workspace_id, {"op": "remove", "path": resolved, "recursive": recursive})
+        await self._call(workspace_id, RemoveRequest(path=resolved, recursive=recursive))
         return resolved
 
     async def move(self, workspace_id: str, source: str, destination: str, *, overwrite: bool = False) -> str:
-        """Rename a path."""
+        """Rename a path; return the destination's resolved path."""
         resolved = resolve_path(destination)
-        request = {"op": "move", "source": resolve_path(source), "destination": resolved, "overwrite": overwrite}
+        request = MoveRequest(source=resolve_path(source), destination=resolved, overwrite=overwrite)
         await self._call(workspace_id, request)
         return resolved
 
-    async def upload(self, workspace_id: str, path: str, archive: AsyncIterable[bytes]) -> tuple[str, dict[str, Any]]:
-        """Extract a tar stream into a directory (created when missing)."""
+    async def upload(self, workspace_id: str, path: str, archive: AsyncIterable[bytes]) -> tuple[str, UploadResult]:
+        """Extract a tar stream into a directory (created when missing); return it resolved, and the counts."""
         resolved = resolve_path(path)
-        reply = await self._call(workspace_id, {"op": "upload", "path": resolved}, archive)
+        reply = await self._call(workspace_id, UploadRequest(path=resolved), archive)
         return resolved, reply.result
 
     async def download(self, workspace_id: str, path: str, *, follow: bool = False) -> AsyncIterator[bytes]:
         """Stream a file or tree as a tar archive (of a final symlink's target with ``follow``)."""
-        request = {"op": "download", "path": resolve_path(path), "follow": follow}
+        request = DownloadRequest(path=resolve_path(path), follow=follow)
         async for reply in self._stream(workspace_id, request):
             if isinstance(reply, FileData):
                 yield reply.data
+            elif isinstance(reply, FileResult):
+                request.decode(reply.value)
 
     async def read_image(self, workspace_id: str, source: str) -> ImageData:
         """Read a png/jpeg/gif/webp image (at most 5 MB) from a path or an http(s) URL.
 
         URLs are fetched from inside the workspace, so they work only when its
         network policy allows it.
+
+        Raises:
+            FileTooLargeError: the image is over 5 MB.
+            FailedPreconditionError: not one of the four formats, or the fetch failed.
         """
         if utf8_size(source) > MAX_URL_BYTES:
             msg = f"source is {utf8_size(source)} bytes; the limit is {MAX_URL_BYTES}"
             raise InvalidSpecError(msg)
+        request: FileRequest[Any]
         if source.startswith(("http://", "https://")):
-            request = {"op": "fetch", "url": source, "max_bytes": IMAGE_MAX_BYTES, "timeout_s": 30}
+            request = FetchRequest(url=source, max_bytes=IMAGE_MAX_BYTES, timeout_s=30)
         else:
             source = resolve_path(source)
-            request = {"op": "read", "path": source, "max_bytes": IMAGE_MAX_BYTES}
+            request = ReadRequest(path=source, max_bytes=IMAGE_MAX_BYTES)
         try:
-            reply = await self._call(workspace_id, request)
-        except FailedPreconditionError as exc:
-            if "limit" in exc.message or "larger than" in exc.message:
-                msg = f"{source} is over the 5 MB limit for images"
-                raise FailedPreconditionError(msg) from None
-            raise
+            reply: _Reply[Any] = await self._call(workspace_id, request)
+        except FileTooLargeError:
+            msg = f"{source} is over the 5 MB limit for images"
+            raise FileTooLargeError(msg) from None
         # Off the event loop, and two at a time: a crafted header can take Pillow seconds.
         async with self._sniffing:
             return await asyncio.to_thread(sniff_image, reply.data, source)

@@ -155,6 +155,7 @@ class InstanceLease:
             holder=self._holder,
             wait_s=wait_s,
             stale=lambda holder: _field(holder, "token") == self._token,
+            alive=_lives_here,
         )
 
     def _refusal(self, holder: str) -> str:
@@ -182,3 +183,20 @@ def _field(holder: str, key: str) -> object:
     if isinstance(value, list):
         return [str(item)[:200] for item in value[:4]]
     return str(value)[:200] if isinstance(value, (int, str)) else None
+
+
+def _lives_here(holder: str) -> bool:
+    """Whether the holder is a sandboxd process running on this host now: no wait for it to go.
+
+    Seen by its pid in ``/proc`` with ``sandboxd`` in its command line, on the host it names
+    (a pid alone could be another program's by now). A holder on another host, or a daemon in
+    another pid namespace, is waited for as before (:data:`FIRST_WAIT_S`).
+    """
+    pid, host = _field(holder, "pid"), _field(holder, "host")
+    if not isinstance(pid, str) or not pid.isdigit() or int(pid) <= 0 or host != socket.gethostname():
+        return False
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as cmdline:
+            return b"sandboxd" in cmdline.read(4096)
+    except OSError:
+        return False

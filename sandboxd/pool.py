@@ -4,7 +4,7 @@ A *class* is everything fixed when a container is created: image, limits, networ
 and security settings. A ``CreateWorkspace`` whose spec resolves to a class's takes one of
 its ready *members* instead of starting a container; what is the caller's alone (id,
 tenant, env, labels, working directory, secrets, idle TTL) is applied then, so the claimed
-workspace is indistinguishable from a fresh one (``WorkspaceManager._claim``). The pool
+workspace is indistinguishable from a fresh one (``PoolMembers.claim``). The pool
 refills in the background after every claim, and a claim never waits for it: an empty pool
 means a normal create.
 
@@ -34,7 +34,7 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 import yaml
@@ -43,10 +43,16 @@ from .backend.base import LABEL_POOL, ContainerInfo
 from .errors import InvalidSpecError, SandboxdError
 from .models import NetworkPolicy, ResourceLimits, Runtime, SecurityOptions, WorkspaceSpec
 
-if TYPE_CHECKING:
-    from .workspaces import WorkspaceManager
-
-__all__ = ["LABEL_POOL", "MEMBER_PREFIX", "PoolClass", "PoolStatus", "WarmPool", "class_key", "read_pool_file"]
+__all__ = [
+    "LABEL_POOL",
+    "MEMBER_PREFIX",
+    "MemberFactory",
+    "PoolClass",
+    "PoolStatus",
+    "WarmPool",
+    "class_key",
+    "read_pool_file",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -131,6 +137,50 @@ class PoolStatus:
     misses: int
 
 
+class MemberFactory(Protocol):
+    """What the pool needs of workspaces: members made, checked and removed (``sandboxd.workspaces.PoolMembers``).
+
+    The pool decides when; the factory knows how. Each call may raise what the engine raises
+    (:class:`SandboxdError`), which the pool logs and outlives.
+    """
+
+    def resolve(self, spec: WorkspaceSpec) -> WorkspaceSpec:
+        """A demand class's spec with every default applied, as a create's would be.
+
+        Raises:
+            InvalidSpecError: the spec is out of range.
+        """
+        ...
+
+    async def create_member(self, pool_class: PoolClass, member_id: str) -> ContainerInfo:
+        """Start a member of ``pool_class`` with id ``member_id``, whose agent has answered.
+
+        Raises:
+            SandboxdError: it could not be started (it is not left behind).
+        """
+        ...
+
+    async def member_is_fresh(self, info: ContainerInfo, pool_class: PoolClass) -> bool:
+        """Whether a member an earlier run left can be handed out (same spec, agent and image, untouched).
+
+        Raises:
+            SandboxdError: its agent cannot be reached.
+        """
+        ...
+
+    def member_answers(self, member_id: str) -> bool:
+        """Whether a ready member's agent link is up."""
+        ...
+
+    async def current_image_id(self, image: str) -> str | None:
+        """The id of the image ``image`` names now; None if it is not on the engine."""
+        ...
+
+    async def remove_member(self, member_id: str) -> None:
+        """Remove a member (nothing if it is gone)."""
+        ...
+
+
 def read_pool_file(path: str) -> list[tuple[str, int, WorkspaceSpec]]:
     """The classes of a pool file: a YAML list of mappings, one per class.
 
@@ -208,8 +258,7 @@ class WarmPool:
     """Keeps each class's members ready, hands them out, and starts new ones in the background.
 
     Args:
-        manager: makes members (``create_member``), claims and removes them; resolves the specs
-            of demand classes.
+        members: makes, checks and removes members; resolves the specs of demand classes.
         classes: the classes to keep; names are unique.
         demand_memory_bytes: the demand classes' budget, in bytes of memory limits; 0 makes none.
         demand_idle_s: a demand class not asked for in this long, in seconds, goes.
@@ -217,14 +266,14 @@ class WarmPool:
 
     def __init__(
         self,
-        manager: WorkspaceManager,
+        members: MemberFactory,
         classes: Sequence[PoolClass],
         *,
         demand_memory_bytes: int = 0,
         demand_idle_s: float = 600.0,
     ) -> None:
         """Prepare the pool; :meth:`start` begins filling it."""
-        self.manager = manager
+        self.members = members
         self.demand_memory_bytes = demand_memory_bytes
         self.demand_idle_s = demand_idle_s
         self._asks: collections.OrderedDict[tuple[Any, ...], collections.deque[float]] = collections.OrderedDict()
@@ -292,7 +341,7 @@ class WarmPool:
             idle_ttl_s=0.0,
         )
         try:
-            resolved = self.manager.resolve(asked)
+            resolved = self.members.resolve(asked)
         except SandboxdError:
             return
         if class_key(resolved) != key:
@@ -335,7 +384,7 @@ class WarmPool:
     def _remove_member(self, member_id: str) -> None:
         async def remove() -> None:
             try:
-                await self.manager.remove_member(member_id)
+                await self.members.remove_member(member_id)
             except SandboxdError as exc:
                 log.warning("pool.member_not_removed", member=member_id, error=exc.message)
 
@@ -379,14 +428,14 @@ class WarmPool:
                 if (
                     pool_class is not None
                     and len(self._ready[pool_class.name]) < pool_class.size
-                    and await self.manager.member_is_fresh(info, pool_class)
+                    and await self.members.member_is_fresh(info, pool_class)
                 ):
                     self._ready[pool_class.name].append(info)
                     kept += 1
                     continue
             except SandboxdError as exc:
                 log.info("pool.member_unusable", member=info.workspace_id, error=exc.message)
-            await self.manager.remove_member(info.workspace_id)
+            await self.members.remove_member(info.workspace_id)
         if members:
             log.info("pool.adopted", kept=kept, removed=len(members) - kept)
 
@@ -448,7 +497,7 @@ class WarmPool:
         try:
             async with self._gate:
                 began = time.monotonic()
-                info = await self.manager.create_member(pool_class, member_id)
+                info = await self.members.create_member(pool_class, member_id)
         except SandboxdError as exc:
             self._failed_at[pool_class.name] = time.monotonic()
             log.warning("pool.member_failed", pool_class=pool_class.name, error=exc.message)
@@ -473,12 +522,12 @@ class WarmPool:
         """Drop members whose agent stopped answering or whose image was rebuilt since."""
         for pool_class in list(self.classes.values()):
             ready = self._ready.get(pool_class.name, collections.deque())
-            current = await self.manager.backend.image_info(pool_class.spec.image)
+            current = await self.members.current_image_id(pool_class.spec.image)
             for info in list(ready):
-                fresh = current is not None and info.image_id == current.image_id
-                if (fresh and self.manager.member_answers(info.workspace_id)) or info not in ready:
+                fresh = current is not None and info.image_id == current
+                if (fresh and self.members.member_answers(info.workspace_id)) or info not in ready:
                     continue  # fine, or claimed while the image was looked up
                 ready.remove(info)
                 log.info("pool.member_dropped", member=info.workspace_id, stale_image=not fresh)
-                await self.manager.remove_member(info.workspace_id)
+                await self.members.remove_member(info.workspace_id)
         self._wake.set()

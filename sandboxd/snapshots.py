@@ -114,8 +114,9 @@ class SnapshotStore:
         info = await self.manager.owned_info(workspace_id)
         ref = self.ref(name, tenant)
         # One at a time per tenant (its quota counts what exists), and per workspace: a pause or
-        # resume must not come between a commit's own freeze and thaw.
-        async with self._lock(tenant), self.manager.id_lock(workspace_id):
+        # resume must not come between a commit's own freeze and thaw. In use meanwhile: the idle
+        # reaper leaves it alone, and counts its TTL from the snapshot's end.
+        async with self.manager.in_use(workspace_id), self._lock(tenant), self.manager.id_lock(workspace_id):
             if await self.backend.image_info(ref) is not None:
                 msg = f"snapshot {name!r} already exists"
                 raise AlreadyExistsError(msg)
@@ -141,6 +142,9 @@ class SnapshotStore:
                 max_workspace_bytes=min(
                     bound or self.manager.settings.max_snapshot_bytes, self.manager.settings.max_snapshot_bytes
                 ),
+                # The commit freezes the container: its agent is told, as for a pause, so that a
+                # command's timeout falling in that moment does not kill it at the thaw.
+                frozen=self.manager.bridge.freezer(info),
             )
         self.manager.touch(workspace_id)
         log.info("snapshot.taken", snapshot=name, workspace_id=workspace_id, size_bytes=image.size_bytes)

@@ -222,7 +222,10 @@ def docker_client():  # type: ignore[no-untyped-def]
         for network in client.networks.list(filters=selector):
             network.remove()
     client.close()
-    assert not leftovers and not volumes and not networks, f"left behind: {leftovers} {volumes} {networks}"
+    named = [f"{c.name} ({c.status}, made {c.attrs.get('Created', '?')})" for c in leftovers]
+    assert not leftovers and not volumes and not networks, (
+        f"left behind: {named} {[v.name for v in volumes]} {[n.name for n in networks]}"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import functools
@@ -12,9 +13,9 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, M
 from typing import Any, Literal, TypeVar
 
 import grpc
-import tenacity
 from google.protobuf import duration_pb2
 from sandboxd_protocol.limits import MAX_UPLOAD_CHUNK_BYTES, MAX_WRITE_BYTES
+from sandboxd_protocol.retry import RetryPolicy
 from sandboxd_protocol.v1 import file_service_pb2 as fpb
 from sandboxd_protocol.v1 import file_service_pb2_grpc as fgrpc
 from sandboxd_protocol.v1 import network_service_pb2 as npb
@@ -45,6 +46,16 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+_RETRY = RetryPolicy(first_wait_s=0.1, growth=2.0, max_wait_s=5.0, jitter_s=1.0, max_attempts=4, max_total_s=10.0)
+"""Idempotent calls retried on UNAVAILABLE: at most 4 attempts within 10 s (the policy's defaults, spelled out)."""
+
+
+def _unavailable(error: BaseException) -> bool:
+    """Whether ``error`` is worth another attempt: the daemon could not be reached (UNAVAILABLE)."""
+    return isinstance(error, UnavailableError)
+
+
 NetworkName = Literal["none", "bridge", "allowlist"]
 
 _NETWORK = {
@@ -400,13 +411,7 @@ class SandboxClient:
 
         if not (idempotent and self._retries):
             return await attempt()
-        retrying = tenacity.AsyncRetrying(
-            retry=tenacity.retry_if_exception_type(UnavailableError),
-            wait=tenacity.wait_exponential_jitter(multiplier=0.1, exp_base=2, max=5.0, jitter=1.0),
-            stop=tenacity.stop_after_attempt(4) | tenacity.stop_after_delay(10.0),
-            reraise=True,
-        )
-        return await retrying(attempt)
+        return await _RETRY.call(attempt, _unavailable)
 
     async def health(self, service: str = "") -> str:
         """The daemon's gRPC health status (``SERVING``, ``NOT_SERVING``, ...) for ``service`` ("" = overall).
@@ -825,15 +830,29 @@ class SandboxClient:
 
         ``archive`` may yield pieces of any size: each is sent in messages of at most
         ``limits.MAX_UPLOAD_CHUNK_BYTES`` (1 MiB).
+
+        Raises:
+            Exception: whatever ``archive`` raised, as it raised it (the call is cancelled and
+                the daemon extracts nothing of an archive that did not end).
         """
+        broke: list[Exception] = []
 
         async def requests() -> AsyncIterator[fpb.UploadRequest]:
             yield fpb.UploadRequest(target=fpb.UploadTarget(workspace_id=workspace_id, path=path))
-            async for chunk in archive:
-                for start in range(0, len(chunk), MAX_UPLOAD_CHUNK_BYTES):
-                    yield fpb.UploadRequest(chunk=chunk[start : start + MAX_UPLOAD_CHUNK_BYTES])
+            try:
+                async for chunk in archive:
+                    for start in range(0, len(chunk), MAX_UPLOAD_CHUNK_BYTES):
+                        yield fpb.UploadRequest(chunk=chunk[start : start + MAX_UPLOAD_CHUNK_BYTES])
+            except Exception as exc:
+                broke.append(exc)  # gRPC ends the call as cancelled: the caller gets this instead
+                raise
 
-        r = await self._unary(lambda: self._files.Upload(requests()))
+        try:
+            r = await self._unary(lambda: self._files.Upload(requests()))
+        except (asyncio.CancelledError, SandboxError):
+            if broke:
+                raise broke[0] from None
+            raise
         return int(r.entry_count)
 
     async def download(self, workspace_id: str, path: str, *, follow_symlinks: bool = False) -> AsyncIterator[bytes]:
@@ -894,9 +913,61 @@ class Workspace:
         """The workspace id."""
         return self.info.workspace_id
 
-    def exec(self, command: str, **options: Any) -> ExecHandle:
-        """Run a command here; see :meth:`SandboxClient.exec` for the options."""
-        return self.client.exec(self.workspace_id, command, **options)
+    def exec(
+        self,
+        command: str,
+        *,
+        workdir: str = "",
+        env: Mapping[str, str] | None = None,
+        yield_after_s: float | None = None,
+        timeout_s: float | None = None,
+        max_output_bytes: int = 0,
+        tty: bool = False,
+        terminal_size: tuple[int, int] | None = None,
+        spill_after_bytes: int = 0,
+        merge_stderr: bool = False,
+        follow: bool = False,
+    ) -> ExecHandle:
+        """Run ``bash -lc command`` in this workspace; iterate the handle for events or ``await handle.wait()``.
+
+        The same call as :meth:`SandboxClient.exec` with this workspace's id.
+
+        Args:
+            command: the shell command line.
+            workdir: working directory (relative to the workspace's); empty means the workspace's own.
+            env: extra environment variables for this command.
+            yield_after_s: stream this long, in seconds, before yielding (None: the daemon's default, 60 s).
+            timeout_s: kill the command after this long, in seconds (None: the daemon's default, 30 min).
+            max_output_bytes: daemon-side buffer for unread output, in bytes (0: the default, 1 MiB).
+            tty: run under a pseudo-terminal (stdout and stderr merge).
+            terminal_size: ``(columns, rows)`` of that terminal (None: 80x24).
+            spill_after_bytes: past this much output, in bytes, the daemon also writes all of it
+                to ``/workspace/.sandboxd/spill/<process_id>.out``; 0 means never.
+            merge_stderr: send stderr into stdout (``2>&1``), keeping their exact order.
+            follow: keep polling after a yield until the command exits.
+
+        Returns:
+            The call's handle (see :class:`ExecHandle`): events in order, the last one exactly
+            one ``Exited`` or ``Yielded`` (no ``Yielded`` with ``follow``); nothing is sent
+            until it is iterated or awaited.
+
+        Raises:
+            SandboxError: from iterating or awaiting the handle, as :meth:`SandboxClient.exec`.
+        """
+        return self.client.exec(
+            self.workspace_id,
+            command,
+            workdir=workdir,
+            env=env,
+            yield_after_s=yield_after_s,
+            timeout_s=timeout_s,
+            max_output_bytes=max_output_bytes,
+            tty=tty,
+            terminal_size=terminal_size,
+            spill_after_bytes=spill_after_bytes,
+            merge_stderr=merge_stderr,
+            follow=follow,
+        )
 
     async def read_file(self, path: str, **options: Any) -> ReadResult:
         """See :meth:`SandboxClient.read_file`."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import AsyncIterator
-from typing import Any
 
 from google.protobuf import timestamp_pb2
 from sandboxd_protocol.v1 import file_service_pb2 as fpb
@@ -12,6 +11,7 @@ from sandboxd_protocol.v1 import file_service_pb2_grpc as fgrpc
 
 from ..audit import audit_fields
 from ..errors import InvalidSpecError
+from ..fileops import Entry
 from ..files import FileManager
 from ._types import Context
 
@@ -25,17 +25,17 @@ _TYPES = {
 }
 
 
-def _info(entry: dict[str, Any]) -> fpb.FileInfo:
+def _info(entry: Entry) -> fpb.FileInfo:
     modified = timestamp_pb2.Timestamp()
-    modified.FromDatetime(datetime.datetime.fromtimestamp(float(entry["mtime"]), tz=datetime.UTC))
+    modified.FromDatetime(datetime.datetime.fromtimestamp(entry.mtime, tz=datetime.UTC))
     return fpb.FileInfo(
-        name=entry["name"],
-        path=entry["path"],
-        type=_TYPES.get(entry["type"], fpb.FILE_TYPE_OTHER),
-        size_bytes=int(entry["size"]),
-        mode=int(entry["mode"]),
+        name=entry.name,
+        path=entry.path,
+        type=_TYPES.get(entry.type, fpb.FILE_TYPE_OTHER),
+        size_bytes=entry.size,
+        mode=entry.mode,
         modify_time=modified,
-        link_target=entry.get("target", ""),
+        link_target=entry.target,
     )
 
 
@@ -72,13 +72,13 @@ class FileServicer(fgrpc.FileServiceServicer):
 
     async def WriteFile(self, request: fpb.WriteFileRequest, context: Context) -> fpb.WriteFileResponse:
         """Create or overwrite a file atomically."""
-        path, report = await self.files.write_file(request.workspace_id, request.path, request.content)
+        path, outcome = await self.files.write_file(request.workspace_id, request.path, request.content)
         return fpb.WriteFileResponse(
-            message=report["message"],
-            created=report["created"],
-            size_bytes=report["size"],
-            line_count=report["lines"],
-            diff=report["diff"],
+            message=outcome.message,
+            created=outcome.created,
+            size_bytes=outcome.size_bytes,
+            line_count=outcome.line_count,
+            diff=outcome.diff,
             path=path,
         )
 
@@ -120,7 +120,7 @@ class FileServicer(fgrpc.FileServiceServicer):
 
         audit_fields(workspace_id=first.target.workspace_id, path=first.target.path)
         path, result = await self.files.upload(first.target.workspace_id, first.target.path, chunks())
-        return fpb.UploadResponse(entry_count=int(result["entries"]), size_bytes=int(result["size"]), path=path)
+        return fpb.UploadResponse(entry_count=result.entries, size_bytes=result.size, path=path)
 
     async def Download(self, request: fpb.DownloadRequest, context: Context) -> AsyncIterator[fpb.DownloadResponse]:
         """Stream a tar archive of a path."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import re
 import signal
 from collections.abc import AsyncIterator
@@ -13,7 +13,7 @@ from sandboxd_protocol.v1 import process_service_pb2_grpc as pgrpc
 from ..audit import audit_fields
 from ..errors import InvalidSpecError, quoted
 from ..models import StopReason
-from ..processes import MAX_KILL_GRACE_S, ProcessTable, clamp_yield
+from ..processes import MAX_KILL_GRACE_S, ProcessTable
 from ..workspaces import WorkspaceManager
 from . import convert
 from ._types import Context
@@ -60,20 +60,10 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
         self.processes.check_spec(spec)  # bounds first: nothing is looked up for a request refused anyway
         exec_context = await self.workspaces.exec_context(request.workspace_id)
         session, started = await self.processes.start(exec_context, spec)
-        streaming = False
-        try:
-            yield convert.exec_response(started)
-            window = clamp_yield(spec.yield_after_s, session.timeout_s)
-            streaming = True
-            async for event in session.events(yield_after_s=window):
+        # Closed here, not by the garbage collector: a caller leaving is handled in this call's task.
+        async with contextlib.aclosing(session.exec_events(started)) as events:
+            async for event in events:
                 yield convert.exec_response(event)
-        finally:
-            if not streaming:
-                # The caller left right after `started`: that is a cancel, so Ctrl-C (SPEC §2.3),
-                # and an end to a command that survives it unseen.
-                session.release()
-                if session.running and not session.shutting_down:
-                    await asyncio.shield(session.abandon())
 
     async def Input(self, request: ppb.InputRequest, context: Context) -> AsyncIterator[ppb.InputResponse]:
         """Write to stdin or deliver Ctrl-C, then stream output until exit or the window closes."""

@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -45,7 +45,7 @@ from ..settings import Settings
 from ..tenancy import Authenticator
 from ..workspaces import WorkspaceManager
 from .files import FileServicer
-from .interceptors import Drain, ErrorInterceptor
+from .interceptors import Drain, server_interceptors
 from .network import NetworkServicer
 from .processes import ProcessServicer
 from .workspaces import WorkspaceServicer
@@ -310,7 +310,7 @@ async def start(
         processes = ProcessTable(backend, settings, tenants=authenticator.tenant_count)
         workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store, agent=agent)
         workspaces.pool = WarmPool(  # a bad pool file stops the start
-            workspaces,
+            workspaces.members,
             workspaces.pool_classes(),
             demand_memory_bytes=settings.pool_demand_memory_bytes,
             demand_idle_s=settings.pool_demand_idle_s,
@@ -319,32 +319,60 @@ async def start(
         await asyncio.shield(lease.release())
         raise
     try:
-        if held or await lease.take():
-            try:
-                orphans = await backend.remove_orphans()
-                if orphans:
-                    log.warning("daemon.orphans_removed", names=orphans)
-                log.info("daemon.adopted", workspaces=await workspaces.adopt(audit))
-            except SandboxdError as exc:
-                # The engine may be down now and back later: serve anyway, calls get UNAVAILABLE meanwhile.
-                log.error("daemon.adopt_failed", error=exc.message)  # noqa: TRY400
-        else:
-            log.error("daemon.adopt_skipped", reason="the instance's lease is not held yet")
+        await _adopt(backend, workspaces, audit, lease, held=held)
         lease.keep()
         workspaces.pool.start()
+        listening = _Listening(settings, authenticator, audit, socket_path, credentials)
+        return await listening.serve(backend, processes, workspaces, lease)
+    except BaseException:
+        # A start that fails (a port taken, say) must not keep the label from its next try.
+        await asyncio.shield(_abandon_start(workspaces, lease))
+        raise
+
+
+async def _adopt(
+    backend: Backend, workspaces: WorkspaceManager, audit: AuditLog, lease: InstanceLease, *, held: bool
+) -> None:
+    """Remove orphaned containers and adopt this instance's workspaces, once the lease is held.
+
+    An engine that fails meanwhile is logged, not raised: it may be back later, and calls get
+    UNAVAILABLE until then.
+    """
+    if not (held or await lease.take()):
+        log.error("daemon.adopt_skipped", reason="the instance's lease is not held yet")
+        return
+    try:
+        orphans = await backend.remove_orphans()
+        if orphans:
+            log.warning("daemon.orphans_removed", names=orphans)
+        log.info("daemon.adopted", workspaces=await workspaces.adopt(audit))
+    except SandboxdError as exc:
+        # The engine may be down now and back later: serve anyway, calls get UNAVAILABLE meanwhile.
+        log.error("daemon.adopt_failed", error=exc.message)  # noqa: TRY400
+
+
+@dataclasses.dataclass(frozen=True)
+class _Listening:
+    """What the listening half of :func:`start` is given: who may call, what is recorded, where."""
+
+    settings: Settings
+    authenticator: Authenticator
+    audit: AuditLog
+    socket_path: Path
+    credentials: grpc.ServerCredentials | None
+
+    async def serve(
+        self, backend: Backend, processes: ProcessTable, workspaces: WorkspaceManager, lease: InstanceLease
+    ) -> Daemon:
+        """Add the servicers to a new server, bind its addresses, start it and the metrics.
+
+        Raises:
+            SandboxdError: an address cannot be bound.
+        """
+        settings = self.settings
         trimmer = HeapTrimmer()
         drain = Drain()
-        server = grpc.aio.server(
-            interceptors=[ErrorInterceptor(authenticator, audit, trimmer, drain)],
-            options=[
-                ("grpc.max_send_message_length", _MAX_SEND_BYTES),
-                # The largest legitimate request: anything bigger is refused by the transport before
-                # it is parsed (RESOURCE_EXHAUSTED), and each RPC's own smaller cap is checked on the
-                # raw bytes (see interceptors._tolerant).
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
+        server = _new_server(server_interceptors(self.authenticator, self.audit, trimmer, drain))
         workspace_service_pb2_grpc.add_WorkspaceServiceServicer_to_server(WorkspaceServicer(workspaces), server)
         process_service_pb2_grpc.add_ProcessServiceServicer_to_server(ProcessServicer(workspaces, processes), server)
         files = FileManager(backend, workspaces)
@@ -358,14 +386,8 @@ async def start(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server,
         )
-        addresses = _listen(server, socket_path, settings.listen_address, credentials)
-        metrics_server, gauges, looker = None, None, None
-        if settings.metrics_address:
-            metrics_server = serve_metrics(settings.metrics_address)
-            gauges = _Gauges(workspaces, processes, lease)
-            LIVE.sources.append(gauges)
-            looker = asyncio.create_task(gauges.look_forever(), name="metrics-look")
-            log.info("metrics.listening", address=metrics_server.address)
+        addresses = _listen(server, self.socket_path, settings.listen_address, self.credentials)
+        metrics_server, gauges, looker = _start_metrics(settings, workspaces, processes, lease)
         await server.start()
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -373,7 +395,7 @@ async def start(
             "daemon.listening",
             addresses=addresses,
             instance=settings.instance,
-            tokens=authenticator.required,
+            tokens=self.authenticator.required,
             mutual_tls=bool(settings.tls_client_ca_file),
             audit_log=settings.audit_log,
         )
@@ -385,19 +407,48 @@ async def start(
             files=files,
             health=health_servicer,
             addresses=addresses,
-            audit=audit,
+            audit=self.audit,
             lease=lease,
             drain=drain,
-            reaper=asyncio.create_task(_reap_forever(workspaces, audit, lease), name="idle-reaper"),
+            reaper=asyncio.create_task(_reap_forever(workspaces, self.audit, lease), name="idle-reaper"),
             trimmer=asyncio.create_task(trimmer.run(), name="heap-trimmer"),
             metrics=metrics_server,
             looker=looker,
             gauges=gauges,
         )
-    except BaseException:
-        # A start that fails (a port taken, say) must not keep the label from its next try.
-        await asyncio.shield(_abandon_start(workspaces, lease))
-        raise
+
+
+def _new_server(interceptors: Sequence[grpc.aio.ServerInterceptor]) -> grpc.aio.Server:
+    """A grpc.aio server with the daemon's message bounds; calls go through ``interceptors``, outermost first."""
+    return grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_send_message_length", _MAX_SEND_BYTES),
+            # The largest legitimate request: anything bigger is refused by the transport before
+            # it is parsed (RESOURCE_EXHAUSTED), and each RPC's own smaller cap is checked on the
+            # raw bytes (see interceptors.bounds).
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+
+
+def _start_metrics(
+    settings: Settings, workspaces: WorkspaceManager, processes: ProcessTable, lease: InstanceLease
+) -> tuple[MetricsServer | None, _Gauges | None, asyncio.Task[None] | None]:
+    """With a metrics address: its server, this daemon's gauges, and the task that reads the engine.
+
+    Returns:
+        ``(server, gauges, looker)``, all None without ``settings.metrics_address``.
+    """
+    if not settings.metrics_address:
+        return None, None, None
+    metrics_server = serve_metrics(settings.metrics_address)
+    gauges = _Gauges(workspaces, processes, lease)
+    LIVE.sources.append(gauges)
+    looker = asyncio.create_task(gauges.look_forever(), name="metrics-look")
+    log.info("metrics.listening", address=metrics_server.address)
+    return metrics_server, gauges, looker
 
 
 def _listen(

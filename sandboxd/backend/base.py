@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -294,13 +294,20 @@ class Backend(Protocol):
         ...
 
     async def snapshot_container(
-        self, workspace_id: str, ref: str, labels: Mapping[str, str], *, max_workspace_bytes: int
+        self,
+        workspace_id: str,
+        ref: str,
+        labels: Mapping[str, str],
+        *,
+        max_workspace_bytes: int,
+        frozen: Callable[[bool], Awaitable[None]] | None = None,
     ) -> ImageInfo:
         """Make image ``ref`` (labelled ``labels``) of the container's files.
 
         Its changed root filesystem and its /workspace, which a container of the image starts with.
 
-        The container goes on running (frozen for the moment its root filesystem is taken);
+        The container goes on running (frozen for the moment its root filesystem is taken:
+        ``frozen(True)`` is awaited just before, ``frozen(False)`` once it runs again);
         its files are streamed, never held whole, and at most ``max_workspace_bytes`` of them
         (as an archive: a sparse file counts at its full length).
 
@@ -327,7 +334,8 @@ class Backend(Protocol):
         """Make the running container ``member`` (a warm pool's) workspace ``workspace_id``; return it so.
 
         From then on, and across restarts of the daemon, every call names it ``workspace_id``
-        and reports ``labels`` as its own (the domain's ``sandboxd.*`` labels among them).
+        and reports ``labels`` as its own (the domain's ``sandboxd.*`` labels among them), and the
+        claim's time as its ``create_time`` (the workspace was created then, not when the member started).
 
         Raises:
             WorkspaceExistsError: ``workspace_id`` is taken.
@@ -437,6 +445,7 @@ class Backend(Protocol):
         holder: str,
         wait_s: float,
         stale: Callable[[str], bool] = lambda holder: False,
+        alive: Callable[[str], bool] = lambda holder: False,
     ) -> Lease:
         """Hold this instance's label on the engine for as long as this process lives.
 
@@ -444,10 +453,12 @@ class Backend(Protocol):
         to the end) whose stdin this process keeps open: however the process ends, kill -9
         included, the engine closes that stdin and the container ends and goes. ``holder``
         (JSON) says who holds it, for whoever finds it taken; ``stale`` tells a holder that is
-        this process from before (an engine restart that kept it running), which goes.
+        this process from before (an engine restart that kept it running), which goes;
+        ``alive`` tells a holder known to live on (no wait for it to go: refused at once).
 
         Raises:
-            LeaseHeldError: another process still held it after ``wait_s`` seconds.
+            LeaseHeldError: another process still held it after ``wait_s`` seconds, or at
+                once when ``alive`` says its holder lives.
             ImageNotFoundError: ``image`` is not on the engine.
             DockerUnavailableError: the engine does not answer.
         """

@@ -565,9 +565,9 @@ async def test_the_agent_refuses_bad_frames_and_keeps_serving(agent: Agent) -> N
     """Frames the agent cannot take are answered with an error on their channel; it keeps serving."""
     link = agent.link()
     await link.connect()
-    await link._send(b"Z", 5, b"")  # unknown kind
-    await link._send(b"I", 77, b"input for nobody")  # no such session
-    await link._send(b"S", 9, b"{not json")
+    await link.send(b"Z", 5, b"")  # unknown kind
+    await link.send(b"I", 77, b"input for nobody")  # no such session
+    await link.send(b"S", 9, b"{not json")
     done = await run(link, "echo still")
     assert done.text() == b"still\n"
     assert agent.alive()

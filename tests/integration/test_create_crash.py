@@ -93,9 +93,18 @@ async def test_a_kill_at_a_random_point_of_twenty_creates_loses_none_and_leaves_
                 returned[i] = await _send(client, ids[i], requests[i])
 
         kill_after = rng.uniform(0.3, 4.0)
-        asyncio.get_running_loop().call_later(kill_after, daemon.kill)
+        killed = asyncio.Event()
+
+        def kill() -> None:
+            daemon.kill()
+            killed.set()
+
+        asyncio.get_running_loop().call_later(kill_after, kill)
         outcomes = await asyncio.gather(*(create(i) for i in range(CREATES)), return_exceptions=True)
-        daemon.wait(timeout=30)
+        # The creates may all be done before the kill's moment: a blocking wait here would keep
+        # the loop from ever running the kill (it did, on a fast host).
+        await asyncio.wait_for(killed.wait(), 10)
+        await asyncio.to_thread(daemon.wait, 30)
         await client.close()
     for i, outcome in enumerate(outcomes):
         if isinstance(outcome, UnavailableError) and ids[i]:

@@ -204,6 +204,21 @@ class TestUploadSafety:
         with pytest.raises(InvalidArgumentError):
             await client.upload(workspace.workspace_id, "/workspace/up2", _chunks(archive))
 
+    async def test_an_archive_that_fails_on_its_way_surfaces_as_its_own_error(self, client, workspace) -> None:
+        """The caller's iterator raising mid-upload gives the caller that very error (not a
+        CancelledError), nothing of the archive is extracted, and the workspace serves on."""
+        archive = _tar(("file", "first", "1" * 3000), ("file", "second", "2"))
+
+        async def breaks():  # type: ignore[no-untyped-def]
+            yield archive[:2048]
+            raise ValueError("the archive's source broke")
+
+        with pytest.raises(ValueError, match="the archive's source broke"):
+            await client.upload(workspace.workspace_id, "/workspace/up3", breaks())
+        assert await sh(workspace, "ls -A /workspace/up3 2>/dev/null | wc -l") == "0\n"
+        await client.upload(workspace.workspace_id, "/workspace/up3", _chunks(archive))
+        assert await sh(workspace, "cat /workspace/up3/second") == "2"
+
     async def test_upload_to_unknown_workspace_is_not_found(self, client) -> None:
         """Upload to a workspace that does not exist is NOT_FOUND."""
         with pytest.raises(NotFoundError, match="ws-nope"):

@@ -127,6 +127,26 @@ async def test_a_call_resumes_a_paused_workspace(workspace) -> None:
     assert (await workspace.refresh()).state == "running"
 
 
+async def test_update_network_resumes_a_paused_workspace(workspace) -> None:
+    """UpdateNetwork holds the workspace's lock while it resumes it: it answers (it used to wait
+    for that same lock for ever), and the workspace runs on with its new network."""
+    await workspace.pause()
+    info = await asyncio.wait_for(workspace.update_network("none"), 30)
+    assert info.state == "running"
+    assert info.network == "none"
+    assert (await workspace.exec("echo awake").wait()).stdout == "awake\n"
+
+
+@pytest.mark.workspace(auto_resume=False)
+async def test_update_network_on_a_paused_workspace_without_auto_resume_is_refused(workspace) -> None:
+    """Refused as every other call that needs its processes, and it stays paused."""
+    await workspace.pause()
+    with pytest.raises(FailedPreconditionError, match="is paused"):
+        await asyncio.wait_for(workspace.update_network("none"), 30)
+    assert (await workspace.refresh()).state == "paused"
+    await workspace.resume()
+
+
 @pytest.mark.workspace(auto_resume=False)
 async def test_without_auto_resume_calls_on_a_paused_workspace_are_refused(workspace) -> None:
     """FAILED_PRECONDITION saying it is paused, for commands, input and files; resume lets them through."""

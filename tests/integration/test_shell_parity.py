@@ -46,7 +46,9 @@ BATTERY = [
     "sh -c 'kill -TERM $$'",
     "sh -c 'kill -SEGV $$'; echo after",
     "ps -o comm= -p $$",
-    "s=1.2345; (sleep $s &); pgrep -fc 'sleep 1.23[4]5'; pkill -f 'sleep 1.23[4]5'",
+    # the background sleep may not have started when pgrep runs: wait for it, then count it
+    "s=1.2345; (sleep $s &); until pgrep -f 'sleep 1.23[4]5' >/dev/null; do :; done; "
+    "pgrep -fc 'sleep 1.23[4]5'; pkill -f 'sleep 1.23[4]5'",
     "ps -o args= -p $$; true",
     "printf 'a\\nb\\n'\nno-such-command\ncat <<'EOF'\nhere\nEOF",  # native: lines, a here-document
     'f() { echo "$LINENO"; }\nf; echo $LINENO',  # native

@@ -27,7 +27,7 @@ from sandboxd_client import (
 from sandboxd.tenancy import create_token
 from tests.conftest import DaemonThread, make_settings, rss_bytes, spawned_daemon
 
-from .helpers import skip_without
+from .helpers import skip_without, start_ready
 
 pytestmark = pytest.mark.docker
 
@@ -86,6 +86,11 @@ async def test_forks_have_every_file_and_their_own_copy(
     teams = {w.workspace_id for w in await client.list_workspaces({"team": "a"})}
     assert teams == {source.workspace_id, *(f.workspace_id for f in forks)}
     assert [w.workspace_id for w in await client.list_workspaces({"role": "x"})] == [relabelled.workspace_id]
+    # Its container carries "team" blank; the workspace has no such label, and a selector that
+    # asks for a blank value matches only a workspace whose own label is blank.
+    blank = await client.create_workspace(runtime=runtime, labels={"team": ""})
+    assert [w.workspace_id for w in await client.list_workspaces({"team": ""})] == [blank.workspace_id]
+    await blank.delete()
     for fork in [*forks, relabelled]:
         await fork.delete()
     await source.delete()
@@ -339,3 +344,24 @@ async def test_a_fork_whose_files_do_not_fit_its_cap_is_refused_cleanly(own, doc
     assert after == before
     await ws.delete()
     await client.delete_snapshot("too-big")
+
+
+async def test_the_commit_freeze_counts_toward_no_command_timeout(own) -> None:  # type: ignore[no-untyped-def]
+    """A snapshot's commit stands the container still for seconds (800 MiB of root filesystem
+    here): its agent is told, so a command whose timeout would have passed during that freeze
+    is not killed at the thaw; it has the rest of its time after it, as after a pause."""
+    client, _instance = own
+    ws = await client.create_workspace()
+    try:
+        made = await ws.exec("head -c 800M /dev/zero > /var/tmp/big && echo made", timeout_s=120).wait()
+        assert made.stdout == "made\n", made
+        process_id = await start_ready(ws, "echo ready; sleep 1; sleep 3; echo done", timeout_s=6)
+        began = time.monotonic()
+        await ws.snapshot("frozen")
+        took = time.monotonic() - began
+        ended = await client.input(process_id, "", yield_after_s=30).wait()
+        assert (ended.exit_code, ended.stop_reason) == (0, "exited"), (ended, f"the snapshot took {took:.1f} s")
+        assert "done" in ended.stdout
+    finally:
+        await ws.delete()
+        await client.delete_snapshot("frozen")

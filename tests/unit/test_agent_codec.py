@@ -232,7 +232,7 @@ class TestInterrupt:
         session.on_started(4711)
         await session.interrupt()
         assert stream.frames()[-1] == (b"K", session.channel.number, {"grace_s": 0.0})  # type: ignore[union-attr]
-        assert StopReason.INTERRUPTED in session._requested
+        assert StopReason.INTERRUPTED in session.state.requested
 
     async def test_linux_ctrl_c_is_sigint_to_the_group(self) -> None:
         session, stream = await _session("linux")

@@ -130,3 +130,54 @@ def test_log_lines_never_grow_with_a_field(tmp_path) -> None:
     assert "… [8026 characters cut] …" in entry["value"]
     assert len(entry["nested"]["inner"][0]) <= 2000
     assert entry["secret"] == "[MASK]"
+
+
+def test_the_layers_come_in_their_stated_order() -> None:
+    """The daemon's interceptors are one job each, outermost first, as the package docstring states."""
+    from sandboxd.api import interceptors
+
+    layers = interceptors.server_interceptors()
+    assert [type(layer) for layer in layers] == [
+        interceptors.AccessLog,
+        interceptors.AuditTrail,
+        interceptors.ErrorStatus,
+        interceptors.Authentication,
+        interceptors.DrainGate,
+        interceptors.RequestBounds,
+    ]
+
+
+async def test_a_refused_attempt_is_audited_with_what_it_named(tmp_path) -> None:
+    """A call without a valid token is refused (UNAUTHENTICATED) and its audit line still names its target."""
+    import json
+
+    from sandboxd.api.interceptors import server_interceptors
+    from sandboxd.audit import AuditLog
+    from sandboxd.tenancy import Authenticator, create_token
+
+    create_token(tmp_path / "tokens.json", "team-a")
+    authenticator = Authenticator(str(tmp_path / "tokens.json"))
+    audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    server = grpc.aio.server(interceptors=server_interceptors(authenticator, audit))
+    manager = RaisingManager(AssertionError("a refused call never reaches the servicer"))
+    wgrpc.add_WorkspaceServiceServicer_to_server(WorkspaceServicer(manager), server)  # type: ignore[arg-type]
+    address = f"unix:{tmp_path}/s.sock"
+    server.add_insecure_port(address)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = wgrpc.WorkspaceServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.DeleteWorkspace(wpb.DeleteWorkspaceRequest(workspace_id="ws-1"))
+    finally:
+        await server.stop(0)
+        audit.close()
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    (line,) = (tmp_path / "audit.jsonl").read_text().splitlines()
+    entry = json.loads(line)
+    assert (entry["rpc"], entry["tenant"], entry["workspace_id"], entry["code"]) == (
+        "DeleteWorkspace",
+        None,
+        "ws-1",
+        "UNAUTHENTICATED",
+    )

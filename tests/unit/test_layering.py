@@ -30,3 +30,98 @@ def test_the_client_keeps_its_public_names() -> None:
     assert set(limits.__all__) == set(shared.__all__)
     assert text.Redactor is Redactor
     assert default_socket_path({"SANDBOXD_SOCKET": "/x.sock"}) == "/x.sock"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each module of sandboxd/ and the sandboxd modules it imports (at any depth of its body)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "sandboxd"
+    files = {}
+    for path in root.rglob("*.py"):
+        parts = ["sandboxd", *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        files[".".join(parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in files)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                for alias in node.names:
+                    target = f"{base}.{alias.name}"
+                    if target in files:
+                        edges.add(target)
+                    elif base in files:
+                        edges.add(base)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def test_the_daemon_has_no_import_circle() -> None:
+    """No module of sandboxd/ reaches itself through its imports (docs/architecture.md draws the layers)."""
+    graph = _module_graph()
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}
+    trail: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        trail.append(name)
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                circles.append([*trail[trail.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        trail.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert circles == []
+
+
+#: The daemon's layers, lowest first (docs/architecture.md): a module imports from its own
+#: layer or lower ones, never from a higher one.
+LAYERS = (
+    (
+        "ground",
+        ("errors", "settings", "logging", "metrics", "models", "secrets", "memory", "tenancy", "proxy", "audit"),
+    ),
+    ("engine", ("backend",)),
+    ("agent", ("agent", "fileops", "images", "agentbuild", "lease")),
+    ("processes", ("relay", "processes")),
+    ("domain", ("egress", "pool", "workspaces", "files", "forwards", "snapshots")),
+    ("api", ("api", "__main__")),
+)
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    for rank, (_, names) in enumerate(LAYERS):
+        if top in names:
+            return rank
+    raise AssertionError(f"{module} is in no layer of LAYERS")
+
+
+def test_no_module_imports_from_a_higher_layer() -> None:
+    """Every module has a layer, and its imports go down or sideways, never up."""
+    graph = _module_graph()
+    del graph["sandboxd"]
+    upward = [
+        f"{name} ({LAYERS[_layer(name)][0]}) -> {target} ({LAYERS[_layer(target)][0]})"
+        for name, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if target != "sandboxd" and _layer(target) > _layer(name)
+    ]
+    assert upward == []

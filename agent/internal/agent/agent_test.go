@@ -465,8 +465,10 @@ func TestReconnectResumesAtTheAcknowledgedByte(t *testing.T) {
 	if state == nil {
 		t.Fatalf("the welcome does not name channel %d: %+v", r.channel, welcome.Sessions)
 	}
-	if state.PID != r.pid || state.Ack != uint64(acked) {
-		t.Errorf("state %+v, want pid %d ack %d", state, r.pid, acked)
+	// The old connection's last Pull may still be unread when the new one is welcomed: the
+	// welcome's ack is at most what was acknowledged, and the resume below names the rest.
+	if state.PID != r.pid || state.Ack > uint64(acked) {
+		t.Errorf("state %+v, want pid %d ack at most %d", state, r.pid, acked)
 	}
 	rest := &run{channel: r.channel, output: r.output}
 	d2.send(proto.Pull, r.channel, proto.PullMsg{Ack: uint64(acked), Until: 1 << 40, Reader: true})

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"sync"
 	"syscall"
 	"time"
 
@@ -44,16 +43,11 @@ type FileRequest struct {
 type fileOp struct {
 	channel uint32
 	agent   *Agent
+	win     *window // its mutex guards the fields below
 
-	mu      sync.Mutex
 	stdin   *os.File
 	pid     int
 	server  *fileServer // the user's file server doing it, if one is
-	sent    uint64
-	acked   uint64
-	room    *sync.Cond
-	input   inbox
-	done    bool
 	exited  bool
 	started bool
 }
@@ -73,8 +67,7 @@ func (a *Agent) dispatchFile(c *conn, f proto.Frame) {
 			a.protocolError(c, f.Channel, "file operation: %v", err)
 			return
 		}
-		op = &fileOp{channel: f.Channel, agent: a}
-		op.room = sync.NewCond(&op.mu)
+		op = &fileOp{channel: f.Channel, agent: a, win: newWindow(fileWindow, fileInputWindow, tookStep)}
 		a.mu.Lock()
 		a.files[f.Channel] = op
 		a.mu.Unlock()
@@ -87,30 +80,18 @@ func (a *Agent) dispatchFile(c *conn, f proto.Frame) {
 	}
 	switch f.Kind {
 	case proto.FileData:
-		op.mu.Lock()
-		fits := op.done || op.input.push(f.Payload, fileInputWindow)
-		op.room.Broadcast()
-		op.mu.Unlock()
-		if !fits {
+		if !op.win.push(f.Payload) {
 			a.finishFile(op, "the daemon sent more file data than the agent's window")
 		}
 	case proto.FileEnd:
-		op.mu.Lock()
-		op.input.ended = true
-		op.room.Broadcast()
-		op.mu.Unlock()
+		op.win.end()
 	case proto.FileAck:
 		var msg proto.FileAckMsg
 		if err := decode(f.Payload, &msg); err != nil {
 			a.protocolError(c, f.Channel, "file ack: %v", err)
 			return
 		}
-		op.mu.Lock()
-		if msg.Ack > op.acked {
-			op.acked = msg.Ack
-		}
-		op.room.Broadcast()
-		op.mu.Unlock()
+		op.win.ack(msg.Ack)
 	}
 }
 
@@ -164,10 +145,10 @@ func (op *fileOp) run(req FileRequest) {
 		return
 	}
 	status := op.agent.Expect(proc.PID)
-	op.mu.Lock()
+	op.win.mu.Lock()
 	op.stdin, op.pid, op.started = inW, proc.PID, true
-	abandoned := op.done
-	op.mu.Unlock()
+	abandoned := op.win.done
+	op.win.mu.Unlock()
 	if abandoned {
 		_ = syscall.Kill(proc.PID, syscall.SIGKILL)
 	}
@@ -206,10 +187,10 @@ func (op *fileOp) runIn(s *fileServer, req FileRequest) bool {
 		op.agent.abandon(s)
 		return false
 	}
-	op.mu.Lock()
+	op.win.mu.Lock()
 	op.stdin, op.pid, op.server, op.started = inW, s.pid, s, true
-	abandoned := op.done
-	op.mu.Unlock()
+	abandoned := op.win.done
+	op.win.mu.Unlock()
 	if abandoned {
 		op.agent.abandon(s)
 	}
@@ -248,31 +229,22 @@ func (op *fileOp) feed() {
 	defer op.stdin.Close()
 	header := make([]byte, 5)
 	for {
-		op.mu.Lock()
-		for !op.input.ready() && !op.done {
-			op.room.Wait()
-		}
-		if op.done {
-			op.mu.Unlock()
+		chunk, ok := op.win.next()
+		if !ok {
 			return
 		}
-		chunk := op.input.pop()
 		if chunk == nil { // ended
-			op.mu.Unlock()
 			header[0] = 'C'
 			binary.BigEndian.PutUint32(header[1:], 0)
 			_, _ = op.stdin.Write(header)
 			return
 		}
-		op.mu.Unlock()
 		header[0] = 'I'
 		binary.BigEndian.PutUint32(header[1:], uint32(len(chunk)))
 		if _, err := op.stdin.Write(append(header, chunk...)); err != nil {
 			return // the helper stopped reading (it failed early): its error follows
 		}
-		op.mu.Lock()
-		took, report := op.input.written(len(chunk), tookStep)
-		op.mu.Unlock()
+		took, report := op.win.took(len(chunk))
 		if report {
 			body, _ := json.Marshal(proto.FileTookMsg{Bytes: took})
 			op.agent.Send(proto.FileTook, op.channel, body)
@@ -289,14 +261,9 @@ func (op *fileOp) relay(out *os.File, exit func() int) {
 	for !abandoned {
 		n, err := out.Read(chunk)
 		if n > 0 {
-			op.mu.Lock()
-			for op.sent-op.acked >= fileWindow && !op.done {
-				op.room.Wait()
-			}
-			stop := op.done
-			op.sent += uint64(n)
-			op.mu.Unlock()
-			abandoned = stop || !op.agent.Send(proto.FileOut, op.channel, chunk[:n])
+			_, open := op.win.waitRoom()
+			op.win.count(n)
+			abandoned = !open || !op.agent.Send(proto.FileOut, op.channel, chunk[:n])
 		}
 		if err != nil {
 			break
@@ -306,9 +273,9 @@ func (op *fileOp) relay(out *os.File, exit func() int) {
 		op.agent.forgetFile(op) // nobody to tell: the helper is killed, not left waiting
 	}
 	code := exit()
-	op.mu.Lock()
+	op.win.mu.Lock()
 	op.exited = true
-	op.mu.Unlock()
+	op.win.mu.Unlock()
 	body, _ := json.Marshal(map[string]int{"exit_code": code})
 	op.agent.Send(proto.Result, op.channel, body)
 	op.agent.forgetFile(op)
@@ -328,13 +295,10 @@ func (a *Agent) forgetFile(op *fileOp) {
 		delete(a.files, op.channel)
 	}
 	a.mu.Unlock()
-	op.mu.Lock()
-	already := op.done
-	op.done = true
-	op.input.drop()
+	op.win.mu.Lock()
+	already := op.win.closeLocked()
 	pid, exited, server := op.pid, op.exited, op.server
-	op.room.Broadcast()
-	op.mu.Unlock()
+	op.win.mu.Unlock()
 	if !already && server != nil && !exited {
 		a.abandon(server)
 	}
@@ -342,9 +306,9 @@ func (a *Agent) forgetFile(op *fileOp) {
 		// SIGTERM lets the helper remove a half-written temporary file; SIGKILL follows.
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 		time.AfterFunc(fileKillGrace, func() {
-			op.mu.Lock()
+			op.win.mu.Lock()
 			gone := op.exited
-			op.mu.Unlock()
+			op.win.mu.Unlock()
 			if !gone {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}

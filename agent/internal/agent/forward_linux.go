@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
@@ -37,14 +36,9 @@ type forward struct {
 	channel uint32
 	port    int
 	agent   *Agent
+	win     *window // its mutex guards tcp
 
-	mu    sync.Mutex
-	room  *sync.Cond
-	tcp   *net.TCPConn // nil until connected
-	sent  uint64       // bytes sent to the daemon
-	acked uint64       // of which the daemon holds (ForwardAck)
-	input inbox        // the daemon's bytes not yet written
-	done  bool         // forgotten: its channel is gone
+	tcp *net.TCPConn // nil until connected
 }
 
 func (a *Agent) forwardOn(channel uint32) *forward {
@@ -75,8 +69,7 @@ func (a *Agent) dispatchForward(c *conn, f proto.Frame, fw *forward) {
 		a.mu.Lock()
 		inUse := a.channelInUse(f.Channel)
 		if !inUse {
-			fw = &forward{channel: f.Channel, port: msg.Port, agent: a}
-			fw.room = sync.NewCond(&fw.mu)
+			fw = &forward{channel: f.Channel, port: msg.Port, agent: a, win: newWindow(ForwardWindow, ForwardWindow, forwardTookStep)}
 			a.forwards[f.Channel] = fw
 		}
 		a.mu.Unlock()
@@ -89,30 +82,18 @@ func (a *Agent) dispatchForward(c *conn, f proto.Frame, fw *forward) {
 	}
 	switch f.Kind {
 	case proto.FileData:
-		fw.mu.Lock()
-		fits := fw.done || fw.input.push(f.Payload, ForwardWindow)
-		fw.room.Broadcast()
-		fw.mu.Unlock()
-		if !fits {
+		if !fw.win.push(f.Payload) {
 			a.failForward(fw, "protocol", "the daemon sent more data than the forward's window")
 		}
 	case proto.FileEnd:
-		fw.mu.Lock()
-		fw.input.ended = true
-		fw.room.Broadcast()
-		fw.mu.Unlock()
+		fw.win.end()
 	case proto.FileAck:
 		var msg proto.FileAckMsg
 		if err := decode(f.Payload, &msg); err != nil {
 			a.protocolError(c, f.Channel, "forward ack: %v", err)
 			return
 		}
-		fw.mu.Lock()
-		if msg.Ack > fw.acked && msg.Ack <= fw.sent {
-			fw.acked = msg.Ack
-		}
-		fw.room.Broadcast()
-		fw.mu.Unlock()
+		fw.win.ack(msg.Ack)
 	case proto.Discard:
 		a.forgetForward(fw)
 	default:
@@ -150,12 +131,12 @@ func (fw *forward) run() {
 		}
 		return
 	}
-	fw.mu.Lock()
-	gone := fw.done
+	fw.win.mu.Lock()
+	gone := fw.win.done
 	if !gone {
 		fw.tcp = tcp
 	}
-	fw.mu.Unlock()
+	fw.win.mu.Unlock()
 	if gone {
 		tcp.Close()
 		return
@@ -175,16 +156,12 @@ func (fw *forward) run() {
 func (fw *forward) read(tcp *net.TCPConn) {
 	buf := make([]byte, forwardReadBytes)
 	for {
-		fw.mu.Lock()
-		for fw.sent-fw.acked >= ForwardWindow && !fw.done {
-			fw.room.Wait() // back-pressure: the server's writes block once its socket buffer is full
-		}
-		if fw.done {
-			fw.mu.Unlock()
+		// Back-pressure: while the window is full nothing is read, and the server's writes
+		// block once its socket buffer is full.
+		room, open := fw.win.waitRoom()
+		if !open {
 			return
 		}
-		room := ForwardWindow - int(fw.sent-fw.acked)
-		fw.mu.Unlock()
 		if room > forwardReadBytes {
 			room = forwardReadBytes
 		}
@@ -192,9 +169,7 @@ func (fw *forward) read(tcp *net.TCPConn) {
 		if n > 0 {
 			frame := make([]byte, proto.HeaderSize+n)
 			copy(frame[proto.HeaderSize:], buf[:n])
-			fw.mu.Lock()
-			fw.sent += uint64(n)
-			fw.mu.Unlock()
+			fw.win.count(n)
 			if !fw.agent.SendFrame(proto.InPlace(frame, proto.FileOut, fw.channel)) {
 				fw.agent.forgetForward(fw)
 				return
@@ -218,16 +193,10 @@ func (fw *forward) read(tcp *net.TCPConn) {
 // connection's writing half once the daemon's side ended.
 func (fw *forward) write(tcp *net.TCPConn) {
 	for {
-		fw.mu.Lock()
-		for !fw.input.ready() && !fw.done {
-			fw.room.Wait()
-		}
-		if fw.done {
-			fw.mu.Unlock()
+		chunk, open := fw.win.next()
+		if !open {
 			return
 		}
-		chunk := fw.input.pop()
-		fw.mu.Unlock()
 		if chunk == nil {
 			_ = tcp.CloseWrite() // the server reads its end of input; its answer may still come
 			return
@@ -238,9 +207,7 @@ func (fw *forward) write(tcp *net.TCPConn) {
 			}
 			return
 		}
-		fw.mu.Lock()
-		took, report := fw.input.written(len(chunk), forwardTookStep)
-		fw.mu.Unlock()
+		took, report := fw.win.took(len(chunk))
 		if report {
 			body, _ := json.Marshal(proto.FileTookMsg{Bytes: took})
 			fw.agent.Send(proto.FileTook, fw.channel, body)
@@ -248,11 +215,7 @@ func (fw *forward) write(tcp *net.TCPConn) {
 	}
 }
 
-func (fw *forward) isDone() bool {
-	fw.mu.Lock()
-	defer fw.mu.Unlock()
-	return fw.done
-}
+func (fw *forward) isDone() bool { return fw.win.isDone() }
 
 // failForward tells the daemon why the connection ended and forgets it.
 func (a *Agent) failForward(fw *forward, code, message string) {
@@ -272,12 +235,10 @@ func (a *Agent) forgetForward(fw *forward) {
 		delete(a.forwards, fw.channel)
 	}
 	a.mu.Unlock()
-	fw.mu.Lock()
-	fw.done = true
-	fw.input.drop()
+	fw.win.mu.Lock()
+	fw.win.closeLocked()
 	tcp := fw.tcp
-	fw.room.Broadcast()
-	fw.mu.Unlock()
+	fw.win.mu.Unlock()
 	if tcp != nil {
 		tcp.Close()
 	}

@@ -20,18 +20,18 @@ import (
 
 // opDownload writes a tar of a file or tree; FIFOs, sockets and devices are left out
 // (a copy has no use for them).
-func opDownload(req map[string]any, o *out) (any, error) {
-	path := strings.TrimRight(str(req, "path"), "/")
+func opDownload(req DownloadRequest, o *out) (DownloadResult, error) {
+	path := strings.TrimRight(req.Path, "/")
 	if path == "" {
 		path = "/"
 	}
-	if flag(req, "follow") {
+	if req.Follow {
 		if resolved, err := filepath.EvalSymlinks(path); err == nil {
 			path = resolved
 		}
 	}
 	if _, err := os.Lstat(path); err != nil {
-		return nil, fromOS(err, path)
+		return DownloadResult{}, fromOS(err, path)
 	}
 	w := &dataWriter{o: o}
 	archive := tar.NewWriter(w)
@@ -52,13 +52,13 @@ func opDownload(req map[string]any, o *out) (any, error) {
 		return addEntry(archive, name, arcname, info, links)
 	})
 	if err != nil {
-		return nil, fromOS(err, path)
+		return DownloadResult{}, fromOS(err, path)
 	}
 	if err := archive.Close(); err != nil {
-		return nil, fromOS(err, path)
+		return DownloadResult{}, fromOS(err, path)
 	}
 	w.flush()
-	return map[string]any{}, nil
+	return DownloadResult{}, nil
 }
 
 func addEntry(archive *tar.Writer, name, arcname string, info os.FileInfo, links map[[2]uint64]string) error {
@@ -162,33 +162,35 @@ func decompress(r *bufio.Reader) (io.Reader, error) {
 	return r, nil
 }
 
+// notTar is the error of a stream that is no tar archive (an OpError from the data's
+// source, such as a cut-off stream, stays as it is).
+func notTar(err error) error {
+	var op *OpError
+	if errors.As(err, &op) {
+		return op
+	}
+	return opErr("invalid", "not a valid tar stream: %v", err)
+}
+
 // opUpload extracts a tar stream from stdin into a directory, refusing names that leave it.
-func opUpload(req map[string]any, o *out) (any, error) {
-	root := str(req, "path")
+func opUpload(req UploadRequest, o *out) (UploadResult, error) {
+	root := req.Path
 	if err := os.MkdirAll(root, 0o777); err != nil {
-		return nil, fromOS(err, root)
+		return UploadResult{}, fromOS(err, root)
 	}
 	stream, err := decompress(bufio.NewReaderSize(&in{r: o.input}, 64<<10))
 	if err != nil {
-		var op *OpError
-		if errors.As(err, &op) {
-			return nil, op
-		}
-		return nil, opErr("invalid", "not a valid tar stream: %v", err)
+		return UploadResult{}, notTar(err)
 	}
 	archive := tar.NewReader(stream)
-	count, size := 0, int64(0)
+	var result UploadResult
 	for {
 		header, err := archive.Next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			var op *OpError
-			if errors.As(err, &op) {
-				return nil, op
-			}
-			return nil, opErr("invalid", "not a valid tar stream: %v", err)
+			return UploadResult{}, notTar(err)
 		}
 		if header.Typeflag == tar.TypeDir && !strings.HasPrefix(header.Name, "/") {
 			if clean, _ := safeName(header.Name, true); clean == "" {
@@ -197,91 +199,114 @@ func opUpload(req map[string]any, o *out) (any, error) {
 		}
 		target, err := inside(root, header.Name)
 		if err != nil {
-			return nil, err
+			return UploadResult{}, err
 		}
-		mode := os.FileMode(header.Mode & 0o777)
-		switch header.Typeflag {
-		case tar.TypeDir:
-			if err := os.MkdirAll(target, 0o777); err != nil {
-				return nil, fromOS(err, target)
-			}
-			if err := os.Chmod(target, mode|0o700); err != nil {
-				return nil, fromOS(err, target)
-			}
-		case tar.TypeReg, tar.TypeRegA:
-			if err := os.MkdirAll(filepath.Dir(target), 0o777); err != nil {
-				return nil, fromOS(err, target)
-			}
-			if info, err := os.Lstat(target); err == nil && info.Mode()&os.ModeSymlink != 0 {
-				_ = os.Remove(target)
-			}
-			f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
-			if err != nil {
-				return nil, fromOS(err, target)
-			}
-			n, err := io.Copy(f, archive)
-			size += n
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				var op *OpError
-				if errors.As(err, &op) {
-					return nil, op
-				}
-				if errors.Is(err, io.ErrUnexpectedEOF) {
-					return nil, opErr("invalid", "not a valid tar stream: %s is cut short", header.Name)
-				}
-				return nil, fromOS(err, target)
-			}
-			if err := os.Chmod(target, mode); err != nil {
-				return nil, fromOS(err, target)
-			}
-		case tar.TypeSymlink:
-			if err := os.MkdirAll(filepath.Dir(target), 0o777); err != nil {
-				return nil, fromOS(err, target)
-			}
-			if _, err := os.Lstat(target); err == nil {
-				_ = os.Remove(target)
-			}
-			if err := os.Symlink(header.Linkname, target); err != nil {
-				return nil, fromOS(err, target)
-			}
-		case tar.TypeLink:
-			source, err := inside(root, header.Linkname)
-			if err != nil {
-				return nil, err
-			}
-			if err := os.MkdirAll(filepath.Dir(target), 0o777); err != nil {
-				return nil, fromOS(err, target)
-			}
-			if err := os.Link(source, target); err != nil {
-				return nil, fromOS(err, target)
-			}
-		default:
-			continue // devices and fifos are not extracted
+		extracted, size, err := extract(archive, header, root, target)
+		if err != nil {
+			return UploadResult{}, err
 		}
-		count++
+		result.Size += size
+		if extracted {
+			result.Entries++
+		}
 	}
-	return map[string]any{"entries": count, "size": size}, nil
+	return result, nil
+}
+
+// extract writes one archive member (header, its data next in archive) at target, inside
+// root. It says whether the member was extracted (devices and FIFOs are not) and how many
+// bytes of a regular file it wrote (also when that failed part way).
+func extract(archive *tar.Reader, header *tar.Header, root, target string) (bool, int64, error) {
+	mode := os.FileMode(header.Mode & 0o777)
+	switch header.Typeflag {
+	case tar.TypeDir:
+		if err := os.MkdirAll(target, 0o777); err != nil {
+			return false, 0, fromOS(err, target)
+		}
+		if err := os.Chmod(target, mode|0o700); err != nil {
+			return false, 0, fromOS(err, target)
+		}
+	case tar.TypeReg, tar.TypeRegA:
+		size, err := extractFile(archive, header, target, mode)
+		return err == nil, size, err
+	case tar.TypeSymlink:
+		if err := os.MkdirAll(filepath.Dir(target), 0o777); err != nil {
+			return false, 0, fromOS(err, target)
+		}
+		if _, err := os.Lstat(target); err == nil {
+			_ = os.Remove(target)
+		}
+		if err := os.Symlink(header.Linkname, target); err != nil {
+			return false, 0, fromOS(err, target)
+		}
+	case tar.TypeLink:
+		source, err := inside(root, header.Linkname)
+		if err != nil {
+			return false, 0, err
+		}
+		if err := os.MkdirAll(filepath.Dir(target), 0o777); err != nil {
+			return false, 0, fromOS(err, target)
+		}
+		if err := os.Link(source, target); err != nil {
+			return false, 0, fromOS(err, target)
+		}
+	default:
+		return false, 0, nil // devices and fifos are not extracted
+	}
+	return true, 0, nil
+}
+
+// extractFile writes a regular member's data to target (never through a symlink there). The
+// data goes to a temporary file beside it, renamed over target once whole: an archive cut
+// short (its sender failed or went away) leaves no half-written file, and target as it was.
+func extractFile(archive *tar.Reader, header *tar.Header, target string, mode os.FileMode) (int64, error) {
+	dir := filepath.Dir(target)
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return 0, fromOS(err, target)
+	}
+	f, err := os.CreateTemp(dir, ".sandboxd-upload-*.tmp")
+	if err != nil {
+		return 0, fromOS(err, target)
+	}
+	n, err := io.Copy(f, archive)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), mode)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), target) // replaces a symlink at target, never follows it
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		var op *OpError
+		if errors.As(err, &op) {
+			return n, op
+		}
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return n, opErr("invalid", "not a valid tar stream: %s is cut short", header.Name)
+		}
+		return n, fromOS(err, target)
+	}
+	return n, nil
 }
 
 // opFetch GETs an http(s) URL from inside the workspace, so its network policy applies.
-func opFetch(req map[string]any, o *out) (any, error) {
-	url := str(req, "url")
-	maxBytes := num(req, "max_bytes")
+func opFetch(req FetchRequest, o *out) (FetchResult, error) {
+	url, maxBytes := req.URL, int64(req.MaxBytes)
 	timeout := 30 * time.Second
-	if t, ok := req["timeout_s"].(float64); ok && t > 0 {
-		timeout = time.Duration(t * float64(time.Second))
+	if req.TimeoutS > 0 {
+		timeout = time.Duration(req.TimeoutS * float64(time.Second))
 	}
 	client := &http.Client{Timeout: timeout}
 	response, err := client.Get(url)
 	if err != nil {
-		return nil, opErr("network", "cannot fetch %s: %v", url, err)
+		return FetchResult{}, opErr("network", "cannot fetch %s: %v", url, err)
 	}
 	defer response.Body.Close()
 	if response.StatusCode >= 400 {
-		return nil, opErr("network", "cannot fetch %s: HTTP Error %d: %s", url, response.StatusCode, http.StatusText(response.StatusCode))
+		return FetchResult{}, opErr("network", "cannot fetch %s: HTTP Error %d: %s", url, response.StatusCode, http.StatusText(response.StatusCode))
 	}
 	var total int64
 	buf := make([]byte, chunk)
@@ -290,7 +315,7 @@ func opFetch(req map[string]any, o *out) (any, error) {
 		if n > 0 {
 			total += int64(n)
 			if total > maxBytes {
-				return nil, opErr("too_large", "%s is larger than %s bytes", url, strconv.FormatInt(maxBytes, 10))
+				return FetchResult{}, opErr("too_large", "%s is larger than %s bytes", url, strconv.FormatInt(maxBytes, 10))
 			}
 			o.send('D', buf[:n])
 		}
@@ -298,8 +323,8 @@ func opFetch(req map[string]any, o *out) (any, error) {
 			break
 		}
 		if err != nil {
-			return nil, opErr("network", "cannot fetch %s: %v", url, err)
+			return FetchResult{}, opErr("network", "cannot fetch %s: %v", url, err)
 		}
 	}
-	return map[string]any{"size": total, "content_type": response.Header.Get("Content-Type")}, nil
+	return FetchResult{Size: total, ContentType: response.Header.Get("Content-Type")}, nil
 }

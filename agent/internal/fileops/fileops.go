@@ -213,63 +213,53 @@ func Main() int {
 // maxRequest bounds an operation's JSON.
 const maxRequest = 1 << 20
 
-type handler func(map[string]any, *out) (any, error)
-
-var allOps = map[string]handler{
-	"read":      opRead,
-	"read_text": opReadText,
-	"write":     opWrite,
-	"stat":      opStat,
-	"list":      opList,
-	"remove":    opRemove,
-	"move":      opMove,
-	"download":  opDownload,
-	"upload":    opUpload,
-	"fetch":     opFetch,
+// serverOps are the operations a file server performs: the short ones every tool call
+// makes. An archive (download, upload) or a fetch may run for minutes, and would hold up
+// the calls behind it: each still gets a helper of its own.
+var serverOps = map[string]handler{
+	"read":      typed(opRead),
+	"read_text": typed(opReadText),
+	"write":     typed(opWrite),
+	"stat":      typed(opStat),
+	"list":      typed(opList),
+	"remove":    typed(opRemove),
+	"move":      typed(opMove),
 }
+
+// allOps are what a helper of its own performs: the server's, and the long ones.
+var allOps = func() map[string]handler {
+	ops := map[string]handler{
+		"download": typed(opDownload),
+		"upload":   typed(opUpload),
+		"fetch":    typed(opFetch),
+	}
+	for name, op := range serverOps {
+		ops[name] = op
+	}
+	return ops
+}()
 
 // run performs one operation (JSON) with ops, reading its data from input and writing its
 // frames to output, and always ends them with 'R' or 'E'.
 func run(request []byte, input io.Reader, output io.Writer, ops map[string]handler) {
 	o := &out{w: bufio.NewWriterSize(output, 256<<10), input: bufio.NewReaderSize(input, 256<<10)}
 	defer o.w.Flush()
-	var req map[string]any
-	if err := json.Unmarshal(request, &req); err != nil {
+	var object map[string]json.RawMessage // anything but an object is refused as it always was
+	if err := json.Unmarshal(request, &object); err != nil {
 		o.sendJSON('E', opErr("invalid", "the file operation is not JSON"))
 		return
 	}
-	name, _ := req["op"].(string)
-	op, ok := ops[name]
+	var h head
+	_ = decode(request, &h)
+	op, ok := ops[h.Op]
 	if !ok {
-		o.sendJSON('E', opErr("invalid", "unknown file operation %q", name))
+		o.sendJSON('E', opErr("invalid", "unknown file operation %q", h.Op))
 		return
 	}
-	result, err := op(req, o)
+	result, err := op(request, o)
 	if err != nil {
-		o.sendJSON('E', fromOS(err, str(req, "path")))
+		o.sendJSON('E', fromOS(err, h.Path))
 		return
 	}
 	o.sendJSON('R', result)
-}
-
-func str(req map[string]any, key string) string {
-	v, _ := req[key].(string)
-	return v
-}
-
-func num(req map[string]any, key string) int64 {
-	switch v := req[key].(type) {
-	case float64:
-		return int64(v)
-	case string:
-		var n int64
-		_, _ = fmt.Sscan(v, &n)
-		return n
-	}
-	return 0
-}
-
-func flag(req map[string]any, key string) bool {
-	v, _ := req[key].(bool)
-	return v
 }

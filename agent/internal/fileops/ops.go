@@ -1,9 +1,7 @@
 package fileops
 
 import (
-	"bytes"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -13,8 +11,6 @@ import (
 	"sort"
 	"strings"
 	"syscall"
-	"time"
-	"unicode/utf8"
 )
 
 // openRegular opens path for reading, refusing directories and special files. It opens
@@ -51,16 +47,15 @@ func readLimit(info os.FileInfo, cap int64) int64 {
 	return cap
 }
 
-func opRead(req map[string]any, o *out) (any, error) {
-	path := str(req, "path")
-	maxBytes := num(req, "max_bytes")
+func opRead(req ReadRequest, o *out) (ReadResult, error) {
+	path, maxBytes := req.Path, int64(req.MaxBytes)
 	f, info, err := openRegular(path)
 	if err != nil {
-		return nil, err
+		return ReadResult{}, err
 	}
 	defer f.Close()
 	if info.Size() > maxBytes {
-		return nil, opErr("too_large", "%s is %d bytes; the limit is %d", path, info.Size(), maxBytes)
+		return ReadResult{}, opErr("too_large", "%s is %d bytes; the limit is %d", path, info.Size(), maxBytes)
 	}
 	digest := sha256.New()
 	var total int64
@@ -76,7 +71,7 @@ func opRead(req map[string]any, o *out) (any, error) {
 		if n > 0 {
 			total += int64(n)
 			if total > maxBytes {
-				return nil, opErr("too_large", "%s grew past the %d-byte limit while being read", path, maxBytes)
+				return ReadResult{}, opErr("too_large", "%s grew past the %d-byte limit while being read", path, maxBytes)
 			}
 			digest.Write(buf[:n])
 			o.send('D', buf[:n])
@@ -85,10 +80,10 @@ func opRead(req map[string]any, o *out) (any, error) {
 			if errors.Is(err, io.EOF) {
 				break
 			}
-			return nil, fromOS(err, path)
+			return ReadResult{}, fromOS(err, path)
 		}
 	}
-	return map[string]any{"size": total, "sha256": hex.EncodeToString(digest.Sum(nil)), "mode": int(info.Mode().Perm() | setBits(info))}, nil
+	return ReadResult{Size: total, Sha256: hex.EncodeToString(digest.Sum(nil)), Mode: int(info.Mode().Perm() | setBits(info))}, nil
 }
 
 func setBits(info os.FileInfo) os.FileMode {
@@ -97,355 +92,6 @@ func setBits(info os.FileInfo) os.FileMode {
 		bits = os.FileMode(st.Mode & 0o7000)
 	}
 	return bits
-}
-
-// utf8Chars counts the characters of b decoded as UTF-8 with invalid bytes as U+FFFD,
-// continuing from the undecoded tail of the previous piece (carried in, returned out).
-func utf8Chars(carry, b []byte, final bool) (int, []byte) {
-	data := append(carry, b...)
-	count := 0
-	for len(data) > 0 {
-		if !final && !utf8.FullRune(data) {
-			break // may finish in the next piece
-		}
-		_, size := utf8.DecodeRune(data)
-		data = data[size:]
-		count++
-	}
-	return count, append([]byte(nil), data...)
-}
-
-// opReadText scans a file once: counts its lines, looks for NUL, keeps the lines of one page.
-func opReadText(req map[string]any, o *out) (any, error) {
-	path := str(req, "path")
-	first, limit, keep := num(req, "offset"), num(req, "limit"), int(num(req, "keep_bytes"))
-	last := first + limit - 1
-	f, info, err := openRegular(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	type line struct {
-		chars int
-		kept  []byte
-	}
-	var lines []line
-	var current, carry []byte
-	chars, lineNo := 0, int64(1)
-	endsCR := false
-	var size int64
-	var lastByte byte
-	remaining := readLimit(info, procFileCap)
-	buf := make([]byte, 1<<20)
-	inPage := func() bool { return first <= lineNo && lineNo <= last }
-	for remaining > 0 {
-		want := int64(len(buf))
-		if want > remaining {
-			want = remaining
-		}
-		n, err := f.Read(buf[:want])
-		if n == 0 && err != nil {
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			return nil, fromOS(err, path)
-		}
-		data := buf[:n]
-		remaining -= int64(n)
-		size += int64(n)
-		lastByte = data[n-1]
-		if bytes.IndexByte(data, 0) >= 0 {
-			return nil, opErr("binary", "%s contains NUL bytes", path)
-		}
-		start := 0
-		for {
-			end := bytes.IndexByte(data[start:], '\n')
-			var piece []byte
-			if end < 0 {
-				piece = data[start:]
-			} else {
-				piece = data[start : start+end]
-			}
-			if inPage() {
-				if len(current) < keep {
-					room := keep - len(current)
-					if room > len(piece) {
-						room = len(piece)
-					}
-					current = append(current, piece[:room]...)
-				}
-				var c int
-				c, carry = utf8Chars(carry, piece, false)
-				chars += c
-				if len(piece) > 0 {
-					endsCR = piece[len(piece)-1] == '\r'
-				}
-			}
-			if end < 0 {
-				break
-			}
-			if inPage() {
-				c, _ := utf8Chars(carry, nil, true)
-				chars += c
-				carry = nil
-				if endsCR {
-					chars-- // a CR before the newline is a line ending, not shown and not counted
-				}
-				lines = append(lines, line{chars: chars, kept: current})
-				current, chars, endsCR = nil, 0, false
-			}
-			lineNo++
-			start += end + 1
-		}
-	}
-	total := lineNo - 1
-	if size > 0 && lastByte != '\n' {
-		total++
-		if inPage() {
-			c, _ := utf8Chars(carry, nil, true)
-			lines = append(lines, line{chars: chars + c, kept: current})
-		}
-	}
-	for _, l := range lines {
-		record := make([]byte, 8+len(l.kept))
-		binary.BigEndian.PutUint64(record, uint64(l.chars))
-		copy(record[8:], l.kept)
-		o.send('L', record)
-	}
-	return map[string]any{"total_lines": total, "size": size}, nil
-}
-
-func sha256Of(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	digest := sha256.New()
-	if _, err := io.Copy(digest, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(digest.Sum(nil)), nil
-}
-
-func statOrNil(path string) (os.FileInfo, error) {
-	info, err := os.Stat(path)
-	if err == nil {
-		return info, nil
-	}
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	return nil, fromOS(err, path)
-}
-
-func checkTarget(info os.FileInfo, path, target string) error {
-	if info == nil {
-		return nil
-	}
-	if info.IsDir() {
-		return &OpError{Code: "is_directory", Errno: int(syscall.EISDIR), Message: path + " is a directory"}
-	}
-	if !info.Mode().IsRegular() {
-		return opErr("invalid", "%s is not a regular file", path)
-	}
-	if syscall.Access(target, 2) != nil {
-		return &OpError{Code: "permission", Errno: int(syscall.EACCES), Message: path + ": Permission denied"}
-	}
-	return nil
-}
-
-// lockDir takes an flock on a directory: writers through file operations (EditFile's
-// compare-and-swap among them) take turns, whatever name or link they reached the file by.
-func lockDir(dir string) func() {
-	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return func() {} // an unreadable directory cannot be locked; the write still happens
-	}
-	_ = syscall.Flock(fd, syscall.LOCK_EX)
-	return func() { syscall.Close(fd) }
-}
-
-func umask() os.FileMode {
-	old := syscall.Umask(0)
-	syscall.Umask(old)
-	return os.FileMode(old)
-}
-
-// opWrite writes stdin's bytes to path: atomically (temporary file and rename) where the
-// directory allows it. The data is received in full before the file is touched, so a
-// cancelled call changes nothing; the compare-and-swap check (expect_sha256) and the
-// commit happen together under a lock on the directory.
-func opWrite(req map[string]any, o *out) (any, error) {
-	path := str(req, "path")
-	if strings.HasSuffix(path, "/") {
-		return nil, &OpError{Code: "is_directory", Errno: int(syscall.EISDIR), Message: path + " names a directory, not a file"}
-	}
-	target := path
-	if link, err := os.Lstat(path); err == nil && link.Mode()&os.ModeSymlink != 0 {
-		if resolved, err := filepath.EvalSymlinks(path); err == nil {
-			target = resolved
-		} else if dest, err := os.Readlink(path); err == nil {
-			// A dangling link: its target is created, as the shell's `>` would.
-			if !filepath.IsAbs(dest) {
-				dest = filepath.Join(filepath.Dir(path), dest)
-			}
-			target = dest
-		}
-	}
-	parent := filepath.Dir(target)
-	if flag(req, "mkdirs") {
-		if err := os.MkdirAll(parent, 0o777); err != nil {
-			var errno syscall.Errno
-			if errors.As(err, &errno) && (errno == syscall.ENOTDIR || errno == syscall.EEXIST) {
-				return nil, &OpError{Code: "not_directory", Errno: int(syscall.ENOTDIR), Message: path + ": a parent of this path is not a directory"}
-			}
-			return nil, fromOS(err, parent)
-		}
-	}
-	info, err := statOrNil(target)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkTarget(info, path, target); err != nil {
-		return nil, err
-	}
-	source := &in{r: o.input}
-	atomic := syscall.Access(parent, 2|1) == nil && (info == nil || ownerOf(info) == uint32(os.Getuid()))
-	var spool *os.File
-	staged := ""
-	if atomic {
-		// ".NAME.XXXXXXXX.tmp" beside the target, cut to fit NAME_MAX whatever NAME is.
-		stem := filepath.Base(target)
-		if len(stem) > 200 {
-			stem = strings.ToValidUTF8(stem[:200], "")
-		}
-		spool, err = os.CreateTemp(parent, "."+stem+".*.tmp")
-		if err != nil {
-			return nil, fromOS(err, parent)
-		}
-		staged = spool.Name()
-		stage(staged)
-	} else {
-		// The directory is not ours to create files in, but the file is writable: it is
-		// written in place, as the shell's `>` would; the data waits in a spool until then.
-		spool, err = os.CreateTemp("", ".sandboxd-spool-*")
-		if err != nil {
-			spool, err = os.CreateTemp(parent, ".sandboxd-spool-*")
-		}
-		if err != nil {
-			return nil, fromOS(err, parent)
-		}
-		_ = os.Remove(spool.Name())
-	}
-	defer func() {
-		spool.Close()
-		if staged != "" {
-			_ = os.Remove(staged)
-			stage("")
-		}
-	}()
-	size, err := io.Copy(spool, source)
-	if err != nil {
-		return nil, fromOS(err, path)
-	}
-	unlock := lockDir(parent)
-	defer unlock()
-	info, err = statOrNil(target)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkTarget(info, path, target); err != nil {
-		return nil, err
-	}
-	if expect, ok := req["expect_sha256"].(string); ok {
-		current := "absent"
-		if info != nil {
-			if current, err = sha256Of(target); err != nil {
-				return nil, fromOS(err, path)
-			}
-		}
-		if current != expect {
-			return nil, opErr("conflict", "%s changed since it was read", path)
-		}
-	}
-	oldSize := int64(-1)
-	if info != nil {
-		oldSize = info.Size()
-		if oldSize <= num(req, "return_old_max") {
-			if old, err := os.Open(target); err == nil {
-				w := &dataWriter{o: o}
-				_, _ = io.Copy(w, old)
-				w.flush()
-				old.Close()
-			}
-		}
-	}
-	if staged != "" {
-		if err := spool.Sync(); err != nil {
-			return nil, fromOS(err, path)
-		}
-		mode := 0o666 &^ umask()
-		if info != nil {
-			mode = info.Mode().Perm() | setBits(info)
-		}
-		if err := spool.Chmod(mode); err != nil {
-			return nil, fromOS(err, path)
-		}
-		if err := os.Rename(staged, target); err != nil {
-			return nil, fromOS(err, path)
-		}
-		staged = ""
-		if dir, err := os.Open(parent); err == nil {
-			_ = dir.Sync()
-			dir.Close()
-		}
-	} else {
-		flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
-		dst, err := os.OpenFile(target, flags, 0o666)
-		if err != nil {
-			return nil, fromOS(err, path)
-		}
-		if _, err := spool.Seek(0, io.SeekStart); err == nil {
-			_, err = io.Copy(dst, spool)
-		}
-		if err == nil {
-			err = dst.Sync()
-		}
-		if cerr := dst.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return nil, fromOS(err, path)
-		}
-	}
-	if info != nil {
-		bumpMtime(target, info)
-	}
-	return map[string]any{"created": info == nil, "size": size, "old_size": oldSize, "atomic": atomic}, nil
-}
-
-func ownerOf(info os.FileInfo) uint32 {
-	if st, ok := info.Sys().(*syscall.Stat_t); ok {
-		return st.Uid
-	}
-	return ^uint32(0)
-}
-
-// bumpMtime makes a rewrite move the modification time to a later whole second:
-// timestamp caches (Python's .pyc) compare whole seconds and size, and would keep
-// serving old code after a same-size edit within the second. Best effort.
-func bumpMtime(path string, old os.FileInfo) {
-	now, err := os.Stat(path)
-	if err != nil || now.ModTime().Unix() > old.ModTime().Unix() {
-		return
-	}
-	later := time.Unix(old.ModTime().Unix()+1, 0)
-	atime := later
-	if st, ok := now.Sys().(*syscall.Stat_t); ok {
-		atime = time.Unix(st.Atim.Sec, st.Atim.Nsec)
-	}
-	_ = os.Chtimes(path, atime, later)
 }
 
 func fileType(mode os.FileMode) string {
@@ -460,7 +106,7 @@ func fileType(mode os.FileMode) string {
 	return "other"
 }
 
-func describe(path, name string, follow bool) (map[string]any, error) {
+func describe(path, name string, follow bool) (Entry, error) {
 	var info os.FileInfo
 	var err error
 	if follow {
@@ -469,7 +115,7 @@ func describe(path, name string, follow bool) (map[string]any, error) {
 		info, err = os.Lstat(path)
 	}
 	if err != nil {
-		return nil, err
+		return Entry{}, err
 	}
 	if name == "" {
 		name = filepath.Base(strings.TrimRight(path, "/"))
@@ -477,41 +123,40 @@ func describe(path, name string, follow bool) (map[string]any, error) {
 			name = "/"
 		}
 	}
-	entry := map[string]any{
-		"name":   name,
-		"path":   path,
-		"type":   fileType(info.Mode()),
-		"size":   info.Size(),
-		"mode":   int(info.Mode().Perm() | setBits(info)),
-		"mtime":  float64(info.ModTime().UnixNano()) / 1e9,
-		"target": "",
+	entry := Entry{
+		Name:  name,
+		Path:  path,
+		Type:  fileType(info.Mode()),
+		Size:  info.Size(),
+		Mode:  int(info.Mode().Perm() | setBits(info)),
+		Mtime: float64(info.ModTime().UnixNano()) / 1e9,
 	}
 	if info.Mode()&os.ModeSymlink != 0 {
 		if target, err := os.Readlink(path); err == nil {
-			entry["target"] = target
+			entry.Target = target
 		}
 	}
 	return entry, nil
 }
 
-func opStat(req map[string]any, _ *out) (any, error) {
-	entry, err := describe(str(req, "path"), "", flag(req, "follow"))
+func opStat(req StatRequest, _ *out) (Entry, error) {
+	entry, err := describe(req.Path, "", req.Follow)
 	if err != nil {
-		return nil, fromOS(err, str(req, "path"))
+		return Entry{}, fromOS(err, req.Path)
 	}
 	return entry, nil
 }
 
-func opList(req map[string]any, o *out) (any, error) {
-	path := str(req, "path")
+func opList(req ListRequest, o *out) (ListResult, error) {
+	path := req.Path
 	dir, err := os.Open(path)
 	if err != nil {
-		return nil, fromOS(err, path)
+		return ListResult{}, fromOS(err, path)
 	}
 	names, err := dir.Readdirnames(-1)
 	dir.Close()
 	if err != nil {
-		return nil, fromOS(err, path)
+		return ListResult{}, fromOS(err, path)
 	}
 	sort.Strings(names)
 	w := &dataWriter{o: o}
@@ -526,22 +171,22 @@ func opList(req map[string]any, o *out) (any, error) {
 		count++
 	}
 	w.flush()
-	return map[string]any{"count": count}, nil
+	return ListResult{Count: count}, nil
 }
 
-func opRemove(req map[string]any, _ *out) (any, error) {
-	path := str(req, "path")
+func opRemove(req RemoveRequest, _ *out) (RemoveResult, error) {
+	path := req.Path
 	info, err := os.Lstat(path)
 	if err != nil {
-		return nil, fromOS(err, path)
+		return RemoveResult{}, fromOS(err, path)
 	}
 	if info.IsDir() {
 		// The daemon refuses "/" by name; this is "/" reached another way ("/proc/self/root/",
 		// a link to it with a slash after). Emptying it would end the workspace.
 		if root, rootErr := os.Stat("/"); rootErr == nil && os.SameFile(info, root) {
-			return nil, &OpError{Code: "invalid", Message: "refusing to remove " + path + ": it is the workspace's root directory"}
+			return RemoveResult{}, &OpError{Code: "invalid", Message: "refusing to remove " + path + ": it is the workspace's root directory"}
 		}
-		if flag(req, "recursive") {
+		if req.Recursive {
 			err = os.RemoveAll(path)
 		} else {
 			err = syscall.Rmdir(path)
@@ -559,16 +204,16 @@ func opRemove(req map[string]any, _ *out) (any, error) {
 		if errors.Is(err, syscall.EBUSY) {
 			e.Message += " (a mount point cannot be removed)"
 		}
-		return nil, e
+		return RemoveResult{}, e
 	}
-	return map[string]any{}, nil
+	return RemoveResult{}, nil
 }
 
-func opMove(req map[string]any, _ *out) (any, error) {
-	source, destination := str(req, "source"), str(req, "destination")
-	if !flag(req, "overwrite") {
+func opMove(req MoveRequest, _ *out) (MoveResult, error) {
+	source, destination := req.Source, req.Destination
+	if !req.Overwrite {
 		if _, err := os.Lstat(destination); err == nil {
-			return nil, &OpError{Code: "exists", Errno: int(syscall.EEXIST), Message: destination + " already exists"}
+			return MoveResult{}, &OpError{Code: "exists", Errno: int(syscall.EEXIST), Message: destination + " already exists"}
 		}
 	}
 	err := syscall.Rename(source, destination)
@@ -580,11 +225,11 @@ func opMove(req map[string]any, _ *out) (any, error) {
 	}
 	if err != nil {
 		if errors.Is(err, syscall.EINVAL) {
-			return nil, &OpError{Code: "invalid", Errno: int(syscall.EINVAL), Message: "cannot move " + source + " into itself (" + destination + ")"}
+			return MoveResult{}, &OpError{Code: "invalid", Errno: int(syscall.EINVAL), Message: "cannot move " + source + " into itself (" + destination + ")"}
 		}
-		return nil, fromOS(err, source)
+		return MoveResult{}, fromOS(err, source)
 	}
-	return map[string]any{}, nil
+	return MoveResult{}, nil
 }
 
 // copyTree copies a file, link or directory tree, keeping links as links and modes.

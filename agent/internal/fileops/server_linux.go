@@ -13,19 +13,6 @@ import (
 	"syscall"
 )
 
-// serverOps are the operations a file server performs: the short ones every tool call
-// makes. An archive (download, upload) or a fetch may run for minutes, and would hold up
-// the calls behind it: each still gets a helper of its own.
-var serverOps = map[string]handler{
-	"read":      opRead,
-	"read_text": opReadText,
-	"write":     opWrite,
-	"stat":      opStat,
-	"list":      opList,
-	"remove":    opRemove,
-	"move":      opMove,
-}
-
 // ServedByServer says whether a file server performs operation (its JSON).
 func ServedByServer(operation []byte) bool {
 	var head struct {

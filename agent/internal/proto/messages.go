@@ -137,6 +137,9 @@ type ExitedMsg struct {
 	SpillPath string `json:"spill_path"`
 	End       uint64 `json:"end"`
 	Dropped   uint64 `json:"dropped"`
+	// Killed: a Kill was asked for, so a daemon that did not ask (a successor) reports the
+	// command killed, not exited by its signal.
+	Killed bool `json:"killed"`
 }
 
 // ErrorReply reports a failed operation or a protocol error.

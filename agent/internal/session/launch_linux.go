@@ -161,30 +161,13 @@ func shellRequest(spec shellSpec, k kind, command string, marker []byte, l *laun
 		req.Fallback, req.FallbackArgs = "/bin/sh", []string{"-c", shScript}
 		texts = []string{command, shell.Exports(spec.env, MarkerName)}
 	default:
-		mode, arg := shell.Alias, shell.AliasArg
-		if k == bashNative {
-			mode, arg = shell.Native, command
-		}
-		req.Shell, req.Args = "bash", shellArgs(arg)
-		// BASH_ENV names the hook; the hook gives the caller's (or the image's) back.
-		var bashEnv *string
-		kept := req.Env[:0]
-		for _, entry := range req.Env {
-			if strings.HasPrefix(entry, "BASH_ENV=") {
-				value := entry[len("BASH_ENV="):]
-				bashEnv = &value
-				continue
-			}
-			kept = append(kept, entry)
-		}
-		req.Env = append(kept, shell.HookEnv)
 		var err error
-		if hook, err = shell.HookFile(shell.Hook(mode, os.Getpid(), shell.Exports(spec.env, MarkerName), bashEnv)); err != nil {
+		if hook, err = bashRequest(&req, spec, k, command); err != nil {
 			return req, nil, err
 		}
 	}
 	extra := make([]*os.File, 4) // fds 4, 5, 6, 7
-	fail := func(err error) (spawn.Request, []*os.File, error) {
+	if err := shellFiles(spec, k, texts, hook, extra, l); err != nil {
 		for _, f := range extra {
 			if f != nil {
 				f.Close()
@@ -192,14 +175,43 @@ func shellRequest(spec shellSpec, k kind, command string, marker []byte, l *laun
 		}
 		return req, nil, err
 	}
+	return req, extra, nil
+}
+
+// bashRequest makes req start bash in the mode of k, and returns its hook file.
+func bashRequest(req *spawn.Request, spec shellSpec, k kind, command string) (*os.File, error) {
+	mode, arg := shell.Alias, shell.AliasArg
+	if k == bashNative {
+		mode, arg = shell.Native, command
+	}
+	req.Shell, req.Args = "bash", shellArgs(arg)
+	// BASH_ENV names the hook; the hook gives the caller's (or the image's) back.
+	var bashEnv *string
+	kept := req.Env[:0]
+	for _, entry := range req.Env {
+		if strings.HasPrefix(entry, "BASH_ENV=") {
+			value := entry[len("BASH_ENV="):]
+			bashEnv = &value
+			continue
+		}
+		kept = append(kept, entry)
+	}
+	req.Env = append(kept, shell.HookEnv)
+	return shell.HookFile(shell.Hook(mode, os.Getpid(), shell.Exports(spec.env, MarkerName), bashEnv))
+}
+
+// shellFiles fills extra (fds 4-7) with the shell's ends of its ready pipe, its gate, its
+// hook and (sh kind) the pipes of texts, and keeps the agent's ends in l. On an error the
+// caller closes what extra holds.
+func shellFiles(spec shellSpec, k kind, texts []string, hook *os.File, extra []*os.File, l *launched) error {
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	l.readyR, extra[shell.ReadyFD-4] = readyR, readyW
 	gateR, gateW, err := os.Pipe()
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	l.gateW = gateW
 	switch k {
@@ -215,7 +227,7 @@ func shellRequest(spec shellSpec, k kind, command string, marker []byte, l *laun
 		for i, text := range texts {
 			r, w, err := os.Pipe()
 			if err != nil {
-				return fail(err)
+				return err
 			}
 			_ = r.Chown(int(spec.user.UID), int(spec.user.GID))
 			extra[i] = r
@@ -226,7 +238,7 @@ func shellRequest(spec shellSpec, k kind, command string, marker []byte, l *laun
 			}(text)
 		}
 	}
-	return req, extra, nil
+	return nil
 }
 
 // shellArgs is bash's argv after its name: -lc and the -c string, with "--" before one that

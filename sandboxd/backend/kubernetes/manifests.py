@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ...egress import DEFAULT_PORTS, PROXY_ALIAS, PROXY_PORT, squid_policy
 from ...models import EgressRule
+from ...proxy import DEFAULT_PORTS, PROXY_ALIAS, PROXY_PORT, squid_policy
 from ..base import ContainerSpec
 
 __all__ = [
@@ -202,43 +202,8 @@ def workspace_pod(spec: ContainerSpec, cluster: Cluster, *, pool_class: str = ""
             or a capability the baseline Pod Security Standard does not allow.
     """
     mode = _mode(spec.network)
-    beyond = sorted(set(spec.added_capabilities) - BASELINE_CAPABILITIES)
-    if beyond:
-        msg = f"capabilities {', '.join(beyond)} are beyond the baseline Pod Security Standard a workspace Pod meets"
-        raise ValueError(msg)
-    if mode == "allowlist" and not proxy_address:
-        msg = "an allowlist workspace's Pod needs its proxy's address"
-        raise ValueError(msg)
-    if not spec.entrypoint or not spec.agent_mount:
-        msg = "a workspace's Pod runs the agent: the spec names no entrypoint or agent mount"
-        raise ValueError(msg)
-    agent_path = f"{spec.agent_mount}/sandboxd-agent"
-    volumes: list[Manifest] = [{"name": "agent", "emptyDir": {"sizeLimit": _quantity(_AGENT_DIR_BYTES)}}]
-    mounts: list[Manifest] = [{"name": "agent", "mountPath": spec.agent_mount, "readOnly": True}]
-    if cluster.workspace_storage == "pvc":
-        volumes.append(
-            {"name": "workspace", "persistentVolumeClaim": {"claimName": object_name(cluster, spec.workspace_id)}}
-        )
-    else:
-        limit = {"sizeLimit": _quantity(spec.disk_bytes)} if spec.disk_bytes else {}
-        volumes.append({"name": "workspace", "emptyDir": limit})
-    mounts.append({"name": "workspace", "mountPath": "/workspace"})
-    for index, path in enumerate(spec.private_dirs):
-        # Memory-backed and small, as the Docker backend's tmpfs volume for the agent's socket.
-        volumes.append(
-            {"name": f"private-{index}", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(_SOCKET_DIR_BYTES)}}
-        )
-        mounts.append({"name": f"private-{index}", "mountPath": path})
-    if spec.read_only_root_filesystem:
-        volumes.append({"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(spec.memory_bytes)}})
-        mounts.append({"name": "tmp", "mountPath": "/tmp"})
-    ephemeral = cluster.ephemeral_storage_bytes + (spec.disk_bytes if cluster.workspace_storage != "pvc" else 0)
-    resources = {
-        "cpu": f"{spec.cpu_millis}m",
-        "memory": _quantity(spec.memory_bytes),
-        "ephemeral-storage": _quantity(ephemeral),
-    }
-    capabilities = sorted({*spec.added_capabilities, *spec.agent_capabilities})
+    _check_pod(spec, mode, proxy_address)
+    volumes, mounts = _pod_volumes(spec, cluster)
     pod_spec: Manifest = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -251,42 +216,8 @@ def workspace_pod(spec: ContainerSpec, cluster: Cluster, *, pool_class: str = ""
         "terminationGracePeriodSeconds": 10,
         "nodeSelector": {"kubernetes.io/os": "linux", "kubernetes.io/arch": cluster.architecture},
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-        "initContainers": [
-            {
-                "name": "install-agent",
-                "image": cluster.agent_image,
-                # The agent's image has nothing but its binaries (FROM scratch): it copies itself.
-                "command": [f"/linux-{cluster.architecture}/sandboxd-agent", "install", agent_path],
-                "securityContext": _non_root(_INSTALLER_UID, readOnlyRootFilesystem=True),
-                "resources": {"limits": {"cpu": "100m", "memory": "32Mi"}},
-                "volumeMounts": [{"name": "agent", "mountPath": spec.agent_mount}],
-            }
-        ],
-        "containers": [
-            {
-                "name": AGENT_CONTAINER,
-                "image": spec.image,
-                "command": list(spec.entrypoint),
-                "args": [],
-                "workingDir": spec.working_dir,
-                "env": [{"name": key, "value": value} for key, value in sorted(spec.env.items())],
-                # The agent is root with five capabilities and starts every command as the
-                # workspace user with none; as the workspace user itself, any command could
-                # kill it (kill -9 -1). docs/kubernetes.md, Pod security.
-                "securityContext": {
-                    "runAsUser": 0,
-                    "runAsGroup": 0,
-                    "runAsNonRoot": False,
-                    "privileged": False,
-                    "allowPrivilegeEscalation": not spec.no_new_privileges,
-                    "readOnlyRootFilesystem": spec.read_only_root_filesystem,
-                    "capabilities": {"drop": ["ALL"], **({"add": capabilities} if capabilities else {})},
-                },
-                # Requests equal to limits: the Guaranteed class, never the first evicted.
-                "resources": {"limits": dict(resources), "requests": dict(resources)},
-                "volumeMounts": mounts,
-            }
-        ],
+        "initContainers": [_agent_installer(spec, cluster)],
+        "containers": [_agent_container(spec, cluster, mounts)],
         "volumes": volumes,
     }
     if spec.runtime == "runsc":
@@ -308,6 +239,103 @@ def workspace_pod(spec: ContainerSpec, cluster: Cluster, *, pool_class: str = ""
         "kind": "Pod",
         "metadata": _metadata(cluster, object_name(cluster, spec.workspace_id), labels, annotations),
         "spec": pod_spec,
+    }
+
+
+def _check_pod(spec: ContainerSpec, mode: str, proxy_address: str) -> None:
+    """Refuse a spec no workspace Pod can be made of.
+
+    Raises:
+        ValueError: as :func:`workspace_pod` says.
+    """
+    beyond = sorted(set(spec.added_capabilities) - BASELINE_CAPABILITIES)
+    if beyond:
+        msg = f"capabilities {', '.join(beyond)} are beyond the baseline Pod Security Standard a workspace Pod meets"
+        raise ValueError(msg)
+    if mode == "allowlist" and not proxy_address:
+        msg = "an allowlist workspace's Pod needs its proxy's address"
+        raise ValueError(msg)
+    if not spec.entrypoint or not spec.agent_mount:
+        msg = "a workspace's Pod runs the agent: the spec names no entrypoint or agent mount"
+        raise ValueError(msg)
+
+
+def _pod_volumes(spec: ContainerSpec, cluster: Cluster) -> tuple[list[Manifest], list[Manifest]]:
+    """The Pod's volumes, and the agent container's mounts of them, in that order.
+
+    The agent's own directory, /workspace (a claim or a sized emptyDir), the private
+    directories and, with a read-only root, /tmp.
+    """
+    volumes: list[Manifest] = [{"name": "agent", "emptyDir": {"sizeLimit": _quantity(_AGENT_DIR_BYTES)}}]
+    mounts: list[Manifest] = [{"name": "agent", "mountPath": spec.agent_mount, "readOnly": True}]
+    if cluster.workspace_storage == "pvc":
+        volumes.append(
+            {"name": "workspace", "persistentVolumeClaim": {"claimName": object_name(cluster, spec.workspace_id)}}
+        )
+    else:
+        limit = {"sizeLimit": _quantity(spec.disk_bytes)} if spec.disk_bytes else {}
+        volumes.append({"name": "workspace", "emptyDir": limit})
+    mounts.append({"name": "workspace", "mountPath": "/workspace"})
+    for index, path in enumerate(spec.private_dirs):
+        # Memory-backed and small, as the Docker backend's tmpfs volume for the agent's socket.
+        volumes.append(
+            {"name": f"private-{index}", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(_SOCKET_DIR_BYTES)}}
+        )
+        mounts.append({"name": f"private-{index}", "mountPath": path})
+    if spec.read_only_root_filesystem:
+        volumes.append({"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(spec.memory_bytes)}})
+        mounts.append({"name": "tmp", "mountPath": "/tmp"})
+    return volumes, mounts
+
+
+def _agent_installer(spec: ContainerSpec, cluster: Cluster) -> Manifest:
+    """The init container that copies the agent's binary into the Pod's agent directory."""
+    return {
+        "name": "install-agent",
+        "image": cluster.agent_image,
+        # The agent's image has nothing but its binaries (FROM scratch): it copies itself.
+        "command": [
+            f"/linux-{cluster.architecture}/sandboxd-agent",
+            "install",
+            f"{spec.agent_mount}/sandboxd-agent",
+        ],
+        "securityContext": _non_root(_INSTALLER_UID, readOnlyRootFilesystem=True),
+        "resources": {"limits": {"cpu": "100m", "memory": "32Mi"}},
+        "volumeMounts": [{"name": "agent", "mountPath": spec.agent_mount}],
+    }
+
+
+def _agent_container(spec: ContainerSpec, cluster: Cluster, mounts: list[Manifest]) -> Manifest:
+    """The workspace's container: the image, with the agent as its main process and the spec's limits."""
+    ephemeral = cluster.ephemeral_storage_bytes + (spec.disk_bytes if cluster.workspace_storage != "pvc" else 0)
+    resources = {
+        "cpu": f"{spec.cpu_millis}m",
+        "memory": _quantity(spec.memory_bytes),
+        "ephemeral-storage": _quantity(ephemeral),
+    }
+    capabilities = sorted({*spec.added_capabilities, *spec.agent_capabilities})
+    return {
+        "name": AGENT_CONTAINER,
+        "image": spec.image,
+        "command": list(spec.entrypoint),
+        "args": [],
+        "workingDir": spec.working_dir,
+        "env": [{"name": key, "value": value} for key, value in sorted(spec.env.items())],
+        # The agent is root with five capabilities and starts every command as the
+        # workspace user with none; as the workspace user itself, any command could
+        # kill it (kill -9 -1). docs/kubernetes.md, Pod security.
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "runAsNonRoot": False,
+            "privileged": False,
+            "allowPrivilegeEscalation": not spec.no_new_privileges,
+            "readOnlyRootFilesystem": spec.read_only_root_filesystem,
+            "capabilities": {"drop": ["ALL"], **({"add": capabilities} if capabilities else {})},
+        },
+        # Requests equal to limits: the Guaranteed class, never the first evicted.
+        "resources": {"limits": dict(resources), "requests": dict(resources)},
+        "volumeMounts": mounts,
     }
 
 

@@ -1,0 +1,451 @@
+"""The connection to one workspace's agent: transport, handshake, reconnects, and the dispatch of frames.
+
+Every workspace runs ``sandboxd-agent`` as its main process. An :class:`AgentLink`
+is the daemon's one connection to it: a ``docker exec`` of ``sandboxd-agent bridge``
+(as root) carrying length-prefixed frames in both directions, multiplexing every
+process session and file operation as a numbered channel. A link that breaks is
+made again (with backoff) while any channel is open; the agent keeps each session's
+unacknowledged output meanwhile, so nothing is lost but frames in flight, which the
+session asks for again.
+
+Nothing outside this package sees a frame. A process session talks through a
+:class:`~sandboxd.agent.routes.SessionChannel` and hears back through the :class:`SessionEvents` it
+implements; a file operation is one call of :meth:`AgentLink.file_operation`.
+
+Frames coming from the agent are checked like any input: a length out of bounds
+ends the connection (its calls fail cleanly and the link reconnects); a payload
+that is not what its kind must carry fails only the call of its channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import time
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
+from typing import Any
+
+import structlog
+
+from ..backend.base import Backend, ExecStream
+from ..errors import DockerUnavailableError, SandboxdError
+from .codec import PROTOCOL_VERSION, FileReply, FrameDecoder, Kind, encode, json_object, text_field
+from .errors import AgentBehindEngine, AgentLost, ProtocolError
+from .messages import Welcome
+from .paths import AGENT_PATH
+from .routes import ForwardedConnection, Route, forward, in_flight, run_file_operation
+
+__all__ = ["AgentLink"]
+
+log = structlog.get_logger("sandboxd.agent")
+
+CONNECT_TIMEOUT_S = 20.0
+"""How long a new connection may take to be answered (a gVisor exec is slow under load)."""
+RECONNECT_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+RECONNECT_ATTEMPTS = 40
+"""Attempts before a link gives up until the next call (about 70 s: a container restart fits)."""
+BRIDGE_CHECK_S = 2.0
+"""Silence on a link with calls waiting after which the engine is asked if the bridge still runs."""
+LEARN_AGAIN_S = (0.1, 0.3, 0.6, 1.0, 2.0, 4.0, 8.0, 15.0)
+"""Waits before asking again whether the host sees a runtime's sockets, after a first no (31 s in all:
+gVisor under load has been seen to take more than 4 s)."""
+FREEZE_TIMEOUT_S = 5.0
+"""How long the agent may take to answer a freeze (it answers at once unless it is stuck)."""
+PRESENT_WAIT_S = 3.0
+"""How long a direct connection tries a socket that is there but does not answer, before the bridge."""
+LISTEN_WAIT_S = 10.0
+"""How long a direct connection waits for a starting agent to listen (the bridge waits as long)."""
+
+
+def _present(path: str) -> bool:
+    """Whether anything is at ``path`` (a stat of a local tmpfs: it does not block)."""
+    return os.path.lexists(path)
+
+
+class AgentLink:
+    """The connection to one workspace's agent.
+
+    The connection goes straight to the agent's socket where this machine sees it (the
+    engine is local and the runtime shows the container's sockets on the host), else through
+    a ``docker exec`` of the bridge (PROTOCOL.md, Transport).
+
+    Args:
+        backend: the engine, for the socket or the ``docker exec`` of the bridge.
+        workspace_id: the workspace.
+        container_id: its container (calls go to exactly it).
+        socket_path: the agent's socket as the engine's host sees it; empty: the bridge only.
+        runtime: the container's runtime (what the host sees of it is learnt per runtime).
+        host_sockets: the runtimes whose containers' sockets this host is known to see, shared
+            by the links of one engine: runc's always, gVisor's with ``--host-uds=create``, a
+            virtual machine's never. A link adds its runtime once its agent answered there.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        workspace_id: str,
+        container_id: str,
+        *,
+        socket_path: str = "",
+        runtime: str = "",
+        host_sockets: set[str] | None = None,
+    ) -> None:
+        """Prepare a link; :meth:`connect` (or the first send) opens it."""
+        self.backend = backend
+        self.workspace_id = workspace_id
+        self.container_id = container_id
+        self.socket_path = socket_path
+        self.runtime = runtime
+        self.host_sockets = host_sockets if host_sockets is not None else set()
+        self.transport = ""
+        """How the current connection goes: ``socket`` or ``bridge`` (empty before the first)."""
+        self.welcome: Welcome | None = None
+        self._stream: ExecStream | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._reconnector: asyncio.Task[None] | None = None
+        self._routes: dict[int, Route] = {}
+        self._next_channel = 1
+        self._connect_lock = asyncio.Lock()
+        self._write_lock = asyncio.Lock()
+        self._closed = False
+        self._heard_at = 0.0
+        self._learner: asyncio.Task[None] | None = None
+        self._freeze_lock = asyncio.Lock()
+        self._frozen_answer: asyncio.Future[bool] | None = None
+        self.on_welcome: Callable[[Welcome], None] | None = None
+        """Told of every new connection's welcome (the daemon adopts sessions from it)."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is up."""
+        return self._stream is not None
+
+    async def connect(self) -> Welcome:
+        """Open the connection if it is not (one at a time); return the agent's welcome.
+
+        Raises:
+            AgentLost: the agent does not answer, or speaks another protocol.
+        """
+        async with self._connect_lock:
+            if self._stream is not None and self.welcome is not None:
+                return self.welcome
+            if self._closed:
+                msg = f"the link to workspace {self.workspace_id!r}'s agent is closed"
+                raise AgentLost(msg)
+            return await self._open()
+
+    async def _direct(self) -> ExecStream | None:
+        """A connection to the agent's socket from the host, when the host is known to see it."""
+        if not self.socket_path or self.runtime not in self.host_sockets:
+            return None
+        began = time.monotonic()
+        while (stream := await self.backend.open_socket(self.socket_path, self.container_id)) is None:
+            # Only a socket not there yet is worth the full wait (a workspace just created: its
+            # agent is starting). One there that does not answer gets a moment (gVisor under load
+            # shows the file before it answers, seen in CI), then it is the bridge's to try.
+            waited = time.monotonic() - began
+            if waited > (PRESENT_WAIT_S if _present(self.socket_path) else LISTEN_WAIT_S):
+                return None
+            await asyncio.sleep(0.005 if waited < 0.1 else 0.05)
+        return stream
+
+    async def _learn_host_sockets(self) -> bool:
+        """After a bridge's welcome (the agent listens): whether the agent answers from this host.
+
+        Only a yes is kept for the runtime. A no is this workspace's alone (a workspace whose
+        root planted something at the path, an agent restarting): the next link asks again,
+        at the cost of one connect.
+        """
+        if not self.socket_path or self.runtime in self.host_sockets:
+            return False
+        if await self._probe():
+            return True
+        if self._learner is None:
+            # gVisor can show the host its socket a moment after the agent answered through the
+            # bridge (seen under load): asked again a few times, and the link moves there then.
+            self._learner = asyncio.create_task(self._learn_later(), name=f"agent-{self.workspace_id}-learn")
+        return False
+
+    async def _probe(self) -> bool:
+        probe = await self.backend.open_socket(self.socket_path, self.container_id)
+        if probe is None:
+            return False
+        await probe.close(discard_input=True)
+        self.host_sockets.add(self.runtime)
+        log.info("agent.host_sockets", runtime=self.runtime or "default")
+        return True
+
+    async def _learn_later(self) -> None:
+        for delay in LEARN_AGAIN_S:
+            await asyncio.sleep(delay)
+            if self._closed:
+                return
+            if self.runtime in self.host_sockets or await self._probe():
+                break
+        else:
+            log.warning(
+                "agent.host_sockets_unseen",
+                workspace_id=self.workspace_id,
+                runtime=self.runtime or "default",
+                present=_present(self.socket_path),
+            )
+            return
+        # Off the bridge, once no file operation or forward is in flight (its call would end with the
+        # connection; a session's output is sent again from where the daemon has it) and no start
+        # waits for its answer (the answer would be lost with the connection).
+        while not self._closed and self.transport == "bridge" and self._stream is not None:
+            if not any(in_flight(route) for route in self._routes.values()):
+                log.info("agent.moving_to_socket", workspace_id=self.workspace_id)
+                await self._stream.close(discard_input=True)  # the reader reconnects, straight
+                return
+            await asyncio.sleep(0.05)
+
+    async def _open(self) -> Welcome:
+        stream = await self._direct()
+        transport = "socket"
+        if stream is None:
+            transport = "bridge"
+            try:
+                stream = await self.backend.exec_stream(
+                    self.workspace_id, [AGENT_PATH, "bridge"], env={}, user="0:0", container_id=self.container_id
+                )
+            except DockerUnavailableError as exc:
+                raise AgentBehindEngine(exc.message) from None
+            except SandboxdError as exc:
+                msg = f"workspace {self.workspace_id!r}'s agent cannot be reached: {exc.message}"
+                raise AgentLost(msg) from None
+        decoder = FrameDecoder()
+        pending: list[tuple[bytes, int, bytes]] = []
+        stderr = bytearray()
+        try:
+            await stream.write(encode(Kind.HELLO, 0, {"protocol": PROTOCOL_VERSION}))
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                welcome = Welcome.parse(await self._first_welcome(stream, decoder, pending, stderr), self.workspace_id)
+        except BaseException as exc:
+            # Cancelled too (the daemon stopping mid-connect): the connection must not outlive its loop.
+            await stream.close(discard_input=True)
+            if not isinstance(exc, (TimeoutError, ProtocolError, OSError, ConnectionError)):
+                raise
+            if isinstance(exc, TimeoutError):
+                reason = "it did not answer in time"
+            elif isinstance(exc, ProtocolError):
+                reason = exc.message
+            else:
+                reason = str(exc)
+            msg = f"workspace {self.workspace_id!r}'s agent cannot be reached: {reason}"
+            raise AgentLost(msg) from None
+        if transport == "bridge" and await self._learn_host_sockets():
+            # The first workspace of its runtime showed the host its socket: go straight to it.
+            await stream.close(discard_input=True)
+            return await self._open()
+        self._stream, self.welcome, self.transport = stream, welcome, transport
+        known = [s.channel for s in welcome.sessions]
+        self._next_channel = max([self._next_channel, *(c + 1 for c in known)])
+        # The link outlives the call that opened it: its reader (and what it starts) logs as the
+        # workspace's, not as that call (a fresh context, not a copy of the call's).
+        self._reader = asyncio.create_task(
+            self._read(stream, decoder, pending), name=f"agent-{self.workspace_id}", context=contextvars.Context()
+        )
+        log.info(
+            "agent.connected",
+            workspace_id=self.workspace_id,
+            agent=welcome.agent,
+            sessions=len(known),
+            transport=transport,
+        )
+        if self.on_welcome is not None:
+            self.on_welcome(welcome)
+        for route in list(self._routes.values()):
+            route.on_reconnect(welcome)
+        return welcome
+
+    async def _first_welcome(
+        self,
+        stream: ExecStream,
+        decoder: FrameDecoder,
+        pending: list[tuple[bytes, int, bytes]],
+        stderr: bytearray,
+    ) -> bytes:
+        while (chunk := await stream.read()) is not None:
+            fd, data = chunk
+            if fd != 1:
+                stderr += data[: max(0, 2000 - len(stderr))]
+                continue
+            for frame in decoder.feed(data):
+                if frame[0] == Kind.WELCOME and frame[1] == 0:
+                    return frame[2]
+                if frame[0] == Kind.ERROR and frame[1] == 0:
+                    raise ProtocolError(text_field(json_object(frame[2], "error"), "message", 500) or "it refused")
+                pending.append(frame)
+        said = bytes(stderr).decode("utf-8", "replace").strip()
+        msg = f"the bridge ended before the agent answered{': ' + said if said else ''}"
+        raise ProtocolError(msg)
+
+    async def _read(self, stream: ExecStream, decoder: FrameDecoder, pending: list[tuple[bytes, int, bytes]]) -> None:
+        structlog.contextvars.bind_contextvars(workspace_id=self.workspace_id)
+        watch = asyncio.create_task(self._watch(stream), name=f"agent-{self.workspace_id}-watch")
+        try:
+            for frame in pending:
+                self._dispatch(*frame)
+            while (chunk := await stream.read()) is not None:
+                self._heard_at = time.monotonic()
+                fd, data = chunk
+                if fd != 1:
+                    continue
+                for frame in decoder.feed(data):
+                    self._dispatch(*frame)
+        except ProtocolError as exc:
+            log.warning("agent.protocol_error", workspace_id=self.workspace_id, error=exc.message)
+        except (OSError, ConnectionError) as exc:
+            log.info("agent.stream_error", workspace_id=self.workspace_id, error=str(exc))
+        finally:
+            watch.cancel()
+            if self._stream is stream:
+                self._stream = None
+                await stream.close(discard_input=True)
+                for route in list(self._routes.values()):
+                    route.on_disconnect()
+                if self._routes and not self._closed:
+                    self._reconnector = asyncio.create_task(self._reconnect(), name=f"agent-{self.workspace_id}-back")
+
+    async def _watch(self, stream: ExecStream) -> None:
+        """End a connection whose bridge is gone: under gVisor its exec's stream stays open.
+
+        While calls wait on the link and it has been silent for a while, the engine is asked
+        whether the bridge still runs.
+        """
+        while True:
+            await asyncio.sleep(BRIDGE_CHECK_S)
+            if not self._routes or time.monotonic() - self._heard_at < BRIDGE_CHECK_S:
+                continue
+            if await stream.exit_code() is not None:
+                log.warning("agent.bridge_ended", workspace_id=self.workspace_id)
+                await stream.close(discard_input=True)  # the reader sees the end and reconnects
+                return
+
+    def _dispatch(self, kind: bytes, channel: int, payload: bytes) -> None:
+        if channel == 0:
+            if kind == Kind.FROZEN:
+                answer = self._frozen_answer
+                if answer is not None and not answer.done():
+                    try:
+                        answer.set_result(json_object(payload, "frozen").get("frozen") is True)
+                    except ProtocolError as exc:
+                        answer.set_exception(exc)
+            elif kind == Kind.ERROR:
+                log.warning(
+                    "agent.error", workspace_id=self.workspace_id, payload=payload[:500].decode("utf-8", "replace")
+                )
+            return
+        route = self._routes.get(channel)
+        if route is None:
+            return  # a channel the daemon has let go (an evicted session's last frames)
+        try:
+            route.on_frame(kind, payload)
+        except Exception:  # one channel's trouble is never the link's
+            log.exception("agent.channel_failed", workspace_id=self.workspace_id, channel=channel)
+
+    async def _reconnect(self) -> None:
+        delays = (*RECONNECT_BACKOFF_S, *([RECONNECT_BACKOFF_S[-1]] * RECONNECT_ATTEMPTS))
+        for delay in delays[:RECONNECT_ATTEMPTS]:
+            await asyncio.sleep(delay)
+            if self._closed or not self._routes or self._stream is not None:
+                return
+            try:
+                await self.connect()
+            except AgentLost:
+                continue
+            return
+        log.warning("agent.unreachable", workspace_id=self.workspace_id)
+
+    def register(self, route: Route, channel: int = 0) -> int:
+        """Give ``route`` the frames of ``channel`` (0: the next free number); return the number."""
+        if not channel:
+            channel = self._next_channel
+            self._next_channel += 1
+        self._routes[channel] = route
+        return channel
+
+    def unregister(self, channel: int, route: Route) -> None:
+        """Stop giving ``route`` the frames of ``channel`` (nothing if another holds it now)."""
+        if self._routes.get(channel) is route:
+            del self._routes[channel]
+
+    async def send(self, kind: bytes, channel: int, payload: bytes | Mapping[str, Any] = b"") -> None:
+        """Send one frame, connecting first if needed.
+
+        Raises:
+            AgentLost: the agent cannot be reached.
+        """
+        if self._stream is None:
+            await self.connect()
+        stream = self._stream
+        if stream is None:
+            msg = f"workspace {self.workspace_id!r}'s agent is not connected"
+            raise AgentLost(msg)
+        frame = encode(kind, channel, payload)
+        async with self._write_lock:
+            try:
+                await stream.write(frame)
+            except (OSError, ConnectionError) as exc:
+                msg = f"workspace {self.workspace_id!r}'s agent connection broke: {exc}"
+                raise AgentLost(msg) from None
+
+    async def freeze(self, frozen: bool) -> None:
+        """Stop (``frozen``) or restart every timeout and kill grace of the agent's sessions.
+
+        Said before the workspace is paused and after it is resumed, so that the time it
+        stood frozen counts toward no command's timeout (PROTOCOL.md, ``Z``). Nothing with
+        an agent that lacks the ``freeze`` feature.
+
+        Raises:
+            AgentLost: the agent cannot be reached, or did not answer within ``FREEZE_TIMEOUT_S``.
+        """
+        welcome = await self.connect()
+        if "freeze" not in welcome.features:
+            return
+        async with self._freeze_lock:
+            self._frozen_answer = answer = asyncio.get_running_loop().create_future()
+            try:
+                await self.send(Kind.FREEZE, 0, {"frozen": frozen})
+                async with asyncio.timeout(FREEZE_TIMEOUT_S):
+                    said = await answer
+            except TimeoutError:
+                msg = f"workspace {self.workspace_id!r}'s agent did not answer a freeze in {FREEZE_TIMEOUT_S:g} s"
+                raise AgentLost(msg) from None
+            finally:
+                self._frozen_answer = None
+        if said is not frozen:
+            msg = f"workspace {self.workspace_id!r}'s agent answered a freeze with frozen={said}"
+            raise ProtocolError(msg)
+
+    def file_operation(
+        self, user: str, operation: Mapping[str, Any], stdin: AsyncIterable[bytes] | None = None
+    ) -> AsyncGenerator[FileReply, None]:
+        """Run one file operation as ``user`` over this link: see :func:`~sandboxd.agent.routes.run_file_operation`."""
+        return run_file_operation(self, user, operation, stdin)
+
+    def forward(self, port: int) -> contextlib.AbstractAsyncContextManager[ForwardedConnection]:
+        """Open a TCP connection to ``port`` on the workspace's loopback; it is closed on leaving.
+
+        Raises:
+            AgentLost: the agent cannot be reached.
+            ForwardError: nothing listens there (``refused``), or the connect failed.
+            FailedPreconditionError: the agent predates forwarding (a workspace made by an
+                older release).
+        """
+        return forward(self, port)
+
+    async def close(self) -> None:
+        """Close the connection for good (the workspace is going, or the daemon stops)."""
+        self._closed = True
+        for task in (self._reconnector, self._reader, self._learner):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.close(discard_input=True)

@@ -1,0 +1,124 @@
+"""Flow control of one session's output: how far the agent may send, what it may forget, and when to say so.
+
+The agent numbers a session's output bytes and sends them up to a limit (``until``) the
+daemon sets, keeping each byte until the daemon acknowledges it (``ack``). An
+:class:`OutputFlow` decides every ``P`` (pull) frame of a session: the window while a
+caller reads, the acknowledgement, whether a change is worth a frame, and when the last
+reader left with more in flight than the session keeps (a tail pull, which lets the daemon
+cut the output to its head). It does no I/O and reads no clock: the session gives it the
+relay's offsets and sends what it returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["ACK_STEP_BYTES", "STREAM_WINDOW_BYTES", "WINDOW_BYTES", "OutputFlow", "Pull"]
+
+WINDOW_BYTES = 4 * 1024 * 1024
+"""Most output the daemon lets an agent without the ``tail`` feature send beyond what callers
+have taken, while one reads: a session's ``max_output_bytes`` up to this (the agent keeps every
+byte until acknowledged, so a restart loses none, and a caller that walks away must find no
+more unread than the session keeps)."""
+
+STREAM_WINDOW_BYTES = 16 * 1024 * 1024
+"""The same with an agent that can say where its held output ends (``tail``): what a caller
+leaves unread beyond ``max_output_bytes`` is then dropped when it walks away (``OutputRelay.trim``),
+so the window need not be held to the buffer. A larger window streams faster (fewer waits for an
+acknowledgement's round trip); this one is the agent's bound (``output.MaxWindow``) and, per
+session, the daemon's (``max_output_buffer_bytes``): a stream at full speed holds at most this."""
+
+ACK_STEP_BYTES = 256 * 1024
+"""Delivered bytes that make a new acknowledgement worth a frame (the end of a batch always does)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Pull:
+    """One pull frame's content (PROTOCOL.md, ``P``); offsets count both streams' bytes together."""
+
+    ack: int
+    """Output offset up to which callers took the output: the agent may forget what lies before it."""
+    ack_gap: int
+    """How much of a gap at ``ack`` callers were told of."""
+    until: int
+    """Offset up to which the agent may send."""
+    reader: bool
+    """Whether a caller is reading now."""
+    tail: bool = False
+    """Ask the agent where its held output ends (its answer is ``on_tail``)."""
+
+
+class OutputFlow:
+    """The window, acknowledgement and pull state of one session's output.
+
+    Args:
+        buffer_bytes: output the session keeps for callers, in bytes (its ``max_output_bytes``
+            or the daemon's default); at least 1.
+    """
+
+    def __init__(self, *, buffer_bytes: int) -> None:
+        """Start with nothing said to the agent."""
+        self.buffer_bytes = buffer_bytes
+        self.ack_step = max(1, min(ACK_STEP_BYTES, buffer_bytes // 4))
+        """Progress, in bytes, worth a frame: an acknowledgement frees the agent's buffer, so a
+        small buffer needs them often."""
+        self._sent: Pull | None = None
+        """The last pull the agent was sent on this connection (None: nothing it is known to have)."""
+
+    def window(self, *, tails: bool) -> int:
+        """Bytes the agent may send beyond callers' take while one reads (see ``STREAM_WINDOW_BYTES``).
+
+        Args:
+            tails: the agent answers tail pulls (its welcome lists ``tail``).
+        """
+        if tails:
+            return max(STREAM_WINDOW_BYTES, self.buffer_bytes)
+        return min(WINDOW_BYTES, self.buffer_bytes)
+
+    def next(
+        self,
+        *,
+        ack: int,
+        ack_gap: int,
+        delivered: int,
+        received: int,
+        reader: bool,
+        tails: bool,
+        force: bool = False,
+    ) -> Pull | None:
+        """The pull to send now, or None when nothing is worth a frame; a pull returned counts as sent.
+
+        Args:
+            ack: the offset that may be acknowledged (``OutputRelay.ack_position``).
+            ack_gap: the gap at ``ack`` callers were told of.
+            delivered: the offset up to which callers took the output.
+            received: the offset of the next byte expected from the agent.
+            reader: whether a caller is reading now.
+            tails: the agent answers tail pulls.
+            force: send even a pull that changes little (a caller arrives or leaves).
+
+        Returns:
+            While a caller reads, a pull allowing a window beyond ``delivered``; else one allowing
+            nothing beyond ``received``. It asks for the tail when the last reader just left with
+            more allowed in flight than the session keeps (the caller then holds the output back
+            to ``buffer_bytes`` beyond ``delivered`` until the answer, ``OutputRelay.hold``).
+        """
+        until = delivered + self.window(tails=tails) if reader else received
+        last = self._sent
+        if (
+            not force
+            and last is not None
+            and reader == last.reader
+            and ack - last.ack < self.ack_step
+            and until - last.until < self.ack_step
+        ):
+            return None  # nothing worth a frame: the agent has room enough, and little to forget
+        # The last reader leaves with more allowed in flight than the session keeps: ask where
+        # the agent's held output ends, to cut it to its head.
+        tail = not reader and last is not None and last.reader and last.until - delivered > self.buffer_bytes and tails
+        self._sent = Pull(ack=ack, ack_gap=ack_gap, until=until, reader=reader, tail=tail)
+        return self._sent
+
+    def lost(self) -> None:
+        """The connection broke: what was in flight is lost, so the next pull is sent whatever it says."""
+        self._sent = None

@@ -1,0 +1,337 @@
+"""The daemon's table of process sessions: caps, tenants' shares, eviction, adoption after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import collections
+import datetime
+import re
+import secrets
+from collections.abc import Callable, Mapping
+
+import structlog
+from sandboxd_protocol.limits import MAX_COMMAND_BYTES, MAX_ID_BYTES, MAX_PATH_BYTES, utf8_size
+
+from .. import metrics
+from ..agent import Welcome
+from ..backend.base import Backend
+from ..errors import InvalidSpecError, ProcessNotFoundError, QuotaExceededError
+from ..models import ExecSpec, ExecStarted, StopReason
+from ..settings import Settings
+from ..tenancy import current_tenant
+from .context import ExecContext
+from .rules import MAX_TERMINAL_CELLS, check_env
+from .session import ProcessSession
+
+__all__ = ["ProcessTable"]
+
+log = structlog.get_logger("sandboxd.processes")
+
+_PROCESS_ID_RE = re.compile(r"^p-[0-9a-f]{12}$")
+
+
+class ProcessTable:
+    """All live process sessions of the daemon, capped at ``settings.max_sessions``.
+
+    A session belongs to its workspace's tenant: other tenants get NOT_FOUND.
+    After a restart, :meth:`adopt` takes over the sessions each workspace's agent kept.
+
+    Eviction (seed 000): an exited session first (oldest first), else the least
+    recently used idle one, whose whole tree is killed. An evicted id stays known
+    so that later calls get NOT_FOUND saying it was evicted.
+    """
+
+    def __init__(self, backend: Backend, settings: Settings, *, tenants: Callable[[], int] = lambda: 1) -> None:
+        """Create an empty table.
+
+        Args:
+            backend: the container engine.
+            settings: the caps (``max_sessions``, ``tenant_max_sessions``).
+            tenants: how many tenants are configured now (the tokens file's); sets each
+                tenant's default share of the sessions.
+        """
+        self.backend = backend
+        self.settings = settings
+        self._tenants = tenants
+        self._sessions: dict[str, ProcessSession] = {}
+        self._stopping = False
+        self._evicted: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
+        """Ids no longer in the table: why (a sentence's predicate) and the tenant that may hear it."""
+        self._lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
+
+    def get(self, process_id: str) -> ProcessSession:
+        """Return a session.
+
+        Raises:
+            ProcessNotFoundError: unknown id, or evicted (the message says which).
+        """
+        if utf8_size(process_id) > MAX_ID_BYTES:
+            msg = f"process_id is {utf8_size(process_id)} bytes; process ids are at most {MAX_ID_BYTES}"
+            raise InvalidSpecError(msg)
+        session = self._sessions.get(process_id)
+        tenant = current_tenant()
+        if session is not None and session.context.tenant == tenant:
+            return session
+        if session is None and process_id in self._evicted and self._evicted[process_id][1] == tenant:
+            msg = f"process {process_id} {self._evicted[process_id][0]}"
+            raise ProcessNotFoundError(msg)
+        msg = f"process {process_id!r} not found"
+        raise ProcessNotFoundError(msg)
+
+    def list(self, workspace_id: str) -> list[ProcessSession]:
+        """Return the sessions of one workspace, oldest first."""
+        return [s for s in self._sessions.values() if s.context.workspace_id == workspace_id]
+
+    def session_counts(self) -> dict[str, int]:
+        """How many sessions the table holds, running and exited (for the metrics)."""
+        running = sum(1 for s in self._sessions.values() if s.exit is None)
+        return {"running": running, "exited": len(self._sessions) - running}
+
+    def check_spec(self, spec: ExecSpec) -> None:
+        """Check every field of an Exec against its bound (``sandboxd_protocol.limits``), before any work.
+
+        Raises:
+            InvalidSpecError: naming the field, its size and its bound.
+        """
+        if not 0 <= spec.max_output_bytes <= self.settings.max_output_buffer_bytes:
+            msg = (
+                f"max_output_bytes must be 0 (the daemon default) to {self.settings.max_output_buffer_bytes} "
+                f"(SANDBOXD_MAX_OUTPUT_BUFFER_BYTES), got {spec.max_output_bytes}"
+            )
+            raise InvalidSpecError(msg)
+        if spec.spill_after_bytes < 0:
+            msg = f"spill_after_bytes must not be negative, got {spec.spill_after_bytes}"
+            raise InvalidSpecError(msg)
+        if spec.timeout_s is not None and not 0 < spec.timeout_s <= self.settings.max_exec_timeout_s:
+            msg = (
+                f"timeout must be more than 0 s and at most {self.settings.max_exec_timeout_s:g} s, "
+                f"got {spec.timeout_s:g} s"
+            )
+            raise InvalidSpecError(msg)
+        if not (1 <= spec.columns <= MAX_TERMINAL_CELLS and 1 <= spec.rows <= MAX_TERMINAL_CELLS):
+            msg = f"terminal size must be 1..{MAX_TERMINAL_CELLS} columns and rows, got {spec.columns}x{spec.rows}"
+            raise InvalidSpecError(msg)
+        if utf8_size(spec.command) > MAX_COMMAND_BYTES:
+            msg = (
+                f"command is {utf8_size(spec.command)} bytes; the limit is "
+                f"{MAX_COMMAND_BYTES}; write long scripts to a file first"
+            )
+            raise InvalidSpecError(msg)
+        if not spec.command.strip():
+            msg = "command must not be empty"
+            raise InvalidSpecError(msg)
+        if utf8_size(spec.workdir) > MAX_PATH_BYTES:
+            msg = f"workdir is {utf8_size(spec.workdir)} bytes; the limit is {MAX_PATH_BYTES}"
+            raise InvalidSpecError(msg)
+        if "\0" in spec.command or "\0" in spec.workdir:
+            msg = "command and workdir must not contain NUL characters"
+            raise InvalidSpecError(msg)
+        check_env(spec.env, "env")
+
+    async def start(self, context: ExecContext, spec: ExecSpec) -> tuple[ProcessSession, ExecStarted]:
+        """Start a command as a new session, evicting one first when the table is full.
+
+        Raises:
+            InvalidSpecError: a field out of its bound (:meth:`check_spec`, checked again here
+                so that no caller can skip it), or an unknown secret reference.
+            QuotaExceededError: no session can be made room for.
+        """
+        self.check_spec(spec)
+        context.secrets.check(spec.env, "env", context.tenant)
+        async with self._lock:
+            tenant = context.tenant
+            tenant_cap = self.tenant_share()
+            while True:
+                mine = sum(1 for s in self._sessions.values() if s.context.tenant == tenant)
+                if mine >= tenant_cap:
+                    self._evict_one(tenant, f"tenant {tenant!r} is at its {tenant_cap} process sessions")
+                elif len(self._sessions) >= self.settings.max_sessions:
+                    self._evict_one(
+                        tenant,
+                        f"the daemon is at its {self.settings.max_sessions} process sessions",
+                        others=True,
+                    )
+                else:
+                    break
+            process_id = f"p-{secrets.token_hex(6)}"
+            session = ProcessSession(
+                link=context.link,
+                context=context,
+                spec=spec,
+                settings=self.settings,
+                process_id=process_id,
+                background=self._retiring,
+            )
+            self._sessions[process_id] = session
+            session.shutting_down = self._stopping
+        try:
+            started = await session.start()
+        except BaseException:
+            self._sessions.pop(process_id, None)
+            raise
+        return session, started
+
+    def tenant_share(self) -> int:
+        """Most sessions one tenant may hold: ``tenant_max_sessions``, else a fair share of the daemon's.
+
+        The fair share is ``max_sessions`` divided by the number of configured tenants (all
+        of it with one), so the shares sum to the cap and no tenant can take another's last
+        slot with commands the other may not end.
+        """
+        if self.settings.tenant_max_sessions:
+            return self.settings.tenant_max_sessions
+        return max(1, self.settings.max_sessions // max(1, self._tenants()))
+
+    def _evict_one(self, tenant: str, full: str, *, others: bool = False) -> None:
+        """Take one session out of the table now for ``tenant``'s new one; kill it in the background.
+
+        Seed 000's order, fair between tenants: an exited session (``tenant``'s own first;
+        then, with ``others``, the oldest idle one of any tenant: an exited session holds
+        only unread output), then with ``others`` the least recently used idle session of a
+        tenant holding more than its share (shares shrink when a tenant is added to the tokens
+        file), then ``tenant``'s own least recently used idle one. No other running command is
+        a candidate: one tenant's load never ends another's commands within their share.
+
+        Raises:
+            QuotaExceededError: nothing may go (every candidate is attached, or there is none).
+        """
+        everyone = list(self._sessions.values())
+        sessions = [s for s in everyone if s.context.tenant == tenant]
+        share = self.tenant_share()
+        held = collections.Counter(s.context.tenant for s in everyone)
+        candidates = (
+            ([s for s in sessions if not s.running], "it had exited and the session table was full"),
+            (
+                [s for s in everyone if others and not s.running and s.idle],
+                "it had exited and the session table was full",
+            ),
+            (
+                [s for s in everyone if others and s.running and s.idle and held[s.context.tenant] > share],
+                "it was the least recently used idle session of a tenant over its share when the table was full",
+            ),
+            (
+                [s for s in sessions if s.running and s.idle],
+                "it was the least recently used idle session when the table was full",
+            ),
+        )
+        found = next(((group, why) for group, why in candidates if group), None)
+        if found is None:
+            busy = f"all {len(sessions)} of its sessions are in use by active calls" if sessions else "it has none"
+            msg = f"{full} and none can be evicted for tenant {tenant!r}: {busy}"
+            raise QuotaExceededError(msg)
+        victim, why = min(found[0], key=lambda s: s.last_used), found[1]
+        self._sessions.pop(victim.process_id, None)
+        self._remember_evicted(victim.process_id, f"was evicted: {why}", victim.context.tenant)
+        log.info("process.evicted", process_id=victim.process_id, reason=why)
+        metrics.SESSIONS_EVICTED.inc()
+        task = asyncio.create_task(self._retire(victim))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, victim: ProcessSession) -> None:
+        if victim.running:
+            await victim.kill(reason=StopReason.KILLED)
+        await victim.discard()
+
+    def _remember_evicted(self, process_id: str, why: str, tenant: str) -> None:
+        self._evicted[process_id] = (why, tenant)
+        while len(self._evicted) > 4096:
+            self._evicted.popitem(last=False)
+
+    def drop(self, session: ProcessSession) -> None:
+        """Take a session of the daemon's own out of the table, leaving no trace of it."""
+        if self._sessions.get(session.process_id) is session:
+            del self._sessions[session.process_id]
+
+    async def forget_workspace(self, workspace_id: str, why: str) -> None:
+        """Drop every session of a workspace (its container is going away)."""
+        for session in self.list(workspace_id):
+            self._sessions.pop(session.process_id, None)
+            self._remember_evicted(session.process_id, f"was evicted: {why}", session.context.tenant)
+            await session.close(why)
+
+    def adopt(self, context: ExecContext, welcome: Welcome) -> builtins.list[str]:
+        """Take over the sessions a workspace's agent kept while no daemon was connected.
+
+        Each comes back with its process id, its exit status if it has one, and its output
+        from the exact byte callers had taken. Sessions this table follows already, and
+        those of another workspace or container, are left alone.
+
+        Returns:
+            The process ids adopted.
+        """
+        adopted = []
+        for state in welcome.sessions:
+            saved = state.daemon_state
+            if not _PROCESS_ID_RE.fullmatch(state.process_id) or state.process_id in self._sessions:
+                continue
+            if saved.get("workspace_id") != context.workspace_id or saved.get("container_id") != context.container_id:
+                continue
+            try:
+                spec = ExecSpec(
+                    command=str(saved.get("command", "")),
+                    tty=bool(saved.get("tty")),
+                    columns=int(saved.get("columns") or 80),
+                    rows=int(saved.get("rows") or 24),
+                    timeout_s=float(saved.get("timeout_s") or self.settings.exec_timeout_s),
+                    max_output_bytes=int(saved.get("max_output_bytes") or 0),
+                    spill_after_bytes=int(saved.get("spill_after_bytes") or 0),
+                    merge_stderr=bool(saved.get("merge_stderr")),
+                )
+                start_time = datetime.datetime.fromisoformat(str(saved.get("start_time")))
+            except (ValueError, TypeError) as exc:
+                log.warning("process.adopt_failed", process_id=state.process_id, error=str(exc))
+                continue
+            session = ProcessSession(
+                link=context.link,
+                context=context,
+                spec=spec,
+                settings=self.settings,
+                process_id=state.process_id,
+                background=self._retiring,
+            )
+            session.start_time = start_time
+            session.adopt(state)
+            self._sessions[state.process_id] = session
+            session.shutting_down = self._stopping
+            adopted.append(state.process_id)
+        if adopted:
+            log.info("process.adopted", workspace_id=context.workspace_id, process_ids=adopted)
+        return adopted
+
+    def yield_all(self) -> None:
+        """The daemon's grace is over: every call streaming a command yields now, with its process id.
+
+        The caller polls that process id again once a daemon serves (C13): the command runs on,
+        for the next daemon to adopt; nothing is interrupted.
+        """
+        self.stop_interrupting()
+        for session in list(self._sessions.values()):
+            session.yield_now = True
+            session.output.changed.set()
+
+    def stop_interrupting(self) -> None:
+        """The daemon is stopping: a stream that ends now (its call ended by the stop) Ctrl-Cs nothing.
+
+        A caller who leaves an exec's stream early means Ctrl-C (SPEC §2.3); a daemon that stops
+        does not: its commands run on, for the next daemon to adopt.
+        """
+        self._stopping = True
+        for session in list(self._sessions.values()):
+            session.shutting_down = True
+
+    async def close(self) -> None:
+        """Release every session's stream; the commands themselves keep running (each under its timeout)."""
+        self.stop_interrupting()
+        for session in list(self._sessions.values()):
+            await session.close("the daemon is shutting down")
+        self._sessions.clear()
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+
+    def sessions(self) -> Mapping[str, ProcessSession]:
+        """Read-only view of all sessions."""
+        return dict(self._sessions)

@@ -1,0 +1,112 @@
+"""A session's output flow control: the window, the acknowledgement, and which pulls are worth a frame."""
+
+from __future__ import annotations
+
+from sandboxd.processes.flow import ACK_STEP_BYTES, STREAM_WINDOW_BYTES, WINDOW_BYTES, OutputFlow, Pull
+
+MIB = 1024 * 1024
+
+
+def reading(flow: OutputFlow, *, ack: int = 0, delivered: int | None = None, force: bool = False) -> Pull | None:
+    """A pull while a caller reads from an agent that answers tail pulls."""
+    delivered = ack if delivered is None else delivered
+    return flow.next(ack=ack, ack_gap=0, delivered=delivered, received=ack, reader=True, tails=True, force=force)
+
+
+class TestWindow:
+    """How far beyond callers' take the agent may send while one reads."""
+
+    def test_an_agent_that_tails_gets_the_stream_window_or_the_buffer_if_larger(self) -> None:
+        """With tail pulls a walked-away stream is cut afterwards, so the window need not fit the buffer."""
+        assert OutputFlow(buffer_bytes=MIB).window(tails=True) == STREAM_WINDOW_BYTES
+        assert OutputFlow(buffer_bytes=64 * MIB).window(tails=True) == 64 * MIB
+
+    def test_an_agent_that_cannot_tail_gets_no_more_than_the_buffer(self) -> None:
+        """Without tail pulls a caller that walks away must find no more unread than the session keeps."""
+        assert OutputFlow(buffer_bytes=MIB).window(tails=False) == MIB
+        assert OutputFlow(buffer_bytes=64 * MIB).window(tails=False) == WINDOW_BYTES
+
+    def test_a_reader_is_allowed_a_window_beyond_what_it_took(self) -> None:
+        """``until`` is the delivered offset plus the window; without a reader, nothing beyond what arrived."""
+        flow = OutputFlow(buffer_bytes=MIB)
+        assert reading(flow, ack=10, delivered=100) == Pull(
+            ack=10, ack_gap=0, until=100 + STREAM_WINDOW_BYTES, reader=True
+        )
+        idle = flow.next(ack=100, ack_gap=3, delivered=100, received=500, reader=False, tails=False, force=True)
+        assert idle == Pull(ack=100, ack_gap=3, until=500, reader=False)
+
+
+class TestWhatIsWorthAFrame:
+    """Pulls that change little are not sent; the end of a batch and a reader's coming and going are."""
+
+    def test_the_first_pull_is_always_sent(self) -> None:
+        """Nothing was said to the agent yet."""
+        assert reading(OutputFlow(buffer_bytes=MIB)) is not None
+
+    def test_progress_under_the_ack_step_waits_and_progress_over_it_goes(self) -> None:
+        """Small acknowledgements are gathered into one frame every quarter buffer (at most 256 KiB)."""
+        flow = OutputFlow(buffer_bytes=16 * MIB)
+        assert flow.ack_step == ACK_STEP_BYTES
+        reading(flow)
+        assert reading(flow, ack=ACK_STEP_BYTES - 1) is None
+        assert reading(flow, ack=ACK_STEP_BYTES) is not None
+
+    def test_a_small_buffer_acknowledges_often(self) -> None:
+        """A buffer of 4 KiB frees its agent every KiB; a tiny one, every byte."""
+        assert OutputFlow(buffer_bytes=4096).ack_step == 1024
+        assert OutputFlow(buffer_bytes=1).ack_step == 1
+
+    def test_force_sends_even_an_unchanged_pull(self) -> None:
+        """A caller arriving or leaving tells the agent at once."""
+        flow = OutputFlow(buffer_bytes=MIB)
+        reading(flow)
+        assert reading(flow) is None
+        assert reading(flow, force=True) is not None
+
+    def test_a_reader_leaving_is_always_sent(self) -> None:
+        """The agent must stop sending beyond what arrived once nobody reads."""
+        flow = OutputFlow(buffer_bytes=MIB)
+        reading(flow)
+        assert flow.next(ack=0, ack_gap=0, delivered=0, received=0, reader=False, tails=False) is not None
+
+    def test_after_a_lost_connection_the_next_pull_is_sent(self) -> None:
+        """What was in flight is lost with the connection: the agent hears the position again."""
+        flow = OutputFlow(buffer_bytes=MIB)
+        reading(flow)
+        flow.lost()
+        assert reading(flow) is not None
+
+
+class TestTailPull:
+    """The last reader leaving with more in flight than the session keeps asks where the agent's output ends."""
+
+    def test_leaving_a_fast_stream_asks_for_the_tail(self) -> None:
+        """More allowed in flight than the buffer: the rest beyond the head is to be cut."""
+        flow = OutputFlow(buffer_bytes=MIB)
+        reading(flow)
+        pull = flow.next(ack=0, ack_gap=0, delivered=0, received=2 * MIB, reader=False, tails=True)
+        assert pull is not None
+        assert pull.tail
+
+    def test_an_agent_that_cannot_tail_is_never_asked(self) -> None:
+        """Its window never exceeded the buffer, and it would not answer."""
+        flow = OutputFlow(buffer_bytes=MIB)
+        flow.next(ack=0, ack_gap=0, delivered=0, received=0, reader=True, tails=False)
+        pull = flow.next(ack=0, ack_gap=0, delivered=0, received=0, reader=False, tails=False)
+        assert pull is not None
+        assert not pull.tail
+
+    def test_no_tail_when_what_was_allowed_fits_the_buffer(self) -> None:
+        """A window the buffer holds leaves nothing to cut."""
+        flow = OutputFlow(buffer_bytes=64 * MIB)
+        reading(flow)
+        pull = flow.next(ack=0, ack_gap=0, delivered=0, received=0, reader=False, tails=True)
+        assert pull is not None
+        assert not pull.tail
+
+    def test_no_tail_without_a_reader_before(self) -> None:
+        """Only a reader's departure asks: a session nobody read has no window open."""
+        flow = OutputFlow(buffer_bytes=MIB)
+        pull = flow.next(ack=0, ack_gap=0, delivered=0, received=0, reader=False, tails=True, force=True)
+        assert pull is not None
+        assert not pull.tail
