@@ -53,16 +53,38 @@ async def start_ready(workspace, command: str, ready: str = "ready", **options) 
     its own handler (a REPL's prompt). A signal sent earlier (a slow start under gVisor or on a
     loaded host) would race it; no fixed sleep can stand in for this.
     """
+    process_id, _ = await exec_until(workspace, command, ready, **options)
+    return process_id
+
+
+async def exec_until(workspace, command: str, text: str, **options) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """Exec ``command``; return its process id and its output once that output contains ``text``.
+
+    The command must still be running then. How soon output arrives is not the test's business:
+    a short yield window that must already hold it fails on a loaded host.
+    """
     events, seen, _ = await collect(workspace.exec(command, yield_after_s=0.25, **options))
     assert isinstance(events[-1], Yielded), events[-1]
     process_id = events[-1].process_id
+    return process_id, seen + await input_until(workspace.client, process_id, text, seen=seen)
+
+
+async def input_until(client, process_id: str, text: str, data: str = "", seen: str = "") -> str:  # type: ignore[no-untyped-def]
+    """Send ``data`` to a running process, then poll it until its output holds ``text``; return that output.
+
+    ``seen`` is output already read, which may hold ``text`` already. The process must still be
+    running once ``text`` has come (20 s at most).
+    """
     deadline = time.monotonic() + 20
-    while ready not in seen:
-        assert time.monotonic() < deadline, f"{command!r} never printed {ready!r}: {seen!r}"
-        events, out, _ = await collect(workspace.client.input(process_id, yield_after_s=0.25))
-        seen += out
-        assert ready in seen or isinstance(events[-1], Yielded), f"exited before printing {ready!r}: {events[-1]}"
-    return process_id
+    got = ""
+    first = True
+    while first or text not in seen + got:
+        assert time.monotonic() < deadline, f"{process_id} never printed {text!r}: {seen + got!r}"
+        events, out, _ = await collect(client.input(process_id, data if first else "", yield_after_s=0.25))
+        first = False
+        got += out
+        assert text in seen + got or isinstance(events[-1], Yielded), f"exited before printing {text!r}: {events[-1]}"
+    return got
 
 
 async def start_trapped(workspace, traps: str, body: str, **options) -> str:  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ import time
 import pytest
 from sandboxd_client import Exited, Started, Yielded
 
-from tests.integration.helpers import collect, start_ready
+from tests.integration.helpers import collect, input_until, start_ready
 
 pytestmark = pytest.mark.docker
 
@@ -106,7 +106,8 @@ async def test_a_ctrl_c_after_the_start_reaches_a_repl_once(client, workspace) -
     await _write_profile(workspace, SWALLOWING_PROFILE)
     counter = "n=0; trap 'n=$((n+1)); echo caught $n' INT; echo ready; while :; do sleep 0.05; done"
     process_id = await start_ready(workspace, counter)
-    events, out, _ = await collect(client.input(process_id, "\u0003", yield_after_s=2))
+    caught = await input_until(client, process_id, "caught 1\n", "\u0003")
+    events, out, _ = await collect(client.input(process_id, yield_after_s=1))  # time for a repeat to show
     assert isinstance(events[-1], Yielded), events[-1]
-    assert out == "caught 1\n"
+    assert caught + out == "caught 1\n"
     await client.kill(process_id)

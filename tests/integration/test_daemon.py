@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sandboxd_client import SandboxClient, UnavailableError
 
 from tests.conftest import DaemonThread, make_settings, rss_bytes, spawned_daemon
-from tests.integration.helpers import until_caught
+from tests.integration.helpers import exec_until, until_caught
 
 pytestmark = pytest.mark.docker
 
@@ -180,23 +180,21 @@ class TestProcess:
 
     async def test_output_flood_keeps_daemon_memory_bounded(self, tmp_path, default_image) -> None:
         """`yes` for 10 s with nobody reading and a 1 MiB buffer: daemon RSS grows < 64 MiB, drops counted."""
-        from sandboxd_client import Dropped, Output
+        from sandboxd_client import Dropped
 
         with spawned_daemon(tmp_path, SANDBOXD_LOG_LEVEL="warning") as (daemon, socket_path, _log):
             async with SandboxClient(socket_path=socket_path, retries=False) as client:
                 ws = await client.create_workspace(labels={"test": "flood"})
                 try:
-                    handle = ws.exec("yes", yield_after_s=0.25, max_output_bytes=1024 * 1024)
-                    events = [event async for event in handle]
-                    first = next(e for e in events if isinstance(e, Output))
-                    assert first.data.startswith(b"y\ny\n")
+                    process_id, seen = await exec_until(ws, "yes", "y\ny\n", max_output_bytes=1024 * 1024)
+                    assert seen.startswith("y\ny\n")
                     before = rss_bytes(daemon.pid)
                     await asyncio.sleep(10)
                     grown = rss_bytes(daemon.pid) - before
                     assert grown < 64 * 1024 * 1024, f"daemon RSS grew by {grown} bytes"
-                    polled = [event async for event in client.input(handle.process_id, yield_after_s=0.25)]
+                    polled = [event async for event in client.input(process_id, yield_after_s=0.25)]
                     assert sum(e.dropped_bytes for e in polled if isinstance(e, Dropped)) > 0
-                    exited = await client.kill(handle.process_id)
+                    exited = await client.kill(process_id)
                     assert exited.dropped_bytes > 0
                 finally:
                     await ws.delete()

@@ -21,7 +21,7 @@ from sandboxd_client import (
 )
 
 from tests.conftest import DaemonThread, make_settings
-from tests.integration.helpers import collect, start_trapped, start_yielded, until_alive
+from tests.integration.helpers import collect, input_until, start_trapped, start_yielded, until_alive
 from tests.integration.helpers import ps as alive
 
 pytestmark = pytest.mark.docker
@@ -219,9 +219,7 @@ class TestInterrupts:
         process_id = await start_trapped(
             workspace, "trap 'echo caught' INT", "while :; do sleep 0.2; done", timeout_s=4
         )
-        events, out, _ = await collect(client.input(process_id, "\u0003", yield_after_s=1))
-        assert out == "caught\n"
-        assert isinstance(events[-1], Yielded)
+        assert await input_until(client, process_id, "caught\n", "\u0003") == "caught\n"  # and it runs on
         events, _, _ = await collect(client.input(process_id, yield_after_s=10, follow=True))
         assert (events[-1].exit_code, events[-1].stop_reason) == (143, "timeout")
 

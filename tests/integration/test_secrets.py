@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from sandboxd_client import SandboxClient, Yielded
+from sandboxd_client import SandboxClient
 
 from tests.conftest import DaemonThread, make_settings, spawned_daemon
-from tests.integration.helpers import collect
+from tests.integration.helpers import collect, exec_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -90,10 +90,9 @@ async def test_value_with_quotes_and_a_prefix_that_ends_the_output(secret_client
 async def test_yielded_and_polled_output_is_masked(secret_client) -> None:  # type: ignore[no-untyped-def]
     ws = await secret_client.create_workspace(env={"TOKEN": "secret:demo"})
     try:
-        events, out, _ = await collect(ws.exec('echo "a $TOKEN"; read line; echo "b $TOKEN $line"', yield_after_s=0.5))
+        process_id, out = await exec_until(ws, 'echo "a $TOKEN"; read line; echo "b $TOKEN $line"', "\n")
         assert out == "a [REDACTED:demo]\n"
-        assert isinstance(events[-1], Yielded)
-        result = await secret_client.input(events[-1].process_id, "x\n").wait()
+        result = await secret_client.input(process_id, "x\n").wait()
         assert result.stdout == "b [REDACTED:demo] x\n"
     finally:
         await ws.delete()
