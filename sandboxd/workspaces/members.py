@@ -13,6 +13,7 @@ import time
 
 import structlog
 
+from ..agentbuild import AGENT_PATH
 from ..backend.base import Backend, ContainerInfo
 from ..errors import (
     FailedPreconditionError,
@@ -268,7 +269,7 @@ class PoolMembers:
             if final.working_dir != member_spec.working_dir:
                 code, said = await self.backend.exec_run(
                     member.workspace_id,
-                    ["mkdir", "-p", "--", final.working_dir],
+                    [AGENT_PATH, "own", final.security.user, final.working_dir],
                     user="0:0",
                     container_id=member.container_id,
                 )

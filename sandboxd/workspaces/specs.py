@@ -71,6 +71,7 @@ __all__ = [
     "resolve_spec",
     "spec_from_json",
     "spec_to_json",
+    "workspace_dirs",
 ]
 
 RESERVED_LABEL_PREFIX = "sandboxd."
@@ -371,7 +372,7 @@ def container_spec(
         runtime=str(resolved.runtime),
         added_capabilities=resolved.security.added_capabilities,
         no_new_privileges=not resolved.security.allow_new_privileges,
-        entrypoint=(AGENT_PATH, "serve"),
+        entrypoint=(AGENT_PATH, "serve", *_owned(resolved)),
         agent_volume=agent.volume,
         agent_mount=AGENT_MOUNT,
         agent_capabilities=AGENT_CAPABILITIES,
@@ -381,6 +382,22 @@ def container_spec(
         # a tool that ignores HTTP_PROXY fails in a second rather than in forty.
         dns_options=("timeout:1", "attempts:1") if resolved.network is NetworkPolicy.ALLOWLIST else (),
     )
+
+
+def workspace_dirs(resolved: WorkspaceSpec) -> tuple[str, ...]:
+    """The directories a workspace is made with, each to belong to its user (shared/cases/C15).
+
+    The agent makes each one that is missing and gives the user what it made, and each the
+    engine made for it (empty, root's); an image's own directory is left as it is
+    (``sandboxd-agent own``, agent/internal/owner).
+    """
+    return tuple(dict.fromkeys((WORKSPACE_ROOT, resolved.working_dir or WORKSPACE_ROOT)))
+
+
+def _owned(resolved: WorkspaceSpec) -> tuple[str, ...]:
+    """The agent's ``--own USER DIR...`` arguments; none while the user is not known yet."""
+    user = resolved.security.user
+    return ("--own", user, *workspace_dirs(resolved)) if user else ()
 
 
 def request_labels(request: tuple[str, str] | None) -> dict[str, str]:

@@ -118,12 +118,12 @@ async def test_a_claimed_member_is_a_fresh_workspace(pooled, docker_client) -> N
 
 
 async def test_what_a_claim_applies(pooled, docker_client) -> None:
-    """A working directory the member lacks is made; the idle TTL is the claimer's; a caller's id is kept."""
+    """A missing working directory is made, the workspace user's; the idle TTL is the claimer's; an id is kept."""
     client, _thread = pooled
     ws = await client.create_workspace(workspace_id="ws-claimed-here", working_dir="/srv/app", idle_ttl_s=2.0)
     assert ws.workspace_id == "ws-claimed-here"
     assert "sandboxd.pool" in docker_client.containers.get(ws.info.container_id).labels
-    assert (await ws.exec("pwd; stat -c '%U %a' /srv/app").wait()).stdout == "/srv/app\nroot 755\n"
+    assert (await ws.exec("pwd; stat -c '%U %a' /srv/app /srv").wait()).stdout == "/srv/app\nsandbox 755\nroot 755\n"
     with pytest.raises(AlreadyExistsError):
         await client.create_workspace(workspace_id="ws-claimed-here")
     (default,) = await client.get_pool()

@@ -354,3 +354,12 @@ def test_names_and_label_values_are_always_valid() -> None:
             assert values.fullmatch(label_value(workspace_id)) and values.fullmatch(label_value(cluster.instance))
     assert object_name(CLUSTER, "ws-0123456789ab") == "sandboxd-prod-ws-0123456789ab"  # kept when it can be
     assert label_value("ends-with-dash-") != label_value("ends-with-dash")
+
+
+def test_the_agent_gives_the_user_its_workspace_and_working_directory() -> None:
+    """The agent's command line names the user and each directory made for it (shared/cases/C15)."""
+    spec = _container(WorkspaceSpec(working_dir="/srv/app", security=SecurityOptions(user="4242")))
+    assert spec.entrypoint == ("/.sandboxd/sandboxd-agent", "serve", "--own", "4242", "/workspace", "/srv/app")
+    assert _only(workspace_pod(spec, CLUSTER))["command"] == list(spec.entrypoint)
+    same = _container(WorkspaceSpec(security=SecurityOptions(user="nobody")))
+    assert same.entrypoint[2:] == ("--own", "nobody", "/workspace")  # named once

@@ -2,7 +2,11 @@
 
 // Command sandboxd-agent is the in-container agent of a sandboxd workspace.
 //
-//	sandboxd-agent [serve]   the container's main process: serves the daemon (PROTOCOL.md)
+//	sandboxd-agent [serve [--own USER DIR...]]
+//	                         the container's main process: serves the daemon (PROTOCOL.md),
+//	                         once each DIR is made and given to USER as "own" does
+//	sandboxd-agent own USER DIR...  makes each DIR and gives USER what it made, and each DIR
+//	                         the engine made for it (internal/owner); the image's are left
 //	sandboxd-agent bridge    stdin/stdout to the agent's socket (what the daemon execs)
 //	sandboxd-agent hold      reads stdin to its end: a daemon's lease on its instance label
 //	sandboxd-agent install PATH  copies itself to PATH, mode 0755 (a Kubernetes init container's step)
@@ -21,7 +25,9 @@ import (
 
 	"sandboxd/agent/internal/agent"
 	"sandboxd/agent/internal/fileops"
+	"sandboxd/agent/internal/owner"
 	"sandboxd/agent/internal/spawn"
+	"sandboxd/agent/internal/users"
 )
 
 var version = "dev"
@@ -39,6 +45,10 @@ func main() {
 	}
 	switch mode {
 	case "serve":
+		if len(os.Args) > 3 && os.Args[2] == "--own" {
+			// Not fatal: a directory that cannot be made shows in the first call that needs it.
+			_ = own(os.Args[3], os.Args[4:])
+		}
 		agent.Version = version
 		// Output passes through in short-lived buffers: collecting less often costs a little
 		// memory (counted in the workspace's limit) and saves much of a stream's CPU.
@@ -71,12 +81,40 @@ func main() {
 			fmt.Fprintln(os.Stderr, "sandboxd-agent:", err)
 			os.Exit(1)
 		}
+	case "own":
+		if len(os.Args) < 4 {
+			fmt.Fprintln(os.Stderr, "sandboxd-agent: own takes a user and at least one directory")
+			os.Exit(2)
+		}
+		if err := own(os.Args[2], os.Args[3:]); err != nil {
+			os.Exit(1)
+		}
 	case "version":
 		fmt.Println(version)
 	default:
-		fmt.Fprintf(os.Stderr, "sandboxd-agent: unknown mode %q (serve, bridge, hold, install, version)\n", mode)
+		fmt.Fprintf(os.Stderr, "sandboxd-agent: unknown mode %q (serve, own, bridge, hold, install, version)\n", mode)
 		os.Exit(2)
 	}
+}
+
+// own resolves spec as a command's user is resolved and gives it each of dirs (owner.Own).
+// What it could not do is printed, and the first such error returned.
+func own(spec string, dirs []string) error {
+	u, err := users.Resolve(spec, "")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandboxd-agent: own:", err)
+		return err
+	}
+	var first error
+	for _, dir := range dirs {
+		if _, err := owner.Own(dir, int(u.UID), int(u.GID)); err != nil {
+			fmt.Fprintln(os.Stderr, "sandboxd-agent: own:", err)
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	return first
 }
 
 // install copies the running binary to dest, whole or not at all: it is written beside dest

@@ -21,8 +21,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
+
+	"sandboxd/agent/internal/users"
 )
 
 // chunk is the size of a data frame.
@@ -85,9 +89,40 @@ func fromOS(err error, path string) *OpError {
 		if !ok {
 			code = "io"
 		}
+		if errno == syscall.EACCES {
+			return denied(path)
+		}
 		return &OpError{Code: code, Errno: int(errno), Message: fmt.Sprintf("%s: %s", path, strerror(errno))}
 	}
 	return &OpError{Code: "io", Message: fmt.Sprintf("%s: %v", path, err)}
+}
+
+// denied is EACCES on path, saying whose is the nearest of path and the directories above it
+// that exists: "/workspace/a: Permission denied (/workspace belongs to uid 2000, mode 0755;
+// this runs as uid 1000 (sandbox))". An image's own directory is left as the image made it
+// (agent/internal/owner), and this says why a write there fails.
+func denied(path string) *OpError {
+	msg := path + ": Permission denied"
+	for at := filepath.Clean(path); ; at = filepath.Dir(at) {
+		var st syscall.Stat_t
+		if syscall.Stat(at, &st) == nil {
+			msg += fmt.Sprintf(" (%s belongs to %s, mode %04o; this runs as %s)",
+				at, whoIs(st.Uid), st.Mode&0o7777, whoIs(uint32(os.Geteuid())))
+			break
+		}
+		if at == "/" || at == "." {
+			break
+		}
+	}
+	return &OpError{Code: "permission", Errno: int(syscall.EACCES), Message: msg}
+}
+
+// whoIs names a uid as "uid 1000 (sandbox)", or "uid 1000" when the image's passwd has no name for it.
+func whoIs(uid uint32) string {
+	if u, err := users.Resolve(strconv.FormatUint(uint64(uid), 10), ""); err == nil && u.Name != "" {
+		return fmt.Sprintf("uid %d (%s)", uid, u.Name)
+	}
+	return fmt.Sprintf("uid %d", uid)
 }
 
 // out writes frames to the operation's output, buffered; input is where its data comes

@@ -47,7 +47,7 @@ func checkTarget(info os.FileInfo, path, target string) error {
 		return opErr("invalid", "%s is not a regular file", path)
 	}
 	if syscall.Access(target, 2) != nil {
-		return &OpError{Code: "permission", Errno: int(syscall.EACCES), Message: path + ": Permission denied"}
+		return denied(path)
 	}
 	return nil
 }
