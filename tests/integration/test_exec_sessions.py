@@ -410,7 +410,10 @@ class TestHostile:
         await upload
         environ = "environ-open" if runtime == "runsc" else "environ-denied"
         opened = "fd0-read 0\nfd0-write\n" if runtime == "runsc" else ""
-        assert result.stdout == f"/.sandboxd/sandboxd-agent serve \n0\n{environ}\nmem-denied\n{opened}probed\n"
+        assert (
+            result.stdout
+            == f"/.sandboxd/sandboxd-agent serve --own sandbox /workspace \n0\n{environ}\nmem-denied\n{opened}probed\n"
+        )
         if runtime == "runsc":
             names = await workspace.exec(
                 "tr '\\0' '\\n' < /proc/$PPID/environ | cut -d= -f1 | sort -u; echo ---; env | cut -d= -f1 | sort -u"
