@@ -35,7 +35,7 @@ from .codec import PROTOCOL_VERSION, FileReply, FrameDecoder, Kind, encode, json
 from .errors import AgentBehindEngine, AgentLost, ProtocolError
 from .messages import Welcome
 from .paths import AGENT_PATH
-from .routes import ForwardedConnection, Route, forward, in_flight, run_file_operation
+from .routes import ForwardedConnection, Route, forward, run_file_operation
 
 __all__ = ["AgentLink"]
 
@@ -48,15 +48,10 @@ RECONNECT_ATTEMPTS = 40
 """Attempts before a link gives up until the next call (about 70 s: a container restart fits)."""
 BRIDGE_CHECK_S = 2.0
 """Silence on a link with calls waiting after which the engine is asked if the bridge still runs."""
-LEARN_AGAIN_S = (0.1, 0.3, 0.6, 1.0, 2.0, 4.0, 8.0, 15.0)
-"""Waits before asking again whether the host sees a runtime's sockets, after a first no (31 s in all:
-gVisor under load has been seen to take more than 4 s)."""
 FREEZE_TIMEOUT_S = 5.0
 """How long the agent may take to answer a freeze (it answers at once unless it is stuck)."""
-PRESENT_WAIT_S = 3.0
-"""How long a direct connection tries a socket that is there but does not answer, before the bridge."""
 LISTEN_WAIT_S = 10.0
-"""How long a direct connection waits for a starting agent to listen (the bridge waits as long)."""
+"""How long a direct connection waits for a starting agent's socket to appear (the bridge waits as long)."""
 
 
 def _present(path: str) -> bool:
@@ -111,7 +106,6 @@ class AgentLink:
         self._write_lock = asyncio.Lock()
         self._closed = False
         self._heard_at = 0.0
-        self._learner: asyncio.Task[None] | None = None
         self._freeze_lock = asyncio.Lock()
         self._frozen_answer: asyncio.Future[bool] | None = None
         self.on_welcome: Callable[[Welcome], None] | None = None
@@ -142,11 +136,12 @@ class AgentLink:
             return None
         began = time.monotonic()
         while (stream := await self.backend.open_socket(self.socket_path, self.container_id)) is None:
-            # Only a socket not there yet is worth the full wait (a workspace just created: its
-            # agent is starting). One there that does not answer gets a moment (gVisor under load
-            # shows the file before it answers, seen in CI), then it is the bridge's to try.
+            # The agent's socket gets its name only once it listens (agent_linux.go listenAtOnce;
+            # under gVisor a bound socket's host file refuses until its listen is forwarded). So
+            # a socket not there yet is worth the wait (a workspace just created: its agent is
+            # starting), and one there that refuses is no agent of ours: the bridge's to try.
             waited = time.monotonic() - began
-            if waited > (PRESENT_WAIT_S if _present(self.socket_path) else LISTEN_WAIT_S):
+            if _present(self.socket_path) or waited > LISTEN_WAIT_S:
                 return None
             await asyncio.sleep(0.005 if waited < 0.1 else 0.05)
         return stream
@@ -160,12 +155,20 @@ class AgentLink:
         """
         if not self.socket_path or self.runtime in self.host_sockets:
             return False
+        # Asked once: the agent answered through the bridge, so its socket listens, and under
+        # gVisor its host file listens too (the sentry forwards a listen to the gofer before an
+        # in-sandbox connect can reach it: pkg/sentry/socket/unix/transport/connectioned.go
+        # Listen holds the endpoint's lock across it). A no is the runtime's way (gVisor
+        # without --host-uds=create keeps its sockets to itself) or a workspace's (its root
+        # planted something there): not waited out.
         if await self._probe():
             return True
-        if self._learner is None:
-            # gVisor can show the host its socket a moment after the agent answered through the
-            # bridge (seen under load): asked again a few times, and the link moves there then.
-            self._learner = asyncio.create_task(self._learn_later(), name=f"agent-{self.workspace_id}-learn")
+        log.info(
+            "agent.host_sockets_unseen",
+            workspace_id=self.workspace_id,
+            runtime=self.runtime or "default",
+            present=_present(self.socket_path),
+        )
         return False
 
     async def _probe(self) -> bool:
@@ -176,31 +179,6 @@ class AgentLink:
         self.host_sockets.add(self.runtime)
         log.info("agent.host_sockets", runtime=self.runtime or "default")
         return True
-
-    async def _learn_later(self) -> None:
-        for delay in LEARN_AGAIN_S:
-            await asyncio.sleep(delay)
-            if self._closed:
-                return
-            if self.runtime in self.host_sockets or await self._probe():
-                break
-        else:
-            log.warning(
-                "agent.host_sockets_unseen",
-                workspace_id=self.workspace_id,
-                runtime=self.runtime or "default",
-                present=_present(self.socket_path),
-            )
-            return
-        # Off the bridge, once no file operation or forward is in flight (its call would end with the
-        # connection; a session's output is sent again from where the daemon has it) and no start
-        # waits for its answer (the answer would be lost with the connection).
-        while not self._closed and self.transport == "bridge" and self._stream is not None:
-            if not any(in_flight(route) for route in self._routes.values()):
-                log.info("agent.moving_to_socket", workspace_id=self.workspace_id)
-                await self._stream.close(discard_input=True)  # the reader reconnects, straight
-                return
-            await asyncio.sleep(0.05)
 
     async def _open(self) -> Welcome:
         stream = await self._direct()
@@ -441,7 +419,7 @@ class AgentLink:
     async def close(self) -> None:
         """Close the connection for good (the workspace is going, or the daemon stops)."""
         self._closed = True
-        for task in (self._reconnector, self._reader, self._learner):
+        for task in (self._reconnector, self._reader):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

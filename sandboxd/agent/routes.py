@@ -40,7 +40,6 @@ __all__ = [
     "Route",
     "SessionChannel",
     "forward",
-    "in_flight",
     "run_file_operation",
 ]
 
@@ -240,13 +239,6 @@ class SessionChannel:
             await self.start(request)
         except AgentLost as exc:
             self.events.on_broken(exc.message)
-
-
-def in_flight(route: Route) -> bool:
-    """Whether a route would lose something with its connection: a file operation, a forward, a start unanswered."""
-    if isinstance(route, SessionChannel):
-        return route._unanswered is not None
-    return isinstance(route, (_FileRoute, _ForwardRoute))
 
 
 class _FileRoute:

@@ -174,13 +174,9 @@ func (a *Agent) Serve() error {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return fmt.Errorf("socket directory: %w", err)
 	}
-	_ = os.Remove(SocketPath)
-	listener, err := net.ListenUnix("unix", &net.UnixAddr{Name: SocketPath, Net: "unix"})
+	listener, err := listenAtOnce(SocketPath)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", SocketPath, err)
-	}
-	if err := os.Chmod(SocketPath, 0o600); err != nil {
-		return fmt.Errorf("socket mode: %w", err)
+		return err
 	}
 	for {
 		raw, err := listener.AcceptUnix()
@@ -193,6 +189,32 @@ func (a *Agent) Serve() error {
 		}
 		a.adopt(newConn(raw, a))
 	}
+}
+
+// listenAtOnce listens on path, where the name appears only once the socket listens: it
+// listens under a name of its own beside path, then renames it into place. Under gVisor
+// (--host-uds=create) bind(2) makes the host's file at once while listen(2) is a later
+// round trip to the gofer, so a daemon that connects as soon as it sees the file would be
+// refused for as long as that takes (runsc/fsgofer/lisafs.go BindAt, then Listen; a
+// throttled workspace makes it hundreds of milliseconds). With the rename, a socket file
+// the host sees always listens: a refusal there means no agent.
+func listenAtOnce(path string) (*net.UnixListener, error) {
+	fresh := path + ".new"
+	_ = os.Remove(fresh)
+	listener, err := net.ListenUnix("unix", &net.UnixAddr{Name: fresh, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", fresh, err)
+	}
+	listener.SetUnlinkOnClose(false) // its name moves: closing must not remove what is at the new one
+	if err := os.Chmod(fresh, 0o600); err != nil {
+		listener.Close()
+		return nil, fmt.Errorf("socket mode: %w", err)
+	}
+	if err := os.Rename(fresh, path); err != nil {
+		listener.Close()
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	return listener, nil
 }
 
 // adopt makes c the connection, closing the one before.
