@@ -6,6 +6,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,11 +48,22 @@ def docker_compose_project_name() -> str:
 
 @pytest.fixture(scope="session")
 def docker_setup(e2e_run_dir: Path) -> list[str]:
-    """Point the compose file at this run's image, socket directory, label and socket group."""
-    image = os.environ.get("SANDBOXD_DAEMON_IMAGE", "sandboxd/daemon:dev")
+    """Point the compose file at this run's image, socket directory, label and socket group.
+
+    The image is this tree's daemon, built here (``scripts/build-daemon-image``, about 40 s, while
+    the other workers go on), unless ``SANDBOXD_DAEMON_IMAGE`` names one to test instead.
+    """
+    image = os.environ.get("SANDBOXD_DAEMON_IMAGE", "")
+    if not image:
+        image = "sandboxd/daemon:dev"
+        script = Path(__file__).resolve().parents[2] / "scripts" / "build-daemon-image"
+        env = {**os.environ, "PYTHON": sys.executable}
+        built = subprocess.run([str(script), image], capture_output=True, text=True, check=False, env=env)
+        if built.returncode != 0:
+            pytest.fail(f"building the daemon image failed: {(built.stdout + built.stderr)[-3000:]}")
     probe = subprocess.run(["docker", "image", "inspect", image], capture_output=True, check=False)
     if probe.returncode != 0:
-        pytest.fail(f"the daemon image {image} is missing: run scripts/build-daemon-image (./dev test does)")
+        pytest.fail(f"the daemon image {image} is missing")
     os.environ.update(
         {
             "SANDBOXD_IMAGE": image,
