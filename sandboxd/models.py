@@ -205,6 +205,9 @@ class OutputChunk:
     stream: str
     """``"stdout"`` or ``"stderr"``."""
     data: bytes
+    position: int = 0
+    """The output position once a caller has these bytes (``OutputRelay.position_after``): an
+    Input resumes after it (``resume_from``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -212,6 +215,8 @@ class OutputDropped:
     """A gap: this many bytes were dropped here because the buffer was full."""
 
     dropped_bytes: int
+    position: int = 0
+    """The output position after the gap (see ``OutputChunk.position``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -140,6 +140,8 @@ class OutputRelay:
         self._hold_next: int | None = None
         """A hold asked for while one waits for its answer: it begins when that one is settled."""
         self._closed = False
+        self.resend = False
+        """Set by :meth:`resume_at` when the agent must send again from its acknowledgement."""
 
     def resume(self, ack: int, ack_gap: int) -> None:
         """Go on from the agent's acknowledged position (a session taken over after a restart)."""
@@ -361,3 +363,75 @@ class OutputRelay:
             self.delivered, self.delivered_gap = piece.raw_end, 0
         if self._trim is not None and self.delivered >= self._trim[0]:
             self._trim = None  # told: it stays dropped whatever comes
+
+    def position_after(self, piece: Piece) -> int:
+        """The output position a caller is at once it has ``piece``: every byte before it was delivered.
+
+        Short of any byte the masking still holds back (as :meth:`ack_position`): a stream
+        resumed there gets those bytes, and, when a secret's first bytes were held back in one
+        stream while the other went on, the other's bytes after them once more.
+        """
+        held = [offset for offset in self._held_from.values() if offset is not None]
+        return min([max(self.delivered, piece.raw_end), *held])
+
+    def resume_at(self, position: int, acknowledged: int, *, resendable: bool = True) -> None:
+        """A caller goes on from ``position`` (the last it received): nothing before it comes again.
+
+        Ahead of what this relay delivered (a daemon that took the session over after a restart
+        starts from the agent's acknowledgement, which lags behind what its predecessor sent):
+        what waits before ``position`` is let go. Behind it (bytes lost in flight on a broken
+        stream): the agent sends again from ``acknowledged``, the position it was last told,
+        and what callers lost before that is a gap (``OutputDropped``): never silently.
+
+        Args:
+            position: the caller's position (an event's ``position``; 0: nothing received).
+            acknowledged: where the agent was last told it may forget the output.
+            resendable: the agent can send again (its welcome lists ``resume``); without it,
+                what the caller lost behind is a gap.
+
+        Returns:
+            Nothing; whether the agent must send again is :attr:`resend`.
+        """
+        self.resend = False
+        if position == self.delivered:
+            return
+        if position > self.delivered:
+            while self._pieces and self._pieces[0].raw_end <= position and not self._pieces[0].gap:
+                self._pieces.popleft()
+            first = self._pieces[0] if self._pieces else None
+            if first is not None and isinstance(first.event, OutputChunk) and 0 <= first.start < position:
+                event = first.event  # the agent's bytes one for one: cut where the caller is
+                cut = position - first.start
+                self._pieces[0] = Piece(
+                    dataclasses.replace(event, data=event.data[cut:]), raw_end=first.raw_end, start=position
+                )
+            self.delivered, self.delivered_gap = position, 0
+            if self.received < position:
+                # Bytes before it are the caller's already: what the masking held of them goes.
+                for redactor in self._redactors.values():
+                    redactor.flush()
+                self._held_from = dict.fromkeys(self._redactors)
+                self.received = position
+            return
+        if not resendable:
+            lost = self.delivered - position
+            self.dropped_bytes += lost
+            self._pieces.appendleft(Piece(OutputDropped(dropped_bytes=lost), raw_end=self.delivered))
+            self.changed.set()
+            return
+        self._pieces.clear()
+        self._holding, self._held_back, self._hold_next, self._trim = None, collections.deque(), None, None
+        for redactor in self._redactors.values():
+            redactor.flush()  # what they hold is sent again by the agent
+        self._held_from = dict.fromkeys(self._redactors)
+        self._gap_at, self._gap_seen = -1, 0
+        start = max(position, acknowledged)
+        if start > position:
+            self.dropped_bytes += start - position
+            self._pieces.append(Piece(OutputDropped(dropped_bytes=start - position), raw_end=start))
+            self.changed.set()
+        self.delivered, self.delivered_gap, self.received = position, 0, start
+        self.resend = True
+        if not self._closed:
+            self.complete = False
+            self._check_complete()

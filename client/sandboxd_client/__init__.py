@@ -64,6 +64,7 @@ from .errors import (
     PermissionDeniedError,
     ResourceExhaustedError,
     SandboxError,
+    StreamBrokenError,
     UnauthenticatedError,
     UnavailableError,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "SandboxError",
     "SnapshotInfo",
     "Started",
+    "StreamBrokenError",
     "SyncSandboxClient",
     "TLSOptions",
     "ToolCall",

@@ -51,6 +51,10 @@ _RETRY = RetryPolicy(first_wait_s=0.1, growth=2.0, max_wait_s=5.0, jitter_s=1.0,
 """Idempotent calls retried on UNAVAILABLE: at most 4 attempts within 10 s (the policy's defaults, spelled out)."""
 
 
+_RESUME = RetryPolicy(first_wait_s=0.05, growth=2.0, max_wait_s=1.0, jitter_s=0.1, max_attempts=1000, max_total_s=30.0)
+"""A broken command stream tried again every second at most, for 30 s (``resume_s``): a routine restart fits."""
+
+
 def _unavailable(error: BaseException) -> bool:
     """Whether ``error`` is worth another attempt: the daemon could not be reached (UNAVAILABLE)."""
     return isinstance(error, UnavailableError)
@@ -352,7 +356,10 @@ class SandboxClient:
             Unix socket (``SANDBOXD_SOCKET`` or the per-user default).
         socket_path: Unix socket path (alternative to ``address``).
         retries: retry idempotent calls (get/list/delete, and creates, which carry a
-            request id) on UNAVAILABLE with jittered backoff, at most 4 attempts within 10 s.
+            request id) on UNAVAILABLE with jittered backoff, at most 4 attempts within 10 s;
+            and resume a command's stream that broke (a daemon restart, a dropped connection)
+            from its last byte, for ``resume_s`` (``StreamBrokenError`` then).
+        resume_s: how long a broken command stream is tried again, in seconds.
         environ: environment for the defaults (``os.environ`` if None): the socket,
             ``SANDBOXD_ADDRESS``, ``SANDBOXD_TOKEN`` and the ``SANDBOXD_TLS_*`` files.
         token: bearer token for daemons started with a tokens file; None means
@@ -373,6 +380,7 @@ class SandboxClient:
         environ: Mapping[str, str] | None = None,
         token: str | None = None,
         tls: TLSOptions | None = None,
+        resume_s: float = 30.0,
     ) -> None:
         """Open the channel (lazily connected)."""
         env = os.environ if environ is None else environ
@@ -389,6 +397,7 @@ class SandboxClient:
         self._files = fgrpc.FileServiceStub(self._channel)
         self._network = ngrpc.NetworkServiceStub(self._channel)
         self._retries = retries
+        self._resume_policy = dataclasses.replace(_RESUME, max_total_s=resume_s)
 
     async def __aenter__(self) -> SandboxClient:
         """Return the client."""
@@ -677,6 +686,7 @@ class SandboxClient:
             lambda: self._processes.Exec(request),
             lambda process_id: self._processes.Input(ppb.InputRequest(process_id=process_id)),
             follow=follow,
+            **self._resuming(60.0 if yield_after_s is None else yield_after_s),  # the daemon's default
         )
 
     def input(
@@ -689,6 +699,7 @@ class SandboxClient:
         terminal_size: tuple[int, int] | None = None,
         data: bytes = b"",
         follow: bool = False,
+        resume_from: int | None = None,
     ) -> ExecHandle:
         """Write ``chars`` (then raw ``data``) to a process's stdin and stream what it prints next.
 
@@ -697,8 +708,13 @@ class SandboxClient:
         another call streams the process's output, this one returns at once.
         ``terminal_size`` resizes a tty process's terminal. ``data`` is written as
         it is and never read as Ctrl-C. Each call carries at most 1 MiB.
+        ``resume_from`` goes on after that output position (an event's ``position``, or a
+        :class:`~sandboxd_client.errors.StreamBrokenError`'s ``resume_from``): what a broken
+        stream lost in flight comes again, nothing before it does.
         """
         request = ppb.InputRequest(process_id=process_id, chars=chars, close_stdin=close_stdin, data=data)
+        if resume_from is not None:
+            request.resume_from = resume_from
         if terminal_size is not None:
             request.terminal_size.columns, request.terminal_size.rows = terminal_size
         if yield_after_s is not None:
@@ -708,7 +724,21 @@ class SandboxClient:
             lambda pid: self._processes.Input(ppb.InputRequest(process_id=pid)),
             follow=follow,
             process_id=process_id,
+            **self._resuming(yield_after_s),
         )
+
+    def _resuming(self, window_s: float | None) -> dict[str, Any]:
+        """How a handle resumes its broken stream: an Input from its position, within ``_RESUME``."""
+        if not self._retries:
+            return {}
+
+        def resume(process_id: str, position: int, window: float | None) -> Any:
+            request = ppb.InputRequest(process_id=process_id, resume_from=position)
+            if window is not None:
+                request.yield_after.CopyFrom(_duration(window))
+            return self._processes.Input(request)
+
+        return {"resume": resume, "resume_policy": self._resume_policy, "window_s": window_s}
 
     async def signal(self, process_id: str, signal: str) -> None:
         """Send ``signal`` (e.g. ``"SIGTERM"``) to the command's process group."""

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import grpc
+from sandboxd_protocol.retry import RetryPolicy
 from sandboxd_protocol.v1 import process_service_pb2 as ppb
 
-from .errors import SandboxError, from_rpc_error
+from .errors import SandboxError, StreamBrokenError, from_rpc_error
 
 __all__ = [
     "CommandFailedError",
@@ -48,6 +50,8 @@ class Output:
     stream: StreamName
     data: bytes
     text: str
+    position: int = 0
+    """The command's output position once a caller has this chunk (``Input(resume_from=)``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +59,8 @@ class Dropped:
     """The daemon's buffer was full while nobody read: ``dropped_bytes`` are missing here."""
 
     dropped_bytes: int
+    position: int = 0
+    """The output position after the gap."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +169,8 @@ class _Decoders:
             "stderr": codecs.getincrementaldecoder("utf-8")("replace"),
         }
 
-    def output(self, stream: StreamName, data: bytes) -> Output:
-        return Output(stream=stream, data=data, text=self.by_stream[stream].decode(data))
+    def output(self, stream: StreamName, data: bytes, position: int = 0) -> Output:
+        return Output(stream=stream, data=data, text=self.by_stream[stream].decode(data), position=position)
 
     def flush(self) -> list[Output]:
         tails = []
@@ -183,9 +189,9 @@ def _event(response: Any, decoders: _Decoders) -> ExecEvent | None:
             which = response.output.WhichOneof("data")
             if which is None:
                 return None
-            return decoders.output(which, getattr(response.output, which))
+            return decoders.output(which, getattr(response.output, which), response.output.position)
         case "dropped":
-            return Dropped(dropped_bytes=response.dropped.dropped_bytes)
+            return Dropped(dropped_bytes=response.dropped.dropped_bytes, position=response.dropped.position)
         case "exited":
             return exited_from_proto(response.exited)
         case "yielded":
@@ -195,6 +201,34 @@ def _event(response: Any, decoders: _Decoders) -> ExecEvent | None:
         case "heartbeat":
             return Heartbeat(elapsed_s=response.heartbeat.elapsed.ToNanoseconds() / 1e9)
     return None
+
+
+_RESUMED_AFTER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND})
+"""Errors worth another resume attempt: the daemon is away, or back and not yet holding the process."""
+
+
+def _details(error: grpc.RpcError) -> str:
+    return error.details() or "no details" if isinstance(error, grpc.aio.AioRpcError) else str(error)
+
+
+class _Prepended:
+    """A call's stream with the events already read from it first (a resume reads one to know it is back)."""
+
+    def __init__(self, first: list[Any], call: Any) -> None:
+        self._first = first
+        self._call = call
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Any]:
+        for response in self._first:
+            yield response
+        async for response in self._call:
+            yield response
+
+    def cancel(self) -> None:
+        self._call.cancel()
 
 
 class ExecHandle:
@@ -208,6 +242,13 @@ class ExecHandle:
     Iterating keeps no output in memory (stream gigabytes through it);
     ``wait()`` collects it into the :class:`ExecResult`. After a plain
     iteration, ``result`` carries the exit status with empty output fields.
+
+    A stream that breaks once the command has started (the daemon restarted, the connection
+    dropped) is resumed: the handle attaches again with ``Input(resume_from=)`` within its
+    ``resume`` policy and goes on from the last byte it gave, so nothing comes twice and
+    nothing is missing, and the exit is the command's real one. When the policy runs out it
+    raises :class:`~sandboxd_client.errors.StreamBrokenError`, which says the process id and
+    position to attach with later.
     """
 
     def __init__(
@@ -217,10 +258,30 @@ class ExecHandle:
         *,
         follow: bool,
         process_id: str = "",
+        resume: Callable[[str, int, float | None], Any] | None = None,
+        resume_policy: RetryPolicy | None = None,
+        window_s: float | None = None,
     ) -> None:
-        """Prepare the call; nothing is sent until iteration starts."""
+        """Prepare the call; nothing is sent until iteration starts.
+
+        Args:
+            open_stream: opens the call (Exec, or Input).
+            poll: opens an Input that only polls ``process_id`` (after a yield with ``follow``).
+            follow: keep polling after a yield until the command exits.
+            process_id: the process, when known before the stream says it (an Input).
+            resume: opens an Input going on from ``(process_id, position, window_s)``; None:
+                a broken stream raises at once.
+            resume_policy: how long and how often to try ``resume`` after a break.
+            window_s: the call's yield window, in seconds (None: the daemon's default), so that
+                a resumed call yields when the first would have.
+        """
         self._open_stream = open_stream
         self._poll = poll
+        self._resume = resume
+        self._resume_policy = resume_policy
+        self._window_s = window_s
+        self.position: int | None = None
+        """The output position after the last output event received (None: none yet)."""
         self._follow = follow
         self._decoders = _Decoders()
         self._consumed = False
@@ -244,19 +305,26 @@ class ExecHandle:
         return self._events()
 
     async def _events(self) -> AsyncIterator[ExecEvent]:
+        began = time.monotonic()
         call = self._open_stream()
         try:
             while True:
                 terminal: Exited | Yielded | None = None
-                async for response in call:
-                    event = _event(response, self._decoders)
-                    if event is None:
-                        continue
-                    if isinstance(event, Exited | Yielded):
-                        terminal = event
-                        break
-                    self._record(event)
-                    yield event
+                try:
+                    async for response in call:
+                        event = _event(response, self._decoders)
+                        if event is None:
+                            continue
+                        if isinstance(event, Exited | Yielded):
+                            terminal = event
+                            break
+                        self._record(event)
+                        yield event
+                except grpc.RpcError as error:
+                    if not self._resumable(error):
+                        raise
+                    call = await self._resumed(error, began)
+                    continue
                 if terminal is None:
                     msg = "the daemon ended the stream without an exited or yielded event"
                     raise SandboxError(msg)
@@ -278,7 +346,52 @@ class ExecHandle:
             if self.result is None:
                 call.cancel()
 
+    def _resumable(self, error: grpc.RpcError) -> bool:
+        """Whether a stream broke (not refused) once the command had a process id to attach to."""
+        code = error.code() if isinstance(error, grpc.aio.AioRpcError) else None
+        return self._resume is not None and bool(self.process_id) and code == grpc.StatusCode.UNAVAILABLE
+
+    async def _resumed(self, broke: grpc.RpcError, began: float) -> Any:
+        """An Input call going on after the last event received, once one opens (its first event came).
+
+        Raises:
+            StreamBrokenError: the resume policy ran out (the last error's words in the message).
+        """
+        resume, policy = self._resume, self._resume_policy
+        assert resume is not None
+        assert policy is not None
+        position = self.position or 0
+        window = None if self._window_s is None else max(0.25, self._window_s - (time.monotonic() - began))
+        first: list[Any] = []
+
+        async def attempt() -> Any:
+            call = resume(self.process_id, position, window)
+            try:
+                first.append(await call.__aiter__().__anext__())  # the daemon answered: it is back
+            except StopAsyncIteration:
+                pass
+            except BaseException:
+                call.cancel()
+                raise
+            return call
+
+        def again(error: BaseException) -> bool:
+            return isinstance(error, grpc.aio.AioRpcError) and error.code() in _RESUMED_AFTER
+
+        try:
+            call = await policy.call(attempt, again)
+        except grpc.RpcError as error:
+            said = error.details() if isinstance(error, grpc.aio.AioRpcError) else str(error)
+            msg = (
+                f"the stream of process {self.process_id} broke ({_details(broke)}) and the daemon did not take"
+                f" it back ({said}); attach with input({self.process_id!r}, resume_from={position})"
+            )
+            raise StreamBrokenError(msg, process_id=self.process_id, resume_from=position) from None
+        return _Prepended(first, call)
+
     def _record(self, event: ExecEvent) -> None:
+        if isinstance(event, Dropped) or (isinstance(event, Output) and event.data):  # not a decoder's tail
+            self.position = event.position
         if isinstance(event, Started):
             self.process_id = event.process_id
         elif isinstance(event, Output) and self._collect:

@@ -36,6 +36,7 @@ __all__ = [
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "SandboxError",
+    "StreamBrokenError",
     "UnauthenticatedError",
     "UnavailableError",
     "from_rpc_error",
@@ -79,6 +80,22 @@ class UnavailableError(SandboxError):
     """Of a create that got no answer: the id it asked for (the workspace may exist); else empty."""
     request_id: str = ""
     """Of a create that got no answer: its request id, to repeat it with; else empty."""
+
+
+class StreamBrokenError(UnavailableError):
+    """A command's stream broke and the daemon did not come back in time: the command may still run.
+
+    Go on with ``client.input(process_id, resume_from=resume_from)``: its output continues
+    after the last byte this stream gave, and its exit is the real one.
+    """
+
+    def __init__(self, message: str, *, process_id: str, resume_from: int) -> None:
+        """Say which process to attach to, and from where."""
+        super().__init__(message, code=grpc.StatusCode.UNAVAILABLE)
+        self.process_id = process_id
+        """The command's process id."""
+        self.resume_from = resume_from
+        """The output position after the last event received (0: none)."""
 
 
 class UnauthenticatedError(SandboxError):

@@ -70,6 +70,9 @@ class SessionState:
     """Why the command never started, if it did not."""
     interrupted: bool
     """A Ctrl-C reached the command."""
+    reading: bool
+    """A caller was reading its output when the last connection broke, and the agent still holds
+    its back-pressure (feature ``resume``): that caller may come back for the next byte."""
     daemon_state: Mapping[str, Any]
     """What the daemon asked the agent to keep (``StartRequest.daemon_state``)."""
 
@@ -92,6 +95,7 @@ class SessionState:
             exit=ExitReport.parse(exit_report) if isinstance(exit_report, dict) else None,
             failed=(text_field(failed, "message", 16384) or "unknown error") if isinstance(failed, dict) else None,
             interrupted=bool(state.get("interrupted")),
+            reading=state.get("reading") is True,
             daemon_state=daemon_state if isinstance(daemon_state, dict) else {},
         )
 

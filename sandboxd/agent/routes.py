@@ -159,15 +159,20 @@ class SessionChannel:
         """The terminal's new size."""
         await self.link.send(Kind.WINDOW, self.number, {"columns": columns, "rows": rows})
 
-    async def pull(self, *, ack: int, ack_gap: int, until: int, reader: bool, tail: bool = False) -> None:
+    async def pull(
+        self, *, ack: int, ack_gap: int, until: int, reader: bool, tail: bool = False, resend: bool = False
+    ) -> None:
         """Acknowledge output up to ``ack`` (and ``ack_gap`` of a gap there); allow it up to ``until``.
 
         With ``tail`` the agent answers where its held output ends (``on_tail``; only an agent
-        whose welcome lists the ``tail`` feature does).
+        whose welcome lists the ``tail`` feature does). With ``resend`` it sends the output
+        again from ``ack`` (feature ``resume``).
         """
         body: dict[str, Any] = {"ack": ack, "ack_gap": ack_gap, "until": until, "reader": reader}
         if tail:
             body["tail"] = True
+        if resend:
+            body["resend"] = True
         await self.link.send(Kind.PULL, self.number, body)
 
     async def discard(self) -> None:

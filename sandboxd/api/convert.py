@@ -276,9 +276,12 @@ def exec_response(event: ExecEvent) -> ppb.ExecResponse:
                 response.output.stderr = event.data
             else:
                 response.output.stdout = event.data
+            response.output.position = event.position
             return response
         case OutputDropped():
-            return ppb.ExecResponse(dropped=ppb.ExecOutputDropped(dropped_bytes=event.dropped_bytes))
+            return ppb.ExecResponse(
+                dropped=ppb.ExecOutputDropped(dropped_bytes=event.dropped_bytes, position=event.position)
+            )
         case ExitStatus():
             return ppb.ExecResponse(exited=exit_to_proto(event))
         case Yielded():

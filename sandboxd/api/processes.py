@@ -74,8 +74,16 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
         if request.HasField("terminal_size"):
             size = request.terminal_size
             await session.resize(size.columns or 80, size.rows or 24)
+        resume_from = request.resume_from if request.HasField("resume_from") else None
+        if resume_from is not None and resume_from < 0:
+            msg = f"resume_from must be an output position (0 or more), got {resume_from}"
+            raise InvalidSpecError(msg)
         events = session.input(
-            chars=request.chars, data=request.data, close_stdin=request.close_stdin, yield_after_s=requested
+            chars=request.chars,
+            data=request.data,
+            close_stdin=request.close_stdin,
+            yield_after_s=requested,
+            resume_from=resume_from,
         )
         async for event in events:
             yield convert.input_response(event)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["ACK_STEP_BYTES", "STREAM_WINDOW_BYTES", "WINDOW_BYTES", "OutputFlow", "Pull"]
+__all__ = ["ACK_STEP_BYTES", "REPLAY_BYTES", "STREAM_WINDOW_BYTES", "WINDOW_BYTES", "OutputFlow", "Pull"]
 
 WINDOW_BYTES = 4 * 1024 * 1024
 """Most output the daemon lets an agent without the ``tail`` feature send beyond what callers
@@ -27,6 +27,14 @@ leaves unread beyond ``max_output_bytes`` is then dropped when it walks away (``
 so the window need not be held to the buffer. A larger window streams faster (fewer waits for an
 acknowledgement's round trip); this one is the agent's bound (``output.MaxWindow``) and, per
 session, the daemon's (``max_output_buffer_bytes``): a stream at full speed holds at most this."""
+
+REPLAY_BYTES = 8 * 1024 * 1024
+"""Output a caller has been sent that the agent keeps while the caller reads: bytes still on their
+way to it when its stream broke (a daemon killed, a connection dropped) come again from the agent
+when it resumes (``InputRequest.resume_from``). Several times what gRPC keeps in flight on a
+stream (without it, up to 1.7 MB were lost at a SIGKILL here). Once the caller's call ends (its
+last event sent), all it was sent is acknowledged: a session nobody reads keeps its whole buffer
+for unread output."""
 
 ACK_STEP_BYTES = 256 * 1024
 """Delivered bytes that make a new acknowledgement worth a frame (the end of a batch always does)."""
@@ -46,6 +54,8 @@ class Pull:
     """Whether a caller is reading now."""
     tail: bool = False
     """Ask the agent where its held output ends (its answer is ``on_tail``)."""
+    resend: bool = False
+    """Ask the agent to send again from ``ack`` (a caller resumed behind what it was sent)."""
 
 
 class OutputFlow:
@@ -64,6 +74,8 @@ class OutputFlow:
         small buffer needs them often."""
         self._sent: Pull | None = None
         """The last pull the agent was sent on this connection (None: nothing it is known to have)."""
+        self.acked = 0
+        """Where the agent was last told it may forget the output (or told so at a restart)."""
 
     def window(self, *, tails: bool) -> int:
         """Bytes the agent may send beyond callers' take while one reads (see ``STREAM_WINDOW_BYTES``).
@@ -85,6 +97,7 @@ class OutputFlow:
         reader: bool,
         tails: bool,
         force: bool = False,
+        resend: bool = False,
     ) -> Pull | None:
         """The pull to send now, or None when nothing is worth a frame; a pull returned counts as sent.
 
@@ -96,6 +109,7 @@ class OutputFlow:
             reader: whether a caller is reading now.
             tails: the agent answers tail pulls.
             force: send even a pull that changes little (a caller arrives or leaves).
+            resend: ask the agent to send again from the acknowledgement (implies ``force``).
 
         Returns:
             While a caller reads, a pull allowing a window beyond ``delivered``; else one allowing
@@ -103,10 +117,16 @@ class OutputFlow:
             more allowed in flight than the session keeps (the caller then holds the output back
             to ``buffer_bytes`` beyond ``delivered`` until the answer, ``OutputRelay.hold``).
         """
+        if reader:
+            # Kept while a caller reads: what is still on its way to it comes again if its stream breaks.
+            kept = max(delivered - REPLAY_BYTES, self.acked)
+            if kept < ack:
+                ack, ack_gap = kept, 0
         until = delivered + self.window(tails=tails) if reader else received
         last = self._sent
         if (
             not force
+            and not resend
             and last is not None
             and reader == last.reader
             and ack - last.ack < self.ack_step
@@ -116,7 +136,8 @@ class OutputFlow:
         # The last reader leaves with more allowed in flight than the session keeps: ask where
         # the agent's held output ends, to cut it to its head.
         tail = not reader and last is not None and last.reader and last.until - delivered > self.buffer_bytes and tails
-        self._sent = Pull(ack=ack, ack_gap=ack_gap, until=until, reader=reader, tail=tail)
+        self._sent = Pull(ack=ack, ack_gap=ack_gap, until=until, reader=reader, tail=tail, resend=resend)
+        self.acked = max(self.acked, ack)
         return self._sent
 
     def lost(self) -> None:

@@ -41,6 +41,10 @@ log = structlog.get_logger("sandboxd.processes")
 
 START_TIMEOUT_S = 60.0
 """Longest wait for the agent to say a command runs (a loaded gVisor sandbox is slow, not this slow)."""
+RESUME_GRACE_S = 25.0
+"""How long a daemon that took over a session a caller was reading waits for that caller to come
+back (``resume_from``), holding the output back for it; the agent holds it 30 s from the break
+(``session.ReaderGrace``), so a daemon that took 5 s to come back still waits its full grace."""
 
 
 class ProcessSession:
@@ -173,8 +177,9 @@ class ProcessSession:
         self.channel = SessionChannel(self.link, self, state.channel)
         self.pid = state.pid
         self.output.resume(state.ack, state.ack_gap)
+        self.flow.acked = state.ack
         self.state.ctrl_c_delivered = state.interrupted
-        self.stream.adopted()
+        self.stream.adopted(reading=state.reading, grace_s=RESUME_GRACE_S)
         self.state.run()
         if state.exit is not None:
             self.on_exited(state.exit)
@@ -247,6 +252,12 @@ class ProcessSession:
         """Whether the agent answers tail pulls (its welcome lists ``tail``)."""
         welcome = self.link.welcome
         return welcome is not None and "tail" in welcome.features
+
+    @property
+    def agent_resumes(self) -> bool:
+        """Whether the agent sends again on request and keeps a broken reader's back-pressure."""
+        welcome = self.link.welcome
+        return welcome is not None and "resume" in welcome.features
 
     def on_tail(self, end: int) -> None:
         """Where the agent's held output ends, asked when the last caller left: more than the session keeps is cut."""
@@ -342,12 +353,19 @@ class ProcessSession:
             await self.kill(reason=StopReason.INTERRUPTED)
 
     async def input(
-        self, *, chars: str = "", data: bytes = b"", close_stdin: bool = False, yield_after_s: float | None = None
+        self,
+        *,
+        chars: str = "",
+        data: bytes = b"",
+        close_stdin: bool = False,
+        yield_after_s: float | None = None,
+        resume_from: int | None = None,
     ) -> AsyncIterator[ExecEvent]:
         """One Input call: write (or Ctrl-C), then stream what the command prints next.
 
         ``chars`` equal to :data:`CTRL_C` alone is Ctrl-C (:meth:`interrupt`); ``data`` is raw
-        bytes, never read as Ctrl-C. The window is :func:`input_window`'s.
+        bytes, never read as Ctrl-C. The window is :func:`input_window`'s. ``resume_from`` is
+        the output position the caller goes on from (``OutputRelay.resume_at``).
 
         Yields:
             As :meth:`events`: output, then exactly one ``ExitStatus`` or ``Yielded``, last.
@@ -366,7 +384,7 @@ class ProcessSession:
         window = input_window(
             yield_after_s, wrote=bool(chars or data or close_stdin), ctrl_c=ctrl_c, timeout_s=self.timeout_s
         )
-        async for event in self.events(yield_after_s=window):
+        async for event in self.stream.events(yield_after_s=window, resume_from=resume_from):
             yield event
 
     async def resize(self, columns: int, rows: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncGenerator
 from typing import Protocol
@@ -51,6 +52,11 @@ class Command(Protocol):
     @property
     def agent_tails(self) -> bool:
         """Whether the agent answers tail pulls."""
+        ...
+
+    @property
+    def agent_resumes(self) -> bool:
+        """Whether the agent sends again on request and keeps a broken reader's back-pressure (``resume``)."""
         ...
 
     async def interrupt(self) -> None:
@@ -96,15 +102,39 @@ class OutputStream:
         whose Exec call has not even attached)."""
         self.calls = 0
         """Calls that have streamed (or polled) this session's output."""
+        self.awaited_until = 0.0
+        """Until when (``time.monotonic()``) a caller that was reading before a daemon restart is
+        waited for: the agent keeps its back-pressure meanwhile (a reader, to the pulls)."""
 
     @property
     def idle(self) -> bool:
         """Whether no call is attached and the first call has had its stream (eviction may pick it)."""
         return self.attached == 0 and not self.fresh
 
-    def adopted(self) -> None:
-        """A session taken over after a restart: no call holds it."""
+    def adopted(self, *, reading: bool, grace_s: float) -> None:
+        """A session taken over after a restart: no call holds it.
+
+        Args:
+            reading: a caller was reading it when the last daemon went: it is waited for
+                ``grace_s`` seconds, the output held back for it rather than dropped.
+            grace_s: how long, in seconds.
+        """
         self.attached, self.fresh = 0, False
+        if reading:
+            self.awaited_until = time.monotonic() + grace_s
+            task = asyncio.create_task(self._stop_awaiting(grace_s))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _stop_awaiting(self, grace_s: float) -> None:
+        await asyncio.sleep(grace_s)
+        if self.attached == 0:
+            await self.pull(force=True)  # nobody came: the agent keeps a head, as with no reader
+
+    @property
+    def reading(self) -> bool:
+        """Whether a caller streams the output now, or one that did is waited for."""
+        return self.attached > 0 or time.monotonic() < self.awaited_until
 
     def release(self) -> None:
         """The first call is done with the session: from now on it may be evicted when idle."""
@@ -120,8 +150,11 @@ class OutputStream:
             self._background.add(self._pulling)
             self._pulling.add_done_callback(self._background.discard)
 
-    async def pull(self, *, force: bool = False) -> None:
-        """Tell the agent what callers took and how much more may come (when worth a frame, or ``force``)."""
+    async def pull(self, *, force: bool = False, resend: bool = False) -> None:
+        """Tell the agent what callers took and how much more may come (when worth a frame, or ``force``).
+
+        With ``resend`` the agent sends again from its acknowledgement (a caller resumed behind it).
+        """
         channel = self._command.channel
         if channel is None:
             return
@@ -132,16 +165,24 @@ class OutputStream:
             ack_gap=ack_gap,
             delivered=output.delivered,
             received=output.received,
-            reader=self.attached > 0,
+            reader=self.reading,
             tails=self._command.agent_tails,
             force=force,
+            resend=resend,
         )
         if pull is None:
             return
         if pull.tail:
             output.hold(self._flow.buffer_bytes)
         try:
-            await channel.pull(ack=pull.ack, ack_gap=pull.ack_gap, until=pull.until, reader=pull.reader, tail=pull.tail)
+            await channel.pull(
+                ack=pull.ack,
+                ack_gap=pull.ack_gap,
+                until=pull.until,
+                reader=pull.reader,
+                tail=pull.tail,
+                resend=pull.resend,
+            )
         except SandboxdError:
             if pull.tail:
                 output.release()
@@ -151,6 +192,7 @@ class OutputStream:
         if not self.fresh:
             self.attached += 1
         self.fresh = False
+        self.awaited_until = 0.0  # whoever was waited for after a restart: a caller is here
 
     def _bystander_end(self) -> ExitStatus | Yielded:
         """The one event of a call that may not stream: the exit once all output is out, else yielded."""
@@ -160,7 +202,7 @@ class OutputStream:
         return Yielded(process_id=command.process_id, elapsed_s=command.elapsed_s)
 
     async def events(
-        self, *, yield_after_s: float, started: ExecStarted | None = None
+        self, *, yield_after_s: float, started: ExecStarted | None = None, resume_from: int | None = None
     ) -> AsyncGenerator[ExecEvent, None]:
         """Stream output, then exactly one ``ExitStatus`` or ``Yielded``, always last.
 
@@ -174,6 +216,8 @@ class OutputStream:
         Args:
             yield_after_s: the call's window, in seconds (already clamped).
             started: for the Exec call that started the command: yielded first.
+            resume_from: the output position the caller goes on from (``OutputRelay.resume_at``);
+                None: from what was last delivered.
         """
         if started is not None:
             streamed = False
@@ -190,7 +234,11 @@ class OutputStream:
             yield self._bystander_end()
             return
         self._attach()
-        await self.pull(force=True)
+        resend = False
+        if resume_from is not None:
+            output.resume_at(resume_from, self._flow.acked, resendable=command.agent_resumes)
+            resend = output.resend
+        await self.pull(force=True, resend=resend)
         finished = left = False
 
         async def leave() -> None:
@@ -209,7 +257,7 @@ class OutputStream:
             while True:
                 batch = output.take()
                 for event, through in batch:
-                    yield event
+                    yield dataclasses.replace(event, position=output.position_after(through))
                     output.delivered_through(through)
                     last_event = time.monotonic()
                 if batch:

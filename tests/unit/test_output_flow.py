@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandboxd.processes.flow import ACK_STEP_BYTES, STREAM_WINDOW_BYTES, WINDOW_BYTES, OutputFlow, Pull
+from sandboxd.processes.flow import ACK_STEP_BYTES, REPLAY_BYTES, STREAM_WINDOW_BYTES, WINDOW_BYTES, OutputFlow, Pull
 
 MIB = 1024 * 1024
 
@@ -30,7 +30,7 @@ class TestWindow:
         """``until`` is the delivered offset plus the window; without a reader, nothing beyond what arrived."""
         flow = OutputFlow(buffer_bytes=MIB)
         assert reading(flow, ack=10, delivered=100) == Pull(
-            ack=10, ack_gap=0, until=100 + STREAM_WINDOW_BYTES, reader=True
+            ack=0, ack_gap=0, until=100 + STREAM_WINDOW_BYTES, reader=True
         )
         idle = flow.next(ack=100, ack_gap=3, delivered=100, received=500, reader=False, tails=False, force=True)
         assert idle == Pull(ack=100, ack_gap=3, until=500, reader=False)
@@ -110,3 +110,38 @@ class TestTailPull:
         pull = flow.next(ack=0, ack_gap=0, delivered=0, received=0, reader=False, tails=True, force=True)
         assert pull is not None
         assert not pull.tail
+
+
+class TestReplay:
+    """While a caller reads, the agent keeps what it was sent last: a broken stream resumes from its agent."""
+
+    def test_the_last_replay_bytes_sent_are_kept_while_a_caller_reads(self) -> None:
+        flow = OutputFlow(buffer_bytes=MIB)
+        pull = reading(flow, ack=10 * MIB, delivered=10 * MIB)
+        assert pull is not None and (pull.ack, pull.ack_gap) == (10 * MIB - REPLAY_BYTES, 0)
+
+    def test_what_the_masking_holds_keeps_the_acknowledgement_lower_still(self) -> None:
+        flow = OutputFlow(buffer_bytes=MIB)
+        pull = reading(flow, ack=2 * MIB, delivered=10 * MIB)
+        assert pull is not None and pull.ack == 2 * MIB
+
+    def test_once_the_caller_leaves_all_it_was_sent_is_acknowledged(self) -> None:
+        """A session nobody reads keeps its whole buffer for unread output, none of it for a replay."""
+        flow = OutputFlow(buffer_bytes=MIB)
+        reading(flow, ack=10 * MIB, delivered=10 * MIB)
+        idle = flow.next(ack=10 * MIB, ack_gap=2, delivered=10 * MIB, received=11 * MIB, reader=False, tails=True)
+        assert idle is not None and (idle.ack, idle.ack_gap, idle.reader) == (10 * MIB, 2, False)
+        assert flow.acked == 10 * MIB
+
+    def test_the_acknowledgement_never_goes_back(self) -> None:
+        """A caller that comes back reads again: the agent already forgot what it was told it may."""
+        flow = OutputFlow(buffer_bytes=MIB)
+        flow.next(ack=10 * MIB, ack_gap=0, delivered=10 * MIB, received=10 * MIB, reader=False, tails=True)
+        pull = reading(flow, ack=11 * MIB, delivered=11 * MIB, force=True)
+        assert pull is not None and pull.ack == 10 * MIB
+
+    def test_a_resend_is_always_sent(self) -> None:
+        flow = OutputFlow(buffer_bytes=MIB)
+        reading(flow, ack=MIB, delivered=MIB)
+        pull = flow.next(ack=MIB, ack_gap=0, delivered=MIB, received=MIB, reader=True, tails=True, resend=True)
+        assert pull is not None and pull.resend

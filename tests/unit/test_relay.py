@@ -201,3 +201,72 @@ class TestRelay:
             ("stdout", b"o" * 15),
             ("stderr", SECRET[:4].encode()),
         ]
+
+
+class TestResume:
+    """A caller that goes on from its position gets every byte after it once, none before (issue 27)."""
+
+    def test_positions_are_where_a_caller_is_once_it_has_the_event(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"abc")
+        output.add_output("stderr", 3, b"de")
+        positions = []
+        for _event, through in output.take():
+            positions.append(output.position_after(through))
+            output.delivered_through(through)
+        assert positions == [3, 5]
+
+    def test_a_position_stops_short_of_what_the_masking_holds(self) -> None:
+        output = relay({"demo": SECRET})
+        output.add_output("stdout", 0, b"ok " + SECRET.encode()[:4])  # held: maybe the secret
+        output.add_output("stderr", 7, b"err")
+        assert [output.position_after(through) for _event, through in output.take()] == [3, 3]
+
+    def test_a_daemon_that_took_over_skips_what_the_caller_had(self) -> None:
+        """The successor starts at the agent's acknowledgement, behind the caller: it goes on from the caller."""
+        output = relay()
+        output.resume(100, 0)
+        output.add_output("stdout", 100, b"0123456789")
+        output.resume_at(104, 100)
+        assert not output.resend
+        assert text(deliver(output)) == b"456789"
+        output.add_output("stdout", 110, b"X")
+        assert text(deliver(output)) == b"X"
+
+    def test_a_caller_ahead_of_all_that_arrived_waits_for_the_agent_to_get_there(self) -> None:
+        output = relay()
+        output.resume(100, 0)
+        output.resume_at(105, 100)
+        output.add_output("stdout", 100, b"0123456789")  # sent again from the acknowledgement
+        assert text(deliver(output)) == b"56789"
+
+    def test_a_caller_behind_gets_the_agent_to_send_again(self) -> None:
+        """Bytes lost in flight on a broken stream: the agent sends from its acknowledgement, each byte once."""
+        output = relay()
+        output.add_output("stdout", 0, b"0123456789")
+        assert text(deliver(output)) == b"0123456789"  # the caller got only "0123"
+        output.resume_at(4, 2)
+        assert output.resend
+        output.add_output("stdout", 2, b"23456789ab")  # the agent, from its acknowledgement
+        assert text(deliver(output)) == b"456789ab"
+
+    def test_what_the_agent_forgot_comes_as_a_gap_never_silently(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"0123456789")
+        deliver(output)
+        output.resume_at(4, 8)  # the agent was told it may forget up to 8
+        output.add_output("stdout", 8, b"89")
+        events = deliver(output)
+        assert events[0] == OutputDropped(dropped_bytes=4)
+        assert text(events) == b"89"
+        assert output.dropped_bytes == 4
+
+    def test_an_agent_that_cannot_send_again_makes_it_a_gap(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"0123456789")
+        deliver(output)
+        output.resume_at(4, 2, resendable=False)
+        assert not output.resend
+        assert deliver(output) == [OutputDropped(dropped_bytes=6)]
+        output.add_output("stdout", 10, b"ab")
+        assert text(deliver(output)) == b"ab"

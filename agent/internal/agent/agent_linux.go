@@ -254,7 +254,9 @@ func (a *Agent) drop(c *conn) {
 		a.forgetForward(fw) // a forwarded connection's caller went with the daemon
 	}
 	for _, s := range orphaned {
-		s.ReaderGone() // nobody reads until a daemon is back: keep the head, count the rest
+		// A caller reading it comes back with the next daemon: its output waits (back-pressure)
+		// a while; else nobody reads until a daemon is back: keep the head, count the rest.
+		s.ReaderAway(session.ReaderGrace)
 	}
 }
 

@@ -66,6 +66,13 @@ func (b *Buffer) SetReader(reader bool, window int) {
 	b.room.Broadcast()
 }
 
+// Reading says whether the buffer holds output back for a reader (back-pressure) rather than dropping it.
+func (b *Buffer) Reading() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.reader
+}
+
 // limit is the most bytes held: Cap, or while a caller reads the daemon's window if larger
 // (bytes on their way to it must be kept until it acknowledges them).
 func (b *Buffer) limit() int {

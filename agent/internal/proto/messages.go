@@ -18,13 +18,18 @@ type WelcomeMsg struct {
 }
 
 // Features are what this agent does beyond protocol 1 as first released (PROTOCOL.md).
-var Features = []string{FeatureTail, FeatureFreeze, FeatureForward}
+var Features = []string{FeatureTail, FeatureFreeze, FeatureForward, FeatureResume}
 
 // FeatureTail: a Pull may ask for the end of the held output (Tail answers it).
 const FeatureTail = "tail"
 
 // FeatureFreeze: Freeze stops the sessions' timers around a pause (Frozen answers it).
 const FeatureFreeze = "freeze"
+
+// FeatureResume: a Pull may ask to send again from its Ack (Resend); a session a daemon was
+// reading when its connection broke keeps back-pressure for ReaderGrace (its output is not
+// dropped while the daemon comes back), and its state says so (SessionState.Reading).
+const FeatureResume = "resume"
 
 // FeatureForward: Connect opens a TCP connection to a port on the workspace's loopback.
 const FeatureForward = "forward"
@@ -54,6 +59,9 @@ type SessionState struct {
 	Failed      *FailedMsg      `json:"failed,omitempty"`
 	Interrupted bool            `json:"interrupted"`
 	DaemonState json.RawMessage `json:"daemon_state,omitempty"`
+	// Reading: a caller was reading the output when the last connection broke, and its
+	// back-pressure still holds (FeatureResume): the caller may come back for it.
+	Reading bool `json:"reading,omitempty"`
 }
 
 // StartMsg starts a command (daemon -> agent).
@@ -113,6 +121,9 @@ type PullMsg struct {
 	Until  uint64 `json:"until"`
 	Reader bool   `json:"reader"`
 	Tail   bool   `json:"tail"` // answer with a TailMsg once this pull is applied
+	// Resend sends the output again from Ack: a caller's stream broke with bytes in flight
+	// (FeatureResume).
+	Resend bool `json:"resend,omitempty"`
 }
 
 // TailMsg answers a Pull that asked for it: the offset just past the last output byte

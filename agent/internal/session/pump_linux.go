@@ -18,6 +18,11 @@ const sendChunk = 256 << 10
 func (s *Session) Pull(msg proto.PullMsg) {
 	s.buf.Ack(msg.Ack, msg.AckGap)
 	s.mu.Lock()
+	s.readerAway++ // a daemon says who reads: a pending ReaderAway no longer decides
+	if msg.Resend {
+		ack, ackGap, _, _ := s.buf.State()
+		s.cursor, s.cursorGap = ack, ackGap
+	}
 	if msg.Until > s.until {
 		s.until = msg.Until
 	}
@@ -42,6 +47,33 @@ func (s *Session) Pull(msg proto.PullMsg) {
 // ReaderGone says no daemon is connected: the output is kept up to the buffer's size, and
 // what does not fit is dropped (counted) rather than blocking the command.
 func (s *Session) ReaderGone() { s.buf.SetReader(false, 0) }
+
+// ReaderGrace is how long a session whose output a caller was reading when the daemon's
+// connection broke keeps its back-pressure: a restarting daemon and the caller's client come
+// back within it for the very next byte (nothing dropped meanwhile; the command waits on its
+// pipe, as under a slow reader). Then the output is kept up to the buffer's size, as with no reader.
+const ReaderGrace = 30 * time.Second
+
+// ReaderAway says the daemon's connection broke: a session being read keeps its
+// back-pressure for grace, unless a daemon's pull says otherwise first (ReaderGone at once
+// for one nobody read).
+func (s *Session) ReaderAway(grace time.Duration) {
+	if !s.buf.Reading() {
+		return
+	}
+	s.mu.Lock()
+	s.readerAway++
+	generation := s.readerAway
+	s.mu.Unlock()
+	time.AfterFunc(grace, func() {
+		s.mu.Lock()
+		still := s.readerAway == generation
+		s.mu.Unlock()
+		if still {
+			s.ReaderGone()
+		}
+	})
+}
 
 // Reconnected restarts sending from what the daemon acknowledged (it lost the rest).
 func (s *Session) Reconnected() {

@@ -74,6 +74,7 @@ type Session struct {
 	until       uint64
 	cursor      uint64
 	cursorGap   uint64
+	readerAway  uint64 // counts pulls and breaks: a ReaderAway's timer acts only if none came since
 	wake        chan struct{}
 
 	stdin     *os.File
@@ -268,6 +269,7 @@ func (s *Session) State() proto.SessionState {
 		Failed:      s.startFailed,
 		Interrupted: s.interrupted,
 		DaemonState: s.spec.DaemonState,
+		Reading:     s.buf.Reading() && s.exit == nil,
 	}
 }
 

@@ -87,18 +87,22 @@ class ExecStarted(_message.Message):
     def __init__(self, process_id: _Optional[str] = ..., pid: _Optional[int] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ExecOutput(_message.Message):
-    __slots__ = ("stdout", "stderr")
+    __slots__ = ("stdout", "stderr", "position")
     STDOUT_FIELD_NUMBER: _ClassVar[int]
     STDERR_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
     stdout: bytes
     stderr: bytes
-    def __init__(self, stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ...) -> None: ...
+    position: int
+    def __init__(self, stdout: _Optional[bytes] = ..., stderr: _Optional[bytes] = ..., position: _Optional[int] = ...) -> None: ...
 
 class ExecOutputDropped(_message.Message):
-    __slots__ = ("dropped_bytes",)
+    __slots__ = ("dropped_bytes", "position")
     DROPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
     dropped_bytes: int
-    def __init__(self, dropped_bytes: _Optional[int] = ...) -> None: ...
+    position: int
+    def __init__(self, dropped_bytes: _Optional[int] = ..., position: _Optional[int] = ...) -> None: ...
 
 class ExecExited(_message.Message):
     __slots__ = ("exit_code", "signal", "stop_reason", "oom_killed", "memory_limit_bytes", "dropped_bytes", "elapsed", "message", "spill_path")
@@ -153,20 +157,22 @@ class ExecResponse(_message.Message):
     def __init__(self, started: _Optional[_Union[ExecStarted, _Mapping]] = ..., output: _Optional[_Union[ExecOutput, _Mapping]] = ..., exited: _Optional[_Union[ExecExited, _Mapping]] = ..., yielded: _Optional[_Union[ExecYielded, _Mapping]] = ..., heartbeat: _Optional[_Union[ExecHeartbeat, _Mapping]] = ..., dropped: _Optional[_Union[ExecOutputDropped, _Mapping]] = ...) -> None: ...
 
 class InputRequest(_message.Message):
-    __slots__ = ("process_id", "chars", "yield_after", "close_stdin", "terminal_size", "data")
+    __slots__ = ("process_id", "chars", "yield_after", "close_stdin", "terminal_size", "data", "resume_from")
     PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
     CHARS_FIELD_NUMBER: _ClassVar[int]
     YIELD_AFTER_FIELD_NUMBER: _ClassVar[int]
     CLOSE_STDIN_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_SIZE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
     process_id: str
     chars: str
     yield_after: _duration_pb2.Duration
     close_stdin: bool
     terminal_size: TerminalSize
     data: bytes
-    def __init__(self, process_id: _Optional[str] = ..., chars: _Optional[str] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., close_stdin: _Optional[bool] = ..., terminal_size: _Optional[_Union[TerminalSize, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    resume_from: int
+    def __init__(self, process_id: _Optional[str] = ..., chars: _Optional[str] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., close_stdin: _Optional[bool] = ..., terminal_size: _Optional[_Union[TerminalSize, _Mapping]] = ..., data: _Optional[bytes] = ..., resume_from: _Optional[int] = ...) -> None: ...
 
 class InputResponse(_message.Message):
     __slots__ = ("output", "exited", "yielded", "heartbeat", "dropped")

@@ -1,0 +1,148 @@
+"""A command's stream rides out daemon restarts: every byte once, and the real exit (issue 27 item 4).
+
+The daemon is killed with SIGKILL three times while a client iterates one ``exec``: during a
+50 MiB stream, and during a command that prints a line a second for 20 s. A new daemon takes
+the sessions over from the agent (which holds its back-pressure for a reader that went away);
+the client's handle attaches again with ``Input(resume_from=)`` from the last byte it got.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sandboxd_client import Dropped, Exited, Output, SandboxClient, StreamBrokenError
+
+from tests.conftest import new_instance, spawned_daemon
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
+
+RUNTIMES = ["runc", pytest.param("runsc", marks=pytest.mark.runsc)]
+
+
+class Daemons:
+    """One daemon at a time on one socket and instance: ``kill`` plays a crash, then starts the next."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path, self.instance = tmp_path, new_instance()
+        self.kills = 0
+        self._running: contextlib.AbstractContextManager[tuple[object, str, Path]] | None = None
+        self.socket_path = self._start()
+
+    def _start(self) -> str:
+        self._running = spawned_daemon(self.tmp_path, self.instance)
+        _process, socket_path, _log = self._running.__enter__()
+        self._process = _process
+        return socket_path
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (no drain, nothing said to anyone), then start a new one."""
+        self._process.kill()  # type: ignore[attr-defined]
+        self._process.wait()  # type: ignore[attr-defined]
+        self.stop()
+        self.kills += 1
+        self._start()
+
+    def stop(self) -> None:
+        if self._running is not None:
+            running, self._running = self._running, None
+            running.__exit__(None, None, None)
+
+
+@pytest.fixture
+def daemons(tmp_path: Path, default_image: str) -> Iterator[Daemons]:
+    started = Daemons(tmp_path)
+    yield started
+    started.stop()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_fifty_mib_through_three_kills_arrive_byte_for_byte(
+    daemons: Daemons, runtime: str, request: pytest.FixtureRequest
+) -> None:
+    """The client's sha256 of what it got is the command's; exit code 3, the command's own."""
+    if runtime == "runsc" and not request.getfixturevalue("runsc_available"):
+        pytest.skip("the engine has no runsc runtime (scripts/install-runsc registers it)")
+    async with SandboxClient(socket_path=daemons.socket_path) as client:
+        ws = await client.create_workspace(runtime=runtime, labels={"test": "stream-resume"})
+        try:
+            made = await ws.exec(
+                "head -c 39321600 /dev/urandom | base64 > /tmp/b; sha256sum < /tmp/b; wc -c < /tmp/b"
+            ).wait()
+            digest, size = made.stdout.split()[0], int(made.stdout.split()[-1])
+            assert size > 50 * 1024 * 1024
+            kills_at = [size // 5, size // 2, size * 4 // 5]
+            got, seen, dropped = hashlib.sha256(), 0, 0
+            handle = ws.exec("cat /tmp/b; exit 3", follow=True)
+            async for event in handle:
+                if isinstance(event, Output):
+                    got.update(event.data)
+                    seen += len(event.data)
+                    if kills_at and seen >= kills_at[0]:
+                        kills_at.pop(0)
+                        daemons.kill()
+                elif isinstance(event, Dropped):
+                    dropped += event.dropped_bytes
+            assert daemons.kills == 3
+            assert (seen, dropped, got.hexdigest()) == (size, 0, digest)
+            assert handle.result is not None
+            assert (handle.result.exit_code, handle.result.stop_reason) == (3, "exited")
+        finally:
+            await ws.delete()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_line_a_second_through_three_kills_comes_whole(
+    daemons: Daemons, runtime: str, request: pytest.FixtureRequest
+) -> None:
+    """Twenty lines, each once and in order, through ``wait()``; exit code 5."""
+    if runtime == "runsc" and not request.getfixturevalue("runsc_available"):
+        pytest.skip("the engine has no runsc runtime (scripts/install-runsc registers it)")
+    async with SandboxClient(socket_path=daemons.socket_path) as client:
+        ws = await client.create_workspace(runtime=runtime, labels={"test": "stream-resume"})
+        try:
+            handle = ws.exec("for i in $(seq 1 20); do echo line $i; sleep 1; done; exit 5", follow=True)
+            lines, kills_at = "", [3, 8, 13]
+            async for event in handle:
+                if isinstance(event, Output):
+                    lines += event.text
+                    if kills_at and lines.count("\n") >= kills_at[0]:
+                        kills_at.pop(0)
+                        daemons.kill()
+                elif isinstance(event, Exited):
+                    assert (event.exit_code, event.stop_reason) == (5, "exited")
+            assert daemons.kills == 3
+            assert lines == "".join(f"line {i}\n" for i in range(1, 21))
+        finally:
+            await ws.delete()
+
+
+async def test_a_daemon_that_does_not_come_back_says_where_to_attach(daemons: Daemons) -> None:
+    """The resume budget runs out: the error names the process and the position to attach from."""
+    async with SandboxClient(socket_path=daemons.socket_path, resume_s=3) as client:
+        ws = await client.create_workspace(labels={"test": "stream-resume"})
+        workspace_id = ws.workspace_id
+        handle = ws.exec("echo first; sleep 600", follow=True)
+        position = -1
+
+        async def follow() -> None:
+            nonlocal position
+            async for event in handle:
+                if isinstance(event, Output) and event.text == "first\n":
+                    position = event.position
+                    daemons._process.kill()  # type: ignore[attr-defined]  # and no daemon comes back
+
+        with pytest.raises(StreamBrokenError) as broken:
+            await follow()
+        assert (broken.value.process_id, broken.value.resume_from) == (handle.process_id, position)
+        assert f"input({handle.process_id!r}, resume_from={position})" in broken.value.message
+    daemons.stop()
+    daemons._start()
+    async with SandboxClient(socket_path=daemons.socket_path) as client:
+        rest = client.input(broken.value.process_id, resume_from=broken.value.resume_from, yield_after_s=1)
+        assert (await rest.wait()).stdout == ""  # nothing of what it had comes again
+        await client.kill(broken.value.process_id)
+        await client.delete_workspace(workspace_id)
