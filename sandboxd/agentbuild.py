@@ -105,10 +105,12 @@ async def ensure_agent(backend: Backend, *, route: ImageRoute, progress: Progres
         backend: the container engine.
         route: where the Debian base comes from when the toolchain image must be built.
         progress: called with one human-readable line per step.
-        test: run the agent's Go tests (vet, race detector), uncached, and make the image
-            from the tested stage. Without it a missing image is built from the ``agent``
-            stage, which runs no test: the tests belong to ``./dev test`` and CI, not to a
-            user's first start.
+        test: run the agent's Go tests (vet, race detector) and make the image from the
+            tested stage. The engine's build cache keys that stage on the exact source and
+            toolchain, as Go's test cache would: a source this engine already tested (a fresh
+            clone of a tested commit) is not tested again, and a failed run is never cached.
+            Without it a missing image is built from the ``agent`` stage, which runs no
+            test: the tests belong to ``./dev test`` and CI, not to a user's first start.
 
     Raises:
         BackendError: a build failed (its last lines are in the message).
@@ -126,7 +128,6 @@ async def ensure_agent(backend: Backend, *, route: ImageRoute, progress: Progres
                     labels={DIGEST_LABEL: build.digest},
                     on_line=lambda line: progress(f"  {line}"),
                     target="test",
-                    no_cache=True,
                 )
                 await backend.remove_image(f"{AGENT_IMAGE}-test:{build.tag}")
             if await backend.image_info(build.image) is None:
