@@ -142,11 +142,22 @@ class OutputRelay:
         self._closed = False
         self.resend = False
         """Set by :meth:`resume_at` when the agent must send again from its acknowledgement."""
+        self.produced = 0
+        """Where the agent said its output ended when this relay took it over (:meth:`resume`)."""
 
-    def resume(self, ack: int, ack_gap: int) -> None:
-        """Go on from the agent's acknowledged position (a session taken over after a restart)."""
+    def resume(self, ack: int, ack_gap: int, end: int = 0) -> None:
+        """Go on from the agent's acknowledged position (a session taken over after a restart).
+
+        ``end`` is where the agent's output ended when it said so: no caller can be past it.
+        """
         self.received = self.delivered = ack
         self.delivered_gap = ack_gap
+        self.produced = max(ack, end)
+
+    @property
+    def reach(self) -> int:
+        """The furthest output position a caller can have been given: past it, no byte exists yet."""
+        return max(self.received, self.produced)
 
     def add_output(self, stream: str, offset: int, data: bytes) -> None:
         """Output from the agent at ``offset``.

@@ -65,6 +65,8 @@ class SessionState:
     """Output offset up to which the daemon acknowledged (callers took) the output."""
     ack_gap: int
     """How much of a gap at ``ack`` callers were already told of."""
+    end: int
+    """Output offset just past the last byte the command has produced so far."""
     exit: ExitReport | None
     failed: str | None
     """Why the command never started, if it did not."""
@@ -92,6 +94,7 @@ class SessionState:
             pid=int_field(state, "pid", 0, U31, default=0),
             ack=int_field(state, "ack", 0, U64, default=0),
             ack_gap=int_field(state, "ack_gap", 0, U64, default=0),
+            end=int_field(state, "end", 0, U64, default=0),
             exit=ExitReport.parse(exit_report) if isinstance(exit_report, dict) else None,
             failed=(text_field(failed, "message", 16384) or "unknown error") if isinstance(failed, dict) else None,
             interrupted=bool(state.get("interrupted")),

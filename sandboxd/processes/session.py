@@ -176,7 +176,7 @@ class ProcessSession:
         """
         self.channel = SessionChannel(self.link, self, state.channel)
         self.pid = state.pid
-        self.output.resume(state.ack, state.ack_gap)
+        self.output.resume(state.ack, state.ack_gap, state.end)
         self.flow.acked = state.ack
         self.state.ctrl_c_delivered = state.interrupted
         self.stream.adopted(reading=state.reading, grace_s=RESUME_GRACE_S)
@@ -374,6 +374,11 @@ class ProcessSession:
             InvalidSpecError: more than ``MAX_INPUT_BYTES`` to write.
             FailedPreconditionError: the command can no longer take input.
         """
+        if resume_from is not None and resume_from > self.output.reach:
+            # No caller was given a byte that does not exist yet: a forged position would make
+            # this process's output vanish for every caller.
+            msg = f"resume_from {resume_from} is past the output of {self.process_id} ({self.output.reach} so far)"
+            raise InvalidSpecError(msg)
         ctrl_c = chars == CTRL_C
         if ctrl_c:
             await self.interrupt()

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandboxd_client import Dropped, Exited, Output, SandboxClient, StreamBrokenError
+from sandboxd_client import Dropped, Exited, InvalidArgumentError, Output, SandboxClient, StreamBrokenError
 
 from tests.conftest import new_instance, spawned_daemon
 
@@ -146,3 +146,22 @@ async def test_a_daemon_that_does_not_come_back_says_where_to_attach(daemons: Da
         assert (await rest.wait()).stdout == ""  # nothing of what it had comes again
         await client.kill(broken.value.process_id)
         await client.delete_workspace(workspace_id)
+
+
+async def test_a_position_past_the_output_is_refused_and_an_honest_one_goes_on(client, workspace) -> None:  # type: ignore[no-untyped-def]
+    """A forged ``resume_from`` would make the output vanish for every caller: INVALID_ARGUMENT instead."""
+    handle = workspace.exec("echo one; read line; echo two $line", yield_after_s=0.25)
+    events = [event async for event in handle]
+    seen = [e for e in events if isinstance(e, Output)]
+    while not seen:  # a loaded host: the first line comes in a later poll
+        seen = [e for e in await _poll(client, handle.process_id) if isinstance(e, Output)]
+    with pytest.raises(InvalidArgumentError, match="is past the output"):
+        await client.input(handle.process_id, resume_from=10**12).wait()
+    with pytest.raises(InvalidArgumentError, match="output position"):
+        await client.input(handle.process_id, resume_from=-1).wait()
+    rest = await client.input(handle.process_id, "x\n", resume_from=seen[-1].position, follow=True).wait()
+    assert (rest.stdout, rest.exit_code) == ("two x\n", 0)
+
+
+async def _poll(client, process_id: str) -> list[object]:  # type: ignore[no-untyped-def]
+    return [event async for event in client.input(process_id, yield_after_s=0.25)]

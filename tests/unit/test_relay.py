@@ -270,3 +270,11 @@ class TestResume:
         assert deliver(output) == [OutputDropped(dropped_bytes=6)]
         output.add_output("stdout", 10, b"ab")
         assert text(deliver(output)) == b"ab"
+
+    def test_no_caller_can_be_past_what_arrived_or_what_the_agent_said_it_produced(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"0123")
+        assert output.reach == 4
+        taken_over = relay()
+        taken_over.resume(10, 0, end=25)  # the agent's output ended at 25 when it said so
+        assert taken_over.reach == 25
