@@ -207,3 +207,28 @@ def test_too_short_secret_is_refused_at_start(tmp_path: Path) -> None:
     bad.write_text("[1, 2]")
     with pytest.raises(InvalidSpecError, match="must be a JSON object"):
         SecretStore(str(bad), {})
+
+
+async def test_a_forged_resume_from_inside_a_masked_value_does_not_unmask_its_rest(secret_client) -> None:  # type: ignore[no-untyped-def]
+    """``resume_from`` pointing into a value already delivered masked: the agent sends again from there.
+
+    stdout holds back ``s3cr`` (it could begin the value) at offsets 2-5, so the agent's acknowledgement
+    stays at 2 while stderr's whole value (offsets 6-32) goes out masked. A caller that resumes at 12
+    gets the agent's bytes from 12 fed to a fresh masker: the value's last 21 characters, in clear.
+    """
+    ws = await secret_client.create_workspace()
+    try:
+        # One write on stdout (its masked part seen means its held part arrived), then stderr's.
+        command = 'printf "a\\n%s" "${K:0:4}"; read x; echo "$K" >&2; sleep 600'
+        events, out, _ = await collect(ws.exec(command, env={"K": "secret:demo"}, yield_after_s=0.25))
+        process_id = events[-1].process_id
+        while out != "a\n":  # a loaded host: it comes in a later poll
+            out += (await collect(secret_client.input(process_id, yield_after_s=0.25)))[1]
+        _, _, err = await collect(secret_client.input(process_id, "x\n", yield_after_s=0.25))
+        while err != "[REDACTED:demo]\n":
+            err += (await collect(secret_client.input(process_id, yield_after_s=0.25)))[2]
+        _, out, err = await collect(secret_client.input(process_id, resume_from=12, yield_after_s=1))
+        assert DEMO[6:] not in out + err  # stderr began at offset 6: 12 is 6 into the value
+        await secret_client.kill(process_id)
+    finally:
+        await ws.delete()
