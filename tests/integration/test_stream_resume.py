@@ -26,14 +26,14 @@ RUNTIMES = ["runc", pytest.param("runsc", marks=pytest.mark.runsc)]
 class Daemons:
     """One daemon at a time on one socket and instance: ``kill`` plays a crash, then starts the next."""
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.tmp_path, self.instance = tmp_path, new_instance()
+    def __init__(self, tmp_path: Path, **env: str) -> None:
+        self.tmp_path, self.instance, self.env = tmp_path, new_instance(), env
         self.kills = 0
         self._running: contextlib.AbstractContextManager[tuple[object, str, Path]] | None = None
         self.socket_path = self._start()
 
     def _start(self) -> str:
-        self._running = spawned_daemon(self.tmp_path, self.instance)
+        self._running = spawned_daemon(self.tmp_path, self.instance, **self.env)
         _process, socket_path, _log = self._running.__enter__()
         self._process = _process
         return socket_path
@@ -165,3 +165,40 @@ async def test_a_position_past_the_output_is_refused_and_an_honest_one_goes_on(c
 
 async def _poll(client, process_id: str) -> list[object]:  # type: ignore[no-untyped-def]
     return [event async for event in client.input(process_id, yield_after_s=0.25)]
+
+
+SECRET = "".join(chr(ord("a") + (i * 7) % 26) for i in range(257))
+"""A value of 257 characters (prime): an offset the daemon picks is inside one of its copies but 1 in 257."""
+
+
+async def test_a_reader_after_a_restart_mid_stream_gets_no_part_of_a_value_in_clear(tmp_path: Path, default_image: str) -> None:
+    """12 MiB of a value printed back to back, read whole, then the daemon is SIGKILLed.
+
+    While a caller reads, the daemon acknowledges 8 MiB less than it sent, at whatever offset that
+    is: inside a copy of the value. The next daemon's masker starts there, so a caller that attaches
+    without a position gets the rest of that copy unmasked.
+    """
+    daemons = Daemons(tmp_path, SANDBOXD_SECRET_big=SECRET)
+    workspace_id = ""
+    try:
+        async with SandboxClient(socket_path=daemons.socket_path) as client:
+            ws = await client.create_workspace(env={"K": "secret:big"}, labels={"test": "stream-resume"})
+            workspace_id = ws.workspace_id
+            copies = 12 * 1024 * 1024 // len(SECRET)
+            handle = ws.exec(f'yes "$K" | tr -d "\\n" | head -c {copies * len(SECRET)}; echo; sleep 600', follow=True)
+            text = ""
+            async for event in handle:
+                if isinstance(event, Output):
+                    text += event.text
+                    if text.endswith("\n"):
+                        break
+            assert text == "[REDACTED:big]" * copies + "\n"
+            daemons.kill()
+        async with SandboxClient(socket_path=daemons.socket_path) as client:
+            again = await client.input(handle.process_id, yield_after_s=2).wait()
+            assert again.stdout.replace("[REDACTED:big]", "") in ("", "\n")
+    finally:
+        if workspace_id:
+            async with SandboxClient(socket_path=daemons.socket_path) as client:
+                await client.delete_workspace(workspace_id)
+        daemons.stop()
