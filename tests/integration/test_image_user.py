@@ -112,3 +112,13 @@ async def test_an_image_s_own_workspace_is_left_and_the_error_says_whose(make, u
     )
     result = await ws.exec("stat -c '%u %a' /workspace; ls /workspace").wait()
     assert result.stdout == "2000 755\nreadme\n"
+
+
+@pytest.mark.parametrize("runtime", ["runc"])
+async def test_a_working_directory_spelt_with_two_slashes_is_still_under_dev(make, user_images, runtime: str) -> None:
+    """``//dev/x`` is ``/dev/x``: never given away. ``posixpath.normpath`` keeps two leading slashes
+    (POSIX leaves them to the implementation), and the agent's ``Never`` check is a string prefix."""
+    for spelt in ("/dev/x", "//dev/x"):
+        ws = await make(user_images["uid1000"], working_dir=spelt)
+        result = await ws.exec("stat -c '%u:%g %a' /dev/x").wait()
+        assert (spelt, result.stdout) == (spelt, "0:0 755\n")
