@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from sandboxd_protocol.redact import StreamRedactor
 
@@ -144,6 +144,8 @@ class OutputRelay:
         """Set by :meth:`resume_at` when the agent must send again from its acknowledgement."""
         self.produced = 0
         """Where the agent said its output ended when this relay took it over (:meth:`resume`)."""
+        self._skip_to = 0
+        """Output before this position is a resumed caller's already: its events are not sent again."""
 
     def resume(self, ack: int, ack_gap: int, end: int = 0) -> None:
         """Go on from the agent's acknowledged position (a session taken over after a restart).
@@ -153,6 +155,11 @@ class OutputRelay:
         self.received = self.delivered = ack
         self.delivered_gap = ack_gap
         self.produced = max(ack, end)
+
+    @property
+    def masking(self) -> bool:
+        """Whether any secret is masked here: an acknowledgement must then fall where the masking held nothing."""
+        return any(redactor.active for redactor in self._redactors.values())
 
     @property
     def reach(self) -> int:
@@ -217,6 +224,10 @@ class OutputRelay:
         self.changed.set()
 
     def _append(self, piece: Piece) -> None:
+        if self._skip_to and piece.raw_end <= self._skip_to and not piece.gap:
+            return  # a resumed caller has it (the masking saw it)
+        if self._skip_to and isinstance(piece.event, OutputChunk) and 0 <= piece.start < self._skip_to:
+            (piece,) = self._skipped([piece])
         if self._holding is not None:
             self._held_back.append(piece)  # beyond the head: it waits for the agent's answer
             return
@@ -324,9 +335,13 @@ class OutputRelay:
             self._check_complete()
 
     def ack_position(self) -> tuple[int, int]:
-        """What may be acknowledged: ``(offset, gap at it)``, short of any byte the masking holds."""
+        """What may be acknowledged: ``(offset, gap at it)``, short of any byte the masking holds.
+
+        Never past what arrived: a caller that resumed ahead of it (:meth:`resume_at`) has those
+        bytes, but the masking must still see them.
+        """
         held = [offset for offset in self._held_from.values() if offset is not None]
-        ack = min([self.delivered, *held])
+        ack = min([self.delivered, self.received, *held])
         return ack, self.delivered_gap if ack == self.delivered else 0
 
     @property
@@ -390,9 +405,15 @@ class OutputRelay:
 
         Ahead of what this relay delivered (a daemon that took the session over after a restart
         starts from the agent's acknowledgement, which lags behind what its predecessor sent):
-        what waits before ``position`` is let go. Behind it (bytes lost in flight on a broken
+        what comes before ``position`` is let go. Behind it (bytes lost in flight on a broken
         stream): the agent sends again from ``acknowledged``, the position it was last told,
         and what callers lost before that is a gap (``OutputDropped``): never silently.
+
+        Every byte still goes through the masking from a position where it held nothing (an
+        acknowledgement is always one: :attr:`masking` keeps a reader's replay off): only the
+        events are skipped, so a position inside a masked value (forged, or a client's own
+        mistake) never shows the value's rest. A masked event across ``position`` comes whole,
+        once more.
 
         Args:
             position: the caller's position (an event's ``position``; 0: nothing received).
@@ -407,22 +428,9 @@ class OutputRelay:
         if position == self.delivered:
             return
         if position > self.delivered:
-            while self._pieces and self._pieces[0].raw_end <= position and not self._pieces[0].gap:
-                self._pieces.popleft()
-            first = self._pieces[0] if self._pieces else None
-            if first is not None and isinstance(first.event, OutputChunk) and 0 <= first.start < position:
-                event = first.event  # the agent's bytes one for one: cut where the caller is
-                cut = position - first.start
-                self._pieces[0] = Piece(
-                    dataclasses.replace(event, data=event.data[cut:]), raw_end=first.raw_end, start=position
-                )
+            self._skip_to = max(self._skip_to, position)
+            self._pieces = collections.deque(self._skipped(self._pieces))
             self.delivered, self.delivered_gap = position, 0
-            if self.received < position:
-                # Bytes before it are the caller's already: what the masking held of them goes.
-                for redactor in self._redactors.values():
-                    redactor.flush()
-                self._held_from = dict.fromkeys(self._redactors)
-                self.received = position
             return
         if not resendable:
             lost = self.delivered - position
@@ -433,16 +441,30 @@ class OutputRelay:
         self._pieces.clear()
         self._holding, self._held_back, self._hold_next, self._trim = None, collections.deque(), None, None
         for redactor in self._redactors.values():
-            redactor.flush()  # what they hold is sent again by the agent
+            redactor.flush()  # the agent sends again from a position where they held nothing
         self._held_from = dict.fromkeys(self._redactors)
         self._gap_at, self._gap_seen = -1, 0
-        start = max(position, acknowledged)
-        if start > position:
-            self.dropped_bytes += start - position
-            self._pieces.append(Piece(OutputDropped(dropped_bytes=start - position), raw_end=start))
+        if acknowledged > position:
+            self.dropped_bytes += acknowledged - position
+            self._pieces.append(Piece(OutputDropped(dropped_bytes=acknowledged - position), raw_end=acknowledged))
             self.changed.set()
-        self.delivered, self.delivered_gap, self.received = position, 0, start
+        self._skip_to = position
+        self.delivered, self.delivered_gap, self.received = position, 0, acknowledged
         self.resend = True
         if not self._closed:
             self.complete = False
             self._check_complete()
+
+    def _skipped(self, pieces: Iterable[Piece]) -> Iterator[Piece]:
+        """``pieces`` less what lies before the skip point (a caller has it): unmasked bytes across it are cut."""
+        for piece in pieces:
+            if piece.gap or piece.raw_end > self._skip_to:
+                event = piece.event
+                if isinstance(event, OutputChunk) and 0 <= piece.start < self._skip_to:
+                    cut = self._skip_to - piece.start  # the agent's bytes one for one: cut where the caller is
+                    piece = Piece(
+                        dataclasses.replace(event, data=event.data[cut:]),
+                        raw_end=piece.raw_end,
+                        start=self._skip_to,
+                    )
+                yield piece

@@ -45,6 +45,11 @@ class StreamRedactor(Generic[AnyStr]):
         """Most characters (or bytes) kept back at the end of a chunk for a possible secret start."""
         self._pending: AnyStr = empty
 
+    @property
+    def active(self) -> bool:
+        """Whether there is any secret to mask."""
+        return self._pattern is not None
+
     def redact(self, text: AnyStr) -> AnyStr:
         """Mask every secret in a complete text (the stream's state is untouched)."""
         if self._pattern is None:

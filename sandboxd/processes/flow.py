@@ -34,7 +34,7 @@ way to it when its stream broke (a daemon killed, a connection dropped) come aga
 when it resumes (``InputRequest.resume_from``). Several times what gRPC keeps in flight on a
 stream (without it, up to 1.7 MB were lost at a SIGKILL here). Once the caller's call ends (its
 last event sent), all it was sent is acknowledged: a session nobody reads keeps its whole buffer
-for unread output."""
+for unread output. None is kept where secrets are masked (``OutputFlow.next(replay=False)``)."""
 
 ACK_STEP_BYTES = 256 * 1024
 """Delivered bytes that make a new acknowledgement worth a frame (the end of a batch always does)."""
@@ -98,6 +98,7 @@ class OutputFlow:
         tails: bool,
         force: bool = False,
         resend: bool = False,
+        replay: bool = True,
     ) -> Pull | None:
         """The pull to send now, or None when nothing is worth a frame; a pull returned counts as sent.
 
@@ -110,6 +111,9 @@ class OutputFlow:
             tails: the agent answers tail pulls.
             force: send even a pull that changes little (a caller arrives or leaves).
             resend: ask the agent to send again from the acknowledgement (implies ``force``).
+            replay: keep ``REPLAY_BYTES`` for a replay while a caller reads. Off where secrets
+                are masked: an acknowledgement there must fall where the masking held nothing
+                (a daemon that takes the session over starts its masking at it).
 
         Returns:
             While a caller reads, a pull allowing a window beyond ``delivered``; else one allowing
@@ -117,7 +121,7 @@ class OutputFlow:
             more allowed in flight than the session keeps (the caller then holds the output back
             to ``buffer_bytes`` beyond ``delivered`` until the answer, ``OutputRelay.hold``).
         """
-        if reader:
+        if reader and replay:
             # Kept while a caller reads: what is still on its way to it comes again if its stream breaks.
             kept = max(delivered - REPLAY_BYTES, self.acked)
             if kept < ack:

@@ -169,6 +169,7 @@ class OutputStream:
             tails=self._command.agent_tails,
             force=force,
             resend=resend,
+            replay=not output.masking,
         )
         if pull is None:
             return

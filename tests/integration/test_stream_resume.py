@@ -171,7 +171,9 @@ SECRET = "".join(chr(ord("a") + (i * 7) % 26) for i in range(257))
 """A value of 257 characters (prime): an offset the daemon picks is inside one of its copies but 1 in 257."""
 
 
-async def test_a_reader_after_a_restart_mid_stream_gets_no_part_of_a_value_in_clear(tmp_path: Path, default_image: str) -> None:
+async def test_a_reader_after_a_restart_mid_stream_gets_no_part_of_a_value_in_clear(
+    tmp_path: Path, default_image: str
+) -> None:
     """12 MiB of a value printed back to back, read whole, then the daemon is SIGKILLed.
 
     While a caller reads, the daemon acknowledges 8 MiB less than it sent, at whatever offset that

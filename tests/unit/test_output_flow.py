@@ -145,3 +145,11 @@ class TestReplay:
         reading(flow, ack=MIB, delivered=MIB)
         pull = flow.next(ack=MIB, ack_gap=0, delivered=MIB, received=MIB, reader=True, tails=True, resend=True)
         assert pull is not None and pull.resend
+
+    def test_no_replay_where_secrets_are_masked(self) -> None:
+        """An acknowledgement a fixed distance back could fall inside a masked value."""
+        flow = OutputFlow(buffer_bytes=MIB)
+        pull = flow.next(
+            ack=10 * MIB, ack_gap=0, delivered=10 * MIB, received=10 * MIB, reader=True, tails=True, replay=False
+        )
+        assert pull is not None and pull.ack == 10 * MIB

@@ -278,3 +278,20 @@ class TestResume:
         taken_over = relay()
         taken_over.resume(10, 0, end=25)  # the agent's output ended at 25 when it said so
         assert taken_over.reach == 25
+
+    def test_a_position_inside_a_masked_value_never_shows_its_rest(self) -> None:
+        """A forged position in the middle of a secret: the masking starts again where it held nothing."""
+        output = relay({"demo": SECRET})
+        output.add_output("stdout", 0, b"x" + SECRET.encode() + b"\n")
+        assert text(deliver(output)) == b"x[REDACTED:demo]\n"
+        output.resume_at(6, 0)  # inside the value; the agent was told nothing yet
+        assert output.resend
+        output.add_output("stdout", 0, b"x" + SECRET.encode() + b"\n")  # sent again from its acknowledgement
+        again = text(deliver(output))
+        assert SECRET[5:].encode() not in again and b"[REDACTED:demo]" in again
+
+    def test_a_relay_that_masks_says_so(self) -> None:
+        """Its acknowledgements then keep no replay (``OutputFlow.next(replay=False)``): each is where
+        the masking held nothing, so a daemon that takes the session over masks from a clean start."""
+        assert relay({"demo": SECRET}).masking
+        assert not relay().masking
