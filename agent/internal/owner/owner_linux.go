@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 )
@@ -43,6 +44,10 @@ func Own(dir string, uid, gid int) (Result, error) {
 	res := Result{Path: dir}
 	if !strings.HasPrefix(dir, "/") || strings.Contains(dir, "\x00") {
 		return res, fmt.Errorf("%q is not an absolute path", dir)
+	}
+	if filepath.Clean(dir) != dir {
+		// "//dev/x" is /dev/x to the kernel, not to the prefix check below.
+		return res, fmt.Errorf("%q is not a clean path", dir)
 	}
 	for _, never := range Never {
 		if dir == never || strings.HasPrefix(dir, never+"/") {
