@@ -188,8 +188,10 @@ async def test_the_users_file_server_has_no_privilege_on_any_thread(workspace, r
     probe = (
         f"ls /proc/{pid}/fd >/dev/null 2>&1 && echo listed; "
         "for n in $(seq 0 63); do "
-        f'  (exec 3</proc/{pid}/fd/$n) 2>/dev/null && echo "fd$n-read $(readlink /proc/{pid}/fd/$n)"; '
-        f'  (exec 3>/proc/{pid}/fd/$n) 2>/dev/null && echo "fd$n-write $(readlink /proc/{pid}/fd/$n)"; '
+        # What was opened is named by the probe's own descriptor: the server's may be closed
+        # (or reused) between the open and a look at it.
+        f'  (exec 3</proc/{pid}/fd/$n && echo "fd$n-read $(readlink /proc/self/fd/3)") 2>/dev/null; '
+        f'  (exec 3>/proc/{pid}/fd/$n && echo "fd$n-write $(readlink /proc/self/fd/3)") 2>/dev/null; '
         "done; echo probed"
     )
     writing = asyncio.create_task(workspace.write_file("big.bin", "x" * (16 << 20)))
