@@ -146,39 +146,35 @@ class AgentLink:
             await asyncio.sleep(0.005 if waited < 0.1 else 0.05)
         return stream
 
-    async def _learn_host_sockets(self) -> bool:
-        """After a bridge's welcome (the agent listens): whether the agent answers from this host.
+    async def _straight_after_bridge(self) -> ExecStream | None:
+        """After a bridge's welcome (the agent listens): a connection to its socket from the host.
 
-        Only a yes is kept for the runtime. A no is this workspace's alone (a workspace whose
-        root planted something at the path, an agent restarting): the next link asks again,
-        at the cost of one connect.
+        Asked after every bridge's welcome, once: a link whose socket refused a moment ago (a
+        gVisor sandbox under load, its host socket's backlog not yet served) goes straight as
+        soon as it answers, and does not keep its workspace on the bridge for good. A yes
+        teaches the runtime to every link of the engine; a no is this workspace's alone (its
+        root planted something at the path, an agent restarting), and costs one connect.
         """
-        if not self.socket_path or self.runtime in self.host_sockets:
-            return False
-        # Asked once: the agent answered through the bridge, so its socket listens, and under
-        # gVisor its host file listens too (the sentry forwards a listen to the gofer before an
-        # in-sandbox connect can reach it: pkg/sentry/socket/unix/transport/connectioned.go
-        # Listen holds the endpoint's lock across it). A no is the runtime's way (gVisor
-        # without --host-uds=create keeps its sockets to itself) or a workspace's (its root
-        # planted something there): not waited out.
-        if await self._probe():
-            return True
-        log.info(
-            "agent.host_sockets_unseen",
-            workspace_id=self.workspace_id,
-            runtime=self.runtime or "default",
-            present=_present(self.socket_path),
-        )
-        return False
-
-    async def _probe(self) -> bool:
-        probe = await self.backend.open_socket(self.socket_path, self.container_id)
-        if probe is None:
-            return False
-        await probe.close(discard_input=True)
-        self.host_sockets.add(self.runtime)
-        log.info("agent.host_sockets", runtime=self.runtime or "default")
-        return True
+        if not self.socket_path:
+            return None
+        # The agent answered through the bridge, so its socket listens, and under gVisor its host
+        # file listens too (the sentry forwards a listen to the gofer before an in-sandbox connect
+        # can reach it: pkg/sentry/socket/unix/transport/connectioned.go Listen holds the
+        # endpoint's lock across it). A no is the runtime's way (gVisor without
+        # --host-uds=create keeps its sockets to itself) or a workspace's: not waited out.
+        straight = await self.backend.open_socket(self.socket_path, self.container_id)
+        if straight is None:
+            log.info(
+                "agent.host_sockets_unseen",
+                workspace_id=self.workspace_id,
+                runtime=self.runtime or "default",
+                present=_present(self.socket_path),
+            )
+            return None
+        if self.runtime not in self.host_sockets:
+            self.host_sockets.add(self.runtime)
+            log.info("agent.host_sockets", runtime=self.runtime or "default")
+        return straight
 
     async def _open(self) -> Welcome:
         stream = await self._direct()
@@ -196,28 +192,12 @@ class AgentLink:
                 raise AgentLost(msg) from None
         decoder = FrameDecoder()
         pending: list[tuple[bytes, int, bytes]] = []
-        stderr = bytearray()
-        try:
-            await stream.write(encode(Kind.HELLO, 0, {"protocol": PROTOCOL_VERSION}))
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                welcome = Welcome.parse(await self._first_welcome(stream, decoder, pending, stderr), self.workspace_id)
-        except BaseException as exc:
-            # Cancelled too (the daemon stopping mid-connect): the connection must not outlive its loop.
+        welcome = await self._greet(stream, decoder, pending)
+        if transport == "bridge" and (straight := await self._straight_after_bridge()) is not None:
             await stream.close(discard_input=True)
-            if not isinstance(exc, (TimeoutError, ProtocolError, OSError, ConnectionError)):
-                raise
-            if isinstance(exc, TimeoutError):
-                reason = "it did not answer in time"
-            elif isinstance(exc, ProtocolError):
-                reason = exc.message
-            else:
-                reason = str(exc)
-            msg = f"workspace {self.workspace_id!r}'s agent cannot be reached: {reason}"
-            raise AgentLost(msg) from None
-        if transport == "bridge" and await self._learn_host_sockets():
-            # The first workspace of its runtime showed the host its socket: go straight to it.
-            await stream.close(discard_input=True)
-            return await self._open()
+            stream, transport = straight, "socket"
+            decoder, pending = FrameDecoder(), []
+            welcome = await self._greet(stream, decoder, pending)
         self._stream, self.welcome, self.transport = stream, welcome, transport
         known = [s.channel for s in welcome.sessions]
         self._next_channel = max([self._next_channel, *(c + 1 for c in known)])
@@ -238,6 +218,33 @@ class AgentLink:
         for route in list(self._routes.values()):
             route.on_reconnect(welcome)
         return welcome
+
+    async def _greet(
+        self, stream: ExecStream, decoder: FrameDecoder, pending: list[tuple[bytes, int, bytes]]
+    ) -> Welcome:
+        """Say hello on a new connection and read the agent's welcome (frames before it go to ``pending``).
+
+        Raises:
+            AgentLost: no welcome in time, or another protocol (the connection is closed).
+        """
+        stderr = bytearray()
+        try:
+            await stream.write(encode(Kind.HELLO, 0, {"protocol": PROTOCOL_VERSION}))
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                return Welcome.parse(await self._first_welcome(stream, decoder, pending, stderr), self.workspace_id)
+        except BaseException as exc:
+            # Cancelled too (the daemon stopping mid-connect): the connection must not outlive its loop.
+            await stream.close(discard_input=True)
+            if not isinstance(exc, (TimeoutError, ProtocolError, OSError, ConnectionError)):
+                raise
+            if isinstance(exc, TimeoutError):
+                reason = "it did not answer in time"
+            elif isinstance(exc, ProtocolError):
+                reason = exc.message
+            else:
+                reason = str(exc)
+            msg = f"workspace {self.workspace_id!r}'s agent cannot be reached: {reason}"
+            raise AgentLost(msg) from None
 
     async def _first_welcome(
         self,

@@ -74,7 +74,7 @@ async def test_the_daemon_goes_straight_to_the_agents_socket(
         process_id = await start_ready(ws, "echo ready; sleep 100")
         assert (await ws.write_file("/workspace/a.txt", "one\n")).size_bytes == 4
         assert "1\tone" in (await ws.read_file("/workspace/a.txt")).content
-        deadline = time.monotonic() + 10  # a bridge the first link of a runtime took ends
+        deadline = time.monotonic() + 30  # a bridge a link took before it went straight ends
         while (bridges := (await ws.exec(BRIDGES).wait()).stdout) != "0\n":
             assert time.monotonic() < deadline, f"{bridges.strip()} bridges still run"
             await asyncio.sleep(0.2)
@@ -147,10 +147,10 @@ async def test_what_the_host_sees_of_a_runtime_is_learnt_from_a_yes_only(client,
         for tried in (1, 2):
             assert await link_through("/nonexistent/agent.sock") == "bridge"
             assert (backend.tried, seen) == (tried, set())  # asked after its welcome; the no is not kept
-        assert await link_through(str(path)) == "socket"  # asked after its welcome, then connected there
-        assert (backend.tried, seen) == (4, {runtime})
+        assert await link_through(str(path)) == "socket"  # asked after its welcome, and kept that connection
+        assert (backend.tried, seen) == (3, {runtime})
         assert await link_through(str(path)) == "socket"  # straight there: one attempt
-        assert backend.tried == 5
+        assert backend.tried == 4
         assert (await ws.exec("echo still").wait()).stdout == "still\n"  # the daemon's own link is back
     finally:
         for link in links:
@@ -189,11 +189,38 @@ async def test_a_socket_not_there_yet_is_waited_for_and_one_that_refuses_is_not(
         backend.tried = 0
         began = time.monotonic()
         await links[1].connect()
-        assert (links[1].transport, backend.tried) == ("bridge", 1)
-        assert time.monotonic() - began < 2.5  # one attempt, then the bridge's exec
+        assert (links[1].transport, backend.tried) == ("bridge", 2)
+        assert time.monotonic() - began < 2.5  # one attempt, the bridge's exec, one more after its welcome
     finally:
         for link in links:
             await link.close()
+        await backend.close()
+        await ws.delete()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_socket_that_refused_once_does_not_keep_its_workspace_on_the_bridge(
+    client, docker_client, runtime: str, request: pytest.FixtureRequest
+) -> None:
+    """A runtime known to show its sockets, and one connect refused (a loaded gVisor sandbox's
+    host socket, its backlog not yet served): the bridge answers, the link goes straight right
+    after its welcome, and the bridge it left ends (it used to stay for the workspace's life)."""
+    skip_without(runtime, request)
+    ws = await client.create_workspace(runtime=runtime, labels={"test": "transport-refused-once"})
+    container, path = agent_socket(docker_client, ws.workspace_id)
+    backend = RefusingOnce(docker_host="unix:///var/run/docker.sock", instance="unused")
+    link = AgentLink(
+        backend, ws.workspace_id, container, socket_path=str(path), runtime=runtime, host_sockets={runtime}
+    )
+    try:
+        await link.connect()
+        assert (link.transport, backend.tried) == ("socket", 2)  # refused, then straight after the bridge's welcome
+        deadline = time.monotonic() + 30
+        while (bridges := (await ws.exec(BRIDGES).wait()).stdout) != "0\n":
+            assert time.monotonic() < deadline, f"{bridges.strip()} bridges still run"
+            await asyncio.sleep(0.2)
+    finally:
+        await link.close()
         await backend.close()
         await ws.delete()
 
@@ -275,6 +302,17 @@ class Counting(DockerBackend):
     async def open_socket(self, host_path: str, container_id: str):  # type: ignore[no-untyped-def]
         self.tried += 1
         return await super().open_socket(host_path, container_id)
+
+
+class RefusingOnce(Counting):
+    """The real backend, whose first direct connection is refused."""
+
+    async def open_socket(self, host_path: str, container_id: str):  # type: ignore[no-untyped-def]
+        stream = await super().open_socket(host_path, container_id)
+        if self.tried == 1 and stream is not None:
+            await stream.close(discard_input=True)
+            return None
+        return stream
 
 
 LISTENER = """

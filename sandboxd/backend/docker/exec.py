@@ -168,8 +168,13 @@ class ExecMixin(ClaimsMixin):
             return None
         try:
             reader, writer = await asyncio.open_unix_connection(host_path, limit=_STREAM_LIMIT)
-        except (OSError, ValueError):
-            return None  # not there (yet), not ours to enter, or a path too long for a socket address
+        except FileNotFoundError:
+            return None  # not there (yet)
+        except (OSError, ValueError) as exc:
+            # Not ours to enter, a path too long for a socket address, or refused: said, as a
+            # refusal sends the workspace's link through the bridge.
+            log.info("backend.socket_refused", path=host_path, error=str(exc))
+            return None
         peer = writer.get_extra_info("socket")
         pid, uid, _gid = struct.unpack("3i", peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         if uid != 0 or not _in_container(pid, container_id):
