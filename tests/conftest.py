@@ -234,19 +234,20 @@ def docker_client():  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(
         container.labels.get("sandboxd.instance") in INSTANCES
-        for container in client.containers.list(all=True, filters={"label": "sandboxd.lease"})
+        for container in client.containers.list(all=True, filters={"label": "sandboxd.lease"}, ignore_removed=True)
     ):
         time.sleep(0.1)
     leftovers, volumes, networks = [], [], []
     for instance in sorted(INSTANCES):
         selector = {"label": f"sandboxd.instance={instance}"}
-        leftovers += client.containers.list(all=True, filters=selector)
+        leftovers += client.containers.list(all=True, filters=selector, ignore_removed=True)
         volumes += client.volumes.list(filters=selector)
         networks += client.networks.list(filters=selector)
-        for container in client.containers.list(all=True, filters=selector):
-            if container.status == "paused":
-                container.unpause()  # gVisor cannot remove a paused sandbox
-            container.remove(force=True, v=True)
+        for container in client.containers.list(all=True, filters=selector, ignore_removed=True):
+            with contextlib.suppress(docker.errors.NotFound):  # one its daemon was removing
+                if container.status == "paused":
+                    container.unpause()  # gVisor cannot remove a paused sandbox
+                container.remove(force=True, v=True)
         for volume in client.volumes.list(filters=selector):
             volume.remove(force=True)
         for network in client.networks.list(filters=selector):

@@ -41,7 +41,7 @@ def _leftovers() -> tuple[list[str], list[str]]:
         selector = {"label": f"sandboxd.instance={E2E_INSTANCE}"}
         # Workspaces left behind: the running daemon's own lease (no sandboxd.managed label) is none.
         managed = {"label": [f"sandboxd.instance={E2E_INSTANCE}", "sandboxd.managed=true"]}
-        containers = [c.name for c in client.containers.list(all=True, filters=managed)]
+        containers = [c.name for c in client.containers.list(all=True, filters=managed, ignore_removed=True)]
         volumes = [v.name for v in client.volumes.list(filters=selector)]
         return containers, volumes
     finally:
@@ -56,7 +56,7 @@ class TestDaemonImage:
         client = docker.from_env()
         try:
             selector = {"label": f"com.docker.compose.project={docker_compose_project_name}"}
-            (container,) = client.containers.list(filters=selector)
+            (container,) = client.containers.list(filters=selector, ignore_removed=True)
             deadline = time.monotonic() + 60
             while container.attrs["State"]["Health"]["Status"] != "healthy" and time.monotonic() < deadline:
                 time.sleep(1)

@@ -116,7 +116,7 @@ class PrivateEngine:
                 contextlib.suppress(docker.errors.DockerException, requests.exceptions.ConnectionError),
                 contextlib.closing(self.client()) as client,
             ):
-                for container in client.containers.list(all=True):
+                for container in client.containers.list(all=True, ignore_removed=True):
                     container.remove(force=True, v=True)
         self.stop()
         subprocess.run(["umount", "-R", str(self.root / "exec")], capture_output=True, check=False)

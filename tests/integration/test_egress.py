@@ -214,7 +214,7 @@ async def test_update_network_flips_the_allowlist_in_place(egress_daemon: Daemon
             code, proxy = offline.stdout.split()
             assert (code in {"6", "28"}, proxy) == (True, "unset")  # no proxy set, and no name resolves
             mine = {"label": [f"sandboxd.instance={egress_daemon.settings.instance}", "sandboxd.egress_of"]}
-            assert docker_client.containers.list(all=True, filters=mine) == []
+            assert docker_client.containers.list(all=True, filters=mine, ignore_removed=True) == []
             assert docker_client.networks.list(filters=mine) == []
             assert "still here" in (await ws.read_file("/workspace/kept.txt")).content
             await ws.update_network("allowlist", allowed_hosts=["allowed.test"])
@@ -222,7 +222,9 @@ async def test_update_network_flips_the_allowlist_in_place(egress_daemon: Daemon
         finally:
             await ws.delete()
         mine = {"label": [f"sandboxd.instance={egress_daemon.settings.instance}", "sandboxd.egress_of"]}
-        assert docker_client.containers.list(all=True, filters=mine) == []  # gone with the workspace
+        assert (
+            docker_client.containers.list(all=True, filters=mine, ignore_removed=True) == []
+        )  # gone with the workspace
         assert docker_client.networks.list(filters=mine) == []
 
 

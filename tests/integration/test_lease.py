@@ -87,7 +87,7 @@ def _fake_holder(client: docker.DockerClient, instance: str, holder: str) -> doc
 
 def _until_gone(client: docker.DockerClient, instance: str, within_s: float = 5.0) -> None:
     deadline = time.monotonic() + within_s
-    while client.containers.list(all=True, filters={"name": _lease_name(instance)}):
+    while client.containers.list(all=True, filters={"name": _lease_name(instance)}, ignore_removed=True):
         assert time.monotonic() < deadline, "the lease outlived its daemon"
         time.sleep(0.05)
 
@@ -156,7 +156,7 @@ def test_a_graceful_stop_hands_the_lease_over_at_once(tmp_path: Path, docker_cli
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=30) == 0
     # Gone when the daemon is: a successor has nothing to wait for.
-    assert docker_client.containers.list(all=True, filters={"name": _lease_name(instance)}) == []
+    assert docker_client.containers.list(all=True, filters={"name": _lease_name(instance)}, ignore_removed=True) == []
 
 
 def test_debris_of_a_lease_is_cleared_and_a_forged_holder_is_named_plainly(

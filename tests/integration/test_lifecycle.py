@@ -160,7 +160,9 @@ class TestRestart:
                     await client.kill("p-000000000000")
                 owned = {w.workspace_id for w in await client.list_workspaces()}
                 containers = client_docker.containers.list(
-                    all=True, filters={"label": [f"sandboxd.instance={instance}", "sandboxd.managed=true"]}
+                    all=True,
+                    filters={"label": [f"sandboxd.instance={instance}", "sandboxd.managed=true"]},
+                    ignore_removed=True,
                 )
                 names = {c.name for c in containers}
                 assert f"sandboxd-{instance}-half" not in names

@@ -190,7 +190,7 @@ async def test_a_paused_workspace_can_be_deleted(
     await start_ready(ws, "echo ready; sleep 100")
     await ws.pause()
     await ws.delete()
-    assert not docker_client.containers.list(all=True, filters={"id": ws.info.container_id})
+    assert not docker_client.containers.list(all=True, filters={"id": ws.info.container_id}, ignore_removed=True)
     with pytest.raises(NotFoundError):
         await client.get_workspace(ws.workspace_id)
 

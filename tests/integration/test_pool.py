@@ -44,7 +44,7 @@ async def until_ready(client: SandboxClient, ready: int, name: str = "default", 
 def containers(docker_client, instance: str) -> list:  # type: ignore[type-arg, no-untyped-def]
     # Workspaces and members: the instance's lease (no sandboxd.managed label) is none of them.
     return docker_client.containers.list(
-        all=True, filters={"label": [f"sandboxd.instance={instance}", "sandboxd.managed=true"]}
+        all=True, filters={"label": [f"sandboxd.instance={instance}", "sandboxd.managed=true"]}, ignore_removed=True
     )
 
 

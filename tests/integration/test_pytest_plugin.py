@@ -30,7 +30,7 @@ def _labelled(docker_client, directory: Path) -> tuple[list[str], list[str]]:  #
 
 def _cleanup(docker_client, directory: Path) -> None:  # type: ignore[no-untyped-def]
     selector = {"label": f"pytest.owner={_owner(directory)}"}
-    for container in docker_client.containers.list(all=True, filters=selector):
+    for container in docker_client.containers.list(all=True, filters=selector, ignore_removed=True):
         container.remove(force=True, v=True)
     for volume in docker_client.volumes.list(filters=selector):
         volume.remove(force=True)

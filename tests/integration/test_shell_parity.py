@@ -98,6 +98,9 @@ cd /tmp
 
 
 def _normalise(text: str) -> str:
+    # bash pads a job report's pid to five columns ("line 1:  1234 Segmentation fault"), so the
+    # padding goes with the pid: a pid of 10000 or more has one space fewer.
+    text = re.sub(r"(?m)^(bash: line \d+:) +\d+ ", r"\1 N ", text)
     return re.sub(r"\b\d{2,}\b", "N", text)
 
 

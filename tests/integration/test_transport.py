@@ -57,7 +57,9 @@ async def bridged(bridge_daemon: DaemonThread) -> AsyncIterator[SandboxClient]:
 
 def agent_socket(docker_client, workspace_id: str) -> tuple[str, Path]:  # type: ignore[no-untyped-def]
     """The workspace's container id and the host path of its agent's socket."""
-    (container,) = docker_client.containers.list(filters={"label": f"sandboxd.workspace_id={workspace_id}"})
+    (container,) = docker_client.containers.list(
+        filters={"label": f"sandboxd.workspace_id={workspace_id}"}, ignore_removed=True
+    )
     (mount,) = [m for m in container.attrs["Mounts"] if m["Destination"] == "/run/sandboxd"]
     assert mount["Type"] == "volume"
     return container.id, Path(mount["Source"]) / "agent.sock"
