@@ -76,6 +76,10 @@ class OutputFlow:
         """The last pull the agent was sent on this connection (None: nothing it is known to have)."""
         self.acked = 0
         """Where the agent was last told it may forget the output (or told so at a restart)."""
+        self.granted = 0
+        """The furthest ``until`` the agent was ever allowed. It sends nothing beyond the latest
+        (PROTOCOL.md, Output), so output past this is no agent of ours: the daemon keeps no more
+        than it granted, whatever comes."""
 
     def window(self, *, tails: bool) -> int:
         """Bytes the agent may send beyond callers' take while one reads (see ``STREAM_WINDOW_BYTES``).
@@ -142,6 +146,7 @@ class OutputFlow:
         tail = not reader and last is not None and last.reader and last.until - delivered > self.buffer_bytes and tails
         self._sent = Pull(ack=ack, ack_gap=ack_gap, until=until, reader=reader, tail=tail, resend=resend)
         self.acked = max(self.acked, ack)
+        self.granted = max(self.granted, until)
         return self._sent
 
     def lost(self) -> None:

@@ -209,7 +209,13 @@ class ProcessSession:
         self._fail_start(start_error(stage, cut_text(message, MAX_MESSAGE_CHARS)))
 
     def on_output(self, stream: str, offset: int, data: bytes) -> None:
-        """Output for callers."""
+        """Output for callers; output past what the agent was allowed to send fails the session."""
+        if offset + len(data) > self.flow.granted:
+            self.on_broken(
+                f"the workspace's agent sent output up to offset {offset + len(data)},"
+                f" past the {self.flow.granted} it was allowed"
+            )
+            return
         try:
             self.output.add_output(stream, offset, data)
         except ProtocolError as exc:

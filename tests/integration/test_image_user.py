@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from sandboxd_client import PermissionDeniedError
 
+from .helpers import skip_without
 from .test_any_image import busybox_image as busybox_image  # the fixture
 
 pytestmark = pytest.mark.docker
@@ -54,8 +55,7 @@ async def make(client, request: pytest.FixtureRequest) -> AsyncIterator[object]:
     """Create workspaces under the test's runtime; delete them afterwards."""
     made = []
     runtime = request.node.callspec.params["runtime"]
-    if runtime == "runsc" and not request.getfixturevalue("runsc_available"):
-        pytest.skip("the engine has no runsc runtime (scripts/install-runsc registers it)")
+    skip_without(runtime, request)
 
     async def create(image: str, **options: object):  # type: ignore[no-untyped-def]
         ws = await client.create_workspace(image=image, runtime=runtime, labels={"test": "image-user"}, **options)

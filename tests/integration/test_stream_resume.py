@@ -17,6 +17,7 @@ import pytest
 from sandboxd_client import Dropped, Exited, InvalidArgumentError, Output, SandboxClient, StreamBrokenError
 
 from tests.conftest import new_instance, spawned_daemon
+from tests.integration.helpers import skip_without
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
@@ -64,8 +65,7 @@ async def test_fifty_mib_through_three_kills_arrive_byte_for_byte(
     daemons: Daemons, runtime: str, request: pytest.FixtureRequest
 ) -> None:
     """The client's sha256 of what it got is the command's; exit code 3, the command's own."""
-    if runtime == "runsc" and not request.getfixturevalue("runsc_available"):
-        pytest.skip("the engine has no runsc runtime (scripts/install-runsc registers it)")
+    skip_without(runtime, request)
     async with SandboxClient(socket_path=daemons.socket_path) as client:
         ws = await client.create_workspace(runtime=runtime, labels={"test": "stream-resume"})
         try:
@@ -99,8 +99,7 @@ async def test_a_line_a_second_through_three_kills_comes_whole(
     daemons: Daemons, runtime: str, request: pytest.FixtureRequest
 ) -> None:
     """Twenty lines, each once and in order, through ``wait()``; exit code 5."""
-    if runtime == "runsc" and not request.getfixturevalue("runsc_available"):
-        pytest.skip("the engine has no runsc runtime (scripts/install-runsc registers it)")
+    skip_without(runtime, request)
     async with SandboxClient(socket_path=daemons.socket_path) as client:
         ws = await client.create_workspace(runtime=runtime, labels={"test": "stream-resume"})
         try:

@@ -29,6 +29,7 @@ from sandboxd.agent import (
 )
 from sandboxd.models import ExecSpec, StopReason
 from sandboxd.processes import ExecContext, ProcessSession
+from sandboxd.processes.flow import STREAM_WINDOW_BYTES
 from sandboxd.settings import Settings
 
 
@@ -99,6 +100,8 @@ async def _session(os_name: str = "linux") -> tuple[ProcessSession, PipeStream]:
         link=link, context=context, spec=ExecSpec(command="true"), settings=Settings.from_env({}), process_id="p-2"
     )
     session.channel = await SessionChannel.open(link, session)
+    # The window a stream's first pull grants (what the agent may send; not sent to this pipe).
+    session.flow.next(ack=0, ack_gap=0, delivered=0, received=0, reader=True, tails=True, force=True)
     return session, backend.stream
 
 
@@ -183,6 +186,8 @@ class TestSessionFrames:
             (b"o", b"1\x00\x00", "too short"),
             (b"o", b"3" + bytes(8) + b"hi", "names no stream"),
             (b"o", b"1" + struct.pack(">Q", 5) + b"hi", "output at offset 5, expected 0"),
+            # No agent of ours sends past the window it was granted: the daemon would hold it all.
+            (b"o", b"1" + struct.pack(">Q", STREAM_WINDOW_BYTES - 1) + b"hi", "past the 16777216 it was allowed"),
             (b"d", b'{"offset": -1, "bytes": 1}', "offset = -1"),
             (b"Z", b"", "kind b'Z'"),
             (b"e", b'{"code": "protocol", "message": "no session on channel 1"}', "refused this command"),
@@ -197,6 +202,19 @@ class TestSessionFrames:
         assert session.exit is not None
         assert (session.exit.stop_reason, session.exit.exit_code) == (StopReason.FAILED, 255)
         assert message in session.exit.message
+
+    async def test_a_flood_past_the_granted_window_is_not_kept(self) -> None:
+        """A forged agent that sends in order but never waits for a pull: what the daemon holds
+        stops at the window it granted, and the session fails saying why."""
+        session, _ = await _session()
+        session.on_started(42)
+        assert session.channel is not None
+        piece = 1 << 20
+        for index in range(STREAM_WINDOW_BYTES // piece + 4):
+            session.channel.on_frame(b"o", b"1" + struct.pack(">Q", index * piece) + bytes(piece))
+        assert session.output.received == STREAM_WINDOW_BYTES
+        assert session.exit is not None and session.exit.stop_reason == StopReason.FAILED
+        assert "past the 16777216 it was allowed" in session.exit.message
 
     async def test_the_links_reader_logs_as_the_workspace_not_as_the_call_that_opened_it(self) -> None:
         """Frames of later calls are handled by the link's reader: it carries no call's log context."""
