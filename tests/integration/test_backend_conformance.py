@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import pytest
 
@@ -340,6 +340,37 @@ async def test_leftovers_are_reaped_and_the_rest_kept(make_backend: Callable[[],
     assert [i.workspace_id for i in await restarted.list_containers({})] == [kept.workspace_id]
     assert await restarted.volume_labels(cut_short.workspace_id) is None
     assert await restarted.remove_orphans() == []
+
+
+class _VolumeSweptAway(DockerBackend):
+    """The real engine, and a /workspace volume removed the moment it is made (as a sweep of
+    leftovers, or a demand class let go, would between the volume's create and the container's)."""
+
+    async def _create_volume(self, spec: ContainerSpec, name: str, labels: Mapping[str, str]) -> None:
+        await super()._create_volume(spec, name, labels)
+        await self._call(self._api().remove_volume, name, force=True)
+
+
+async def test_a_volume_gone_before_its_container_comes_back_labelled_and_capped(default_image: str) -> None:
+    """The engine makes a missing named volume a container mounts: it comes from the mount's
+    options, labelled (so it is swept with its container, never left behind) and capped."""
+    instance = new_instance()
+    backend = _VolumeSweptAway(docker_host=Settings.from_env(dict(os.environ)).docker_host, instance=instance)
+    spec = dataclasses.replace(
+        _spec(default_image, await ensure_agent(backend, route="auto", progress=lambda line: None), "runc"),
+        disk_bytes=64 << 20,
+    )
+    try:
+        info = await _made(backend, spec)
+        labels = await backend.volume_labels(spec.workspace_id) or {}
+        assert (labels.get("sandboxd.instance"), labels.get("sandboxd.workspace_id")) == (instance, spec.workspace_id)
+        code, out = await _run(backend, info, "df -B1 /workspace | tail -1")
+        assert code == 0 and int(out.split()[1]) == 64 << 20, out
+        await backend.remove_container(spec.workspace_id)
+        assert await backend.volume_labels(spec.workspace_id) is None
+    finally:
+        await backend.remove_container(spec.workspace_id)
+        await backend.close()
 
 
 @pytest.mark.parametrize("name", sorted(BACKENDS))

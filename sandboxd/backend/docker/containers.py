@@ -38,6 +38,18 @@ _PRIVATE_DIR_OPTIONS = {"type": "tmpfs", "device": "tmpfs", "o": "size=1m,mode=0
 log = structlog.get_logger(__name__)
 
 
+def _volume_options(spec: ContainerSpec) -> dict[str, str] | None:
+    """The /workspace volume's driver options: a size-capped tmpfs when ``spec.disk_bytes`` is set.
+
+    The local driver mounts a tmpfs of that size: a hard cap that works on every storage driver
+    (fuse-overlayfs and overlay2 on ext4 have no per-volume quota). Mode 1777: the workspace user,
+    whoever it is, must own its files.
+    """
+    if not spec.disk_bytes:
+        return None
+    return {"type": "tmpfs", "device": "tmpfs", "o": f"size={spec.disk_bytes},mode=1777"}
+
+
 class ContainersMixin(ImagesMixin):
     """The lifecycle of workspace containers and their volumes."""
 
@@ -73,7 +85,7 @@ class ContainersMixin(ImagesMixin):
         labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance}
         labels[LABEL_WORKSPACE] = spec.workspace_id
         await self._clear_the_way(spec.workspace_id, name)
-        host_config = self._host_config(spec, self._mounts(spec, name))
+        host_config = self._host_config(spec, self._mounts(spec, name, labels))
         await self._create_volume(spec, name, labels)
         try:
             await self._create_and_start(spec, labels, host_config)
@@ -124,9 +136,22 @@ class ContainersMixin(ImagesMixin):
             await self._call(api.remove_volume, name, force=True, idempotent=True)
         await self._remove_private_volumes(workspace_id)
 
-    def _mounts(self, spec: ContainerSpec, name: str) -> list[Mount]:
+    def _mounts(self, spec: ContainerSpec, name: str, labels: Mapping[str, str]) -> list[Mount]:
         """The container's mounts: its /workspace volume ``name``, the agent's, and its private dirs."""
-        mounts = [Mount(target=WORKSPACE_MOUNT, source=name, type="volume")]
+        options = _volume_options(spec)
+        # The volume is made first (_create_volume). Should it be gone by the container's create (a
+        # demand class let go, a sweep of leftovers), the engine makes it again from the mount: so
+        # the mount says what the volume is, and the volume comes back labelled (the sweep finds
+        # it) and capped, never as an unlabelled volume that outlives its container.
+        mounts = [
+            Mount(
+                target=WORKSPACE_MOUNT,
+                source=name,
+                type="volume",
+                labels=dict(labels),
+                driver_config=DriverConfig("local", options) if options else None,
+            )
+        ]
         if spec.agent_volume:
             mounts.append(Mount(target=spec.agent_mount, source=spec.agent_volume, type="volume", read_only=True))
         private_labels = {LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance, LABEL_WORKSPACE: spec.workspace_id}
@@ -175,12 +200,7 @@ class ContainersMixin(ImagesMixin):
 
     async def _create_volume(self, spec: ContainerSpec, name: str, labels: Mapping[str, str]) -> None:
         """Create the workspace's /workspace volume ``name``, capped at ``spec.disk_bytes`` when set."""
-        driver_opts = None
-        if spec.disk_bytes:
-            # The local driver mounts a size-capped tmpfs: a hard cap that works on every storage
-            # driver (fuse-overlayfs and overlay2 on ext4 have no per-volume quota). Mode 1777:
-            # the workspace user, whoever it is, must own its files.
-            driver_opts = {"type": "tmpfs", "device": "tmpfs", "o": f"size={spec.disk_bytes},mode=1777"}
+        driver_opts = _volume_options(spec)
         await self._call(self._api().create_volume, name=name, labels=labels, driver_opts=driver_opts)
 
     async def _create_and_start(
