@@ -22,6 +22,7 @@ func (s *Session) Pull(msg proto.PullMsg) {
 	if msg.Resend {
 		ack, ackGap, _, _ := s.buf.State()
 		s.cursor, s.cursorGap = ack, ackGap
+		s.rewound++
 	}
 	if msg.Until > s.until {
 		s.until = msg.Until
@@ -80,6 +81,7 @@ func (s *Session) Reconnected() {
 	ack, ackGap, _, _ := s.buf.State()
 	s.mu.Lock()
 	s.cursor, s.cursorGap, s.until = ack, ackGap, ack
+	s.rewound++
 	s.mu.Unlock()
 	s.poke()
 }
@@ -98,7 +100,7 @@ func (s *Session) pump() {
 		changed := s.buf.Changed()
 		connection := s.host.Connected()
 		s.mu.Lock()
-		cursor, cursorGap, until, discarded := s.cursor, s.cursorGap, s.until, s.discarded
+		cursor, cursorGap, until, discarded, rewound := s.cursor, s.cursorGap, s.until, s.discarded, s.rewound
 		s.mu.Unlock()
 		if discarded {
 			return
@@ -130,7 +132,9 @@ func (s *Session) pump() {
 			sent = true
 		}
 		s.mu.Lock()
-		if sent && (cursor > s.cursor || (cursor == s.cursor && cursorGap > s.cursorGap)) {
+		// A resend or a reconnect while these frames went moved the cursor back on purpose:
+		// what was just sent must not move it on again (the daemon asked for those bytes anew).
+		if sent && s.rewound == rewound && (cursor > s.cursor || (cursor == s.cursor && cursorGap > s.cursorGap)) {
 			s.cursor, s.cursorGap = cursor, cursorGap
 		}
 		s.mu.Unlock()

@@ -74,6 +74,7 @@ type Session struct {
 	until       uint64
 	cursor      uint64
 	cursorGap   uint64
+	rewound     uint64 // counts moves of the cursor back (a resend, a reconnect): a send begun before one must not move it on
 	readerAway  uint64 // counts pulls and breaks: a ReaderAway's timer acts only if none came since
 	wake        chan struct{}
 
