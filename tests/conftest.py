@@ -369,7 +369,9 @@ def runtime() -> str:
 KEPT_WORKSPACE_SUITES = frozenset({"test_agent_tools", "test_exec_basic", "test_files", "test_files_abuse"})
 """Modules whose ``workspace`` tests share one workspace per runtime, put back as new after each.
 
-Their tests touch only ``/workspace``, ``/tmp`` and their own commands. A create and delete cost
+Their tests touch only ``/workspace``, ``/tmp`` and their own commands: the put-back restores
+those and kills the daemon's sessions, but not the home directory, ``/etc`` or a process that
+left its session (a module whose tests change those keeps fresh workspaces). A create and delete cost
 0.3 CPU-seconds under runc and 0.6 under gVisor on the suite's two cores; putting a workspace
 back costs one ``docker exec``."""
 
