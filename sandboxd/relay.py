@@ -56,6 +56,15 @@ class Piece:
 _Pieces = collections.deque[Piece]
 
 
+def _cut(piece: Piece, event: OutputChunk, at: int) -> tuple[Piece, Piece]:
+    """An unmasked ``piece`` (``event``: the agent's bytes one for one from ``piece.start``) cut at offset ``at``."""
+    size = at - piece.start
+    return (
+        Piece(dataclasses.replace(event, data=event.data[:size]), raw_end=at, start=piece.start),
+        Piece(dataclasses.replace(event, data=event.data[size:]), raw_end=piece.raw_end, start=at),
+    )
+
+
 def _split(pieces: _Pieces, cut: int, limit: int) -> tuple[_Pieces, _Pieces, int]:
     """``pieces`` (from offset ``cut`` on) as a head ending at ``limit`` at most, the rest, and the head's end.
 
@@ -71,9 +80,8 @@ def _split(pieces: _Pieces, cut: int, limit: int) -> tuple[_Pieces, _Pieces, int
     first = rest[0] if rest else None
     event = first.event if first is not None else None
     if first is not None and isinstance(event, OutputChunk) and first.start >= 0 and limit > first.start:
-        size = limit - first.start  # the agent's bytes one for one: the head takes what fits of them
-        head.append(Piece(OutputChunk(stream=event.stream, data=event.data[:size]), raw_end=limit, start=first.start))
-        rest[0] = Piece(OutputChunk(stream=event.stream, data=event.data[size:]), raw_end=first.raw_end, start=limit)
+        fits, rest[0] = _cut(first, event, limit)  # the head takes what fits of the agent's bytes
+        head.append(fits)
         cut = limit
     tail, stream = b"", head[-1].event.stream if head and isinstance(head[-1].event, OutputChunk) else ""
     for piece in reversed(head):
@@ -224,10 +232,11 @@ class OutputRelay:
         self.changed.set()
 
     def _append(self, piece: Piece) -> None:
-        if self._skip_to and piece.raw_end <= self._skip_to and not piece.gap:
-            return  # a resumed caller has it (the masking saw it)
-        if self._skip_to and isinstance(piece.event, OutputChunk) and 0 <= piece.start < self._skip_to:
-            (piece,) = self._skipped([piece])
+        if self._skip_to:
+            kept = next(self._skipped([piece]), None)
+            if kept is None:
+                return  # a resumed caller has it (the masking saw it)
+            piece = kept
         if self._holding is not None:
             self._held_back.append(piece)  # beyond the head: it waits for the agent's answer
             return
@@ -461,10 +470,5 @@ class OutputRelay:
             if piece.gap or piece.raw_end > self._skip_to:
                 event = piece.event
                 if isinstance(event, OutputChunk) and 0 <= piece.start < self._skip_to:
-                    cut = self._skip_to - piece.start  # the agent's bytes one for one: cut where the caller is
-                    piece = Piece(
-                        dataclasses.replace(event, data=event.data[cut:]),
-                        raw_end=piece.raw_end,
-                        start=self._skip_to,
-                    )
+                    _, piece = _cut(piece, event, self._skip_to)  # where the caller is
                 yield piece
