@@ -114,6 +114,8 @@ class SecurityOptions:
     """User commands run as; empty means the image's non-root user (or 1000:1000)."""
     read_only_root_filesystem: bool = False
     """Root filesystem read-only; /workspace and a tmpfs /tmp stay writable."""
+    root_capabilities: tuple[str, ...] = ()
+    """Capabilities a command run as uid 0 keeps on top of ``added_capabilities`` (no other user gets them)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -187,6 +189,8 @@ class ExecSpec:
     """Copy all output to a spill file once it passes this many bytes; 0 means never."""
     merge_stderr: bool = False
     """Send stderr into stdout's pipe (``2>&1``) so the two keep their relative order."""
+    user: str = ""
+    """Run as this user (``name``, ``uid``, ``name:group`` or ``uid:gid``); empty means the workspace's."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -86,6 +86,7 @@ _CLASS_FIELDS = frozenset(
         "runtime",
         "user",
         "added_capabilities",
+        "root_capabilities",
         "allow_new_privileges",
         "read_only_root_filesystem",
     }
@@ -186,7 +187,7 @@ def read_pool_file(path: str) -> list[tuple[str, int, WorkspaceSpec]]:
 
     Each has ``name`` and ``size``, and any of ``image``, ``memory_bytes``, ``cpu_millis``,
     ``pids``, ``disk_bytes``, ``network`` (``none``/``bridge``), ``runtime`` (``runc``/``runsc``),
-    ``user``, ``added_capabilities``, ``allow_new_privileges``, ``read_only_root_filesystem``;
+    ``user``, ``added_capabilities``, ``root_capabilities``, ``allow_new_privileges``, ``read_only_root_filesystem``;
     unset ones take the daemon's defaults, as in ``CreateWorkspace``.
 
     Raises:
@@ -230,10 +231,13 @@ def _spec(entry: Mapping[str, Any]) -> WorkspaceSpec:
             raise TypeError(msg)
         return value
 
-    capabilities = entry.get("added_capabilities", [])
-    if not isinstance(capabilities, list) or not all(isinstance(c, str) for c in capabilities):
-        msg = "added_capabilities must be a list of names"
-        raise TypeError(msg)
+    def names(name: str) -> tuple[str, ...]:
+        value = entry.get(name, [])
+        if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
+            msg = f"{name} must be a list of names"
+            raise TypeError(msg)
+        return tuple(value)
+
     return WorkspaceSpec(
         image=str(entry.get("image", "")),
         limits=ResourceLimits(
@@ -246,7 +250,8 @@ def _spec(entry: Mapping[str, Any]) -> WorkspaceSpec:
         runtime=Runtime(entry["runtime"]) if entry.get("runtime") else None,
         idle_ttl_s=0.0,
         security=SecurityOptions(
-            added_capabilities=tuple(capabilities),
+            added_capabilities=names("added_capabilities"),
+            root_capabilities=names("root_capabilities"),
             allow_new_privileges=bool(entry.get("allow_new_privileges", False)),
             user=str(entry.get("user", "")),
             read_only_root_filesystem=bool(entry.get("read_only_root_filesystem", False)),

@@ -452,6 +452,7 @@ class SandboxClient:
         idle_ttl_s: float | None = None,
         user: str = "",
         added_capabilities: Sequence[str] = (),
+        root_capabilities: Sequence[str] = (),
         allow_new_privileges: bool = False,
         read_only_root_filesystem: bool = False,
         workspace_id: str = "",
@@ -503,6 +504,7 @@ class SandboxClient:
                 allow_new_privileges=allow_new_privileges,
                 user=user,
                 read_only_root_filesystem=read_only_root_filesystem,
+                root_capabilities=list(root_capabilities),
             ),
             idle_action=_IDLE_ACTION[idle_action],
         )
@@ -648,6 +650,7 @@ class SandboxClient:
         spill_after_bytes: int = 0,
         merge_stderr: bool = False,
         follow: bool = False,
+        user: str = "",
     ) -> ExecHandle:
         """Run ``bash -lc command``; iterate the handle for events or ``await handle.wait()``.
 
@@ -665,6 +668,9 @@ class SandboxClient:
                 to ``/workspace/.sandboxd/spill/<process_id>.out``; 0 means never.
             merge_stderr: send stderr into stdout (``2>&1``), keeping their exact order.
             follow: keep polling after a yield until the command exits.
+            user: run as this user (``name``, ``uid``, ``name:group`` or ``uid:gid``) instead of the
+                workspace's; as root it keeps the workspace's ``root_capabilities``. A user the
+                workspace does not have raises ``InvalidArgumentError`` from the handle.
         """
         request = ppb.ExecRequest(
             workspace_id=workspace_id,
@@ -675,6 +681,7 @@ class SandboxClient:
             tty=tty,
             spill_after_bytes=spill_after_bytes,
             merge_stderr=merge_stderr,
+            user=user,
         )
         if yield_after_s is not None:
             request.yield_after.CopyFrom(_duration(yield_after_s))
@@ -957,6 +964,7 @@ class Workspace:
         spill_after_bytes: int = 0,
         merge_stderr: bool = False,
         follow: bool = False,
+        user: str = "",
     ) -> ExecHandle:
         """Run ``bash -lc command`` in this workspace; iterate the handle for events or ``await handle.wait()``.
 
@@ -975,6 +983,7 @@ class Workspace:
                 to ``/workspace/.sandboxd/spill/<process_id>.out``; 0 means never.
             merge_stderr: send stderr into stdout (``2>&1``), keeping their exact order.
             follow: keep polling after a yield until the command exits.
+            user: run as this user instead of the workspace's (empty: the workspace's).
 
         Returns:
             The call's handle (see :class:`ExecHandle`): events in order, the last one exactly
@@ -997,6 +1006,7 @@ class Workspace:
             spill_after_bytes=spill_after_bytes,
             merge_stderr=merge_stderr,
             follow=follow,
+            user=user,
         )
 
     async def read_file(self, path: str, **options: Any) -> ReadResult:

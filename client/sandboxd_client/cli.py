@@ -88,6 +88,13 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
         "--no-auto-resume", action="store_true", help="calls on the paused workspace fail instead of resuming it"
     )
     create.add_argument("--from-snapshot", default="", metavar="SNAPSHOT", help="start from this snapshot's files")
+    create.add_argument("--user", default="", help="user commands run as (default: the image's non-root user)")
+    create.add_argument(
+        "--cap-add", action="append", default=[], metavar="CAP", help="a capability every command keeps"
+    )
+    create.add_argument(
+        "--root-cap", action="append", default=[], metavar="CAP", help="a capability commands run as root keep"
+    )
 
     fork = commands.add_parser("fork", help="create a workspace from a snapshot and print its id")
     fork.add_argument("snapshot")
@@ -118,6 +125,9 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
     run.add_argument("--workdir", "-w", default="")
     run.add_argument("--env", "-e", action="append", default=[], metavar="NAME=VALUE")
     run.add_argument("--timeout", type=float, default=None, help="seconds before the command is killed")
+    run.add_argument(
+        "--user", "-u", default="", help="run as this user (name, uid or uid:gid) instead of the workspace's"
+    )
     run.add_argument("-i", "--interactive", action="store_true", help="forward standard input to the command")
     run.add_argument("-t", "--tty", action="store_true", help="run under a terminal; your terminal goes raw")
     # Once the command is cut off at `--`, options may follow the workspace: they must not be
@@ -248,6 +258,9 @@ async def _run(opts: argparse.Namespace) -> int:
                 idle_action=opts.idle_action,
                 auto_resume=False if opts.no_auto_resume else None,
                 from_snapshot=opts.from_snapshot,
+                user=opts.user,
+                added_capabilities=opts.cap_add,
+                root_capabilities=opts.root_cap,
             )
             print(workspace.workspace_id)
             return 0
@@ -700,6 +713,7 @@ async def _exec(client: SandboxClient, opts: argparse.Namespace) -> int:
         tty=tty,
         terminal_size=_terminal_size() if tty else None,
         follow=True,
+        user=opts.user,
     )
     loop = asyncio.get_running_loop()
     started = asyncio.Event()

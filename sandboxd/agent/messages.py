@@ -163,6 +163,7 @@ class StartRequest:
     spill_after_bytes: int
     merge_stderr: bool
     capabilities: tuple[str, ...]
+    root_capabilities: tuple[str, ...]
     daemon_state: Mapping[str, Any]
 
     def payload(self) -> dict[str, Any]:
@@ -170,6 +171,7 @@ class StartRequest:
         body = dataclasses.asdict(self)
         body["env"] = list(self.env.items())
         body["capabilities"] = list(self.capabilities)
+        body["root_capabilities"] = list(self.root_capabilities)
         body["daemon_state"] = dict(self.daemon_state)
         return body
 

@@ -32,6 +32,7 @@ from ..models import (
     Yielded,
 )
 from ..pool import PoolStatus
+from ..workspaces.specs import check_user
 
 __all__ = [
     "duration_s",
@@ -163,6 +164,7 @@ def workspace_spec(message: wpb.WorkspaceSpec) -> WorkspaceSpec:
             allow_new_privileges=message.security.allow_new_privileges,
             user=message.security.user,
             read_only_root_filesystem=message.security.read_only_root_filesystem,
+            root_capabilities=tuple(message.security.root_capabilities),
         ),
         idle_action=_enum(_IDLE_FROM_PB, message.idle_action, "idle_action"),  # type: ignore[arg-type]
         auto_resume=message.auto_resume if message.HasField("auto_resume") else None,
@@ -189,6 +191,7 @@ def _spec_to_proto(spec: WorkspaceSpec) -> wpb.WorkspaceSpec:
             allow_new_privileges=spec.security.allow_new_privileges,
             user=spec.security.user,
             read_only_root_filesystem=spec.security.read_only_root_filesystem,
+            root_capabilities=list(spec.security.root_capabilities),
         ),
         idle_action=_IDLE_TO_PB[spec.idle_action],
     )
@@ -242,6 +245,7 @@ def exec_spec(request: ppb.ExecRequest) -> ExecSpec:
         rows=size.rows or 24,
         spill_after_bytes=request.spill_after_bytes,
         merge_stderr=request.merge_stderr,
+        user=check_user(request.user, "user"),
     )
 
 

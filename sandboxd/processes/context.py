@@ -50,6 +50,7 @@ class ExecContext:
         container_id: the workspace's container; commands run in exactly it (empty: by name).
         link: the connection to the workspace's agent.
         capabilities: capabilities the workspace added back (commands keep exactly these).
+        root_capabilities: what a command run as uid 0 keeps on top (the agent knows the uid).
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class ExecContext:
         secrets: SecretStore | None = None,
         container_id: str = "",
         capabilities: tuple[str, ...] = (),
+        root_capabilities: tuple[str, ...] = (),
     ) -> None:
         """Bundle the workspace facts."""
         self.workspace_id = workspace_id
@@ -79,6 +81,7 @@ class ExecContext:
         self.secrets = secrets or SecretStore("", {})
         self.container_id = container_id
         self.capabilities = capabilities
+        self.root_capabilities = root_capabilities
 
 
 def _workdir(context: ExecContext, spec: ExecSpec) -> str:
@@ -147,7 +150,7 @@ def start_request(
         command=spec.command,
         cwd=_workdir(context, spec),
         env=_env(context, spec),
-        user=context.user,
+        user=spec.user or context.user,
         tty=spec.tty,
         columns=spec.columns,
         rows=spec.rows,
@@ -158,5 +161,6 @@ def start_request(
         spill_after_bytes=spec.spill_after_bytes,
         merge_stderr=spec.merge_stderr,
         capabilities=context.capabilities,
+        root_capabilities=context.root_capabilities,
         daemon_state=_daemon_state(context, spec, timeout_s, start_time),
     )

@@ -161,6 +161,7 @@ class Bridge:
             secrets=self.secrets,
             container_id=info.container_id,
             capabilities=spec.security.added_capabilities,
+            root_capabilities=spec.security.root_capabilities,
         )
         link.on_welcome = functools.partial(self._adopt_sessions, context)
         record.context = context

@@ -12,7 +12,7 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandboxd_protocol.limits import (
@@ -60,6 +60,7 @@ __all__ = [
     "check_labels",
     "check_request_id",
     "check_runtime_network",
+    "check_user",
     "check_workspace_id",
     "container_spec",
     "inherit",
@@ -244,6 +245,7 @@ def spec_to_json(spec: WorkspaceSpec) -> str:
     data["env"] = dict(spec.env)
     data["labels"] = dict(spec.labels)
     data["security"]["added_capabilities"] = list(spec.security.added_capabilities)
+    data["security"]["root_capabilities"] = list(spec.security.root_capabilities)
     data["allowed_hosts"] = [[rule.host, list(rule.ports)] for rule in spec.allowed_hosts]
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -269,6 +271,7 @@ def spec_from_json(text: str) -> WorkspaceSpec:
             allow_new_privileges=bool(data["security"]["allow_new_privileges"]),
             user=data["security"]["user"],
             read_only_root_filesystem=bool(data["security"].get("read_only_root_filesystem", False)),
+            root_capabilities=tuple(data["security"].get("root_capabilities", ())),
         ),
         idle_action=IdleAction(data["idle_action"]) if data.get("idle_action") else None,
         auto_resume=data.get("auto_resume"),
@@ -299,6 +302,7 @@ def inherit(request: WorkspaceSpec, source: WorkspaceSpec, *, image: str) -> Wor
             allow_new_privileges=mine.allow_new_privileges or source.security.allow_new_privileges,
             user=mine.user or source.security.user,
             read_only_root_filesystem=mine.read_only_root_filesystem or source.security.read_only_root_filesystem,
+            root_capabilities=mine.root_capabilities or source.security.root_capabilities,
         ),
         idle_action=request.idle_action or source.idle_action,
         auto_resume=request.auto_resume if request.auto_resume is not None else source.auto_resume,
@@ -375,7 +379,8 @@ def container_spec(
         entrypoint=(AGENT_PATH, "serve", *_owned(resolved)),
         agent_volume=agent.volume,
         agent_mount=AGENT_MOUNT,
-        agent_capabilities=AGENT_CAPABILITIES,
+        # The agent holds the root capabilities only to hand them to commands run as uid 0.
+        agent_capabilities=tuple(sorted({*AGENT_CAPABILITIES, *resolved.security.root_capabilities})),
         private_dirs=(AGENT_SOCKET_DIR,),
         seed_workspace=snapshot is not None,
         # On an allowlist's network no name resolves (Docker's resolver there answers none):
@@ -465,7 +470,11 @@ def resolve_spec(spec: WorkspaceSpec, settings: Settings, secrets: SecretStore, 
         allowed_hosts=allowed_hosts,
         runtime=runtime,
         idle_ttl_s=spec.idle_ttl_s if spec.idle_ttl_s is not None else settings.default_idle_ttl_s,
-        security=dataclasses.replace(spec.security, added_capabilities=capabilities),
+        security=dataclasses.replace(
+            spec.security,
+            added_capabilities=capabilities,
+            root_capabilities=_capability_names(spec.security.root_capabilities),
+        ),
         idle_action=spec.idle_action or IdleAction.DELETE,
         auto_resume=spec.auto_resume is not False,
     )
@@ -482,12 +491,13 @@ def _check_sizes(spec: WorkspaceSpec) -> None:
         if utf8_size(text) > limit:
             msg = f"{field} is {utf8_size(text)} bytes; the limit is {limit}"
             raise InvalidSpecError(msg)
-    if len(spec.security.added_capabilities) > MAX_CAPABILITIES:
-        msg = (
-            f"security.added_capabilities has {len(spec.security.added_capabilities)} entries; "
-            f"the limit is {MAX_CAPABILITIES}"
-        )
-        raise InvalidSpecError(msg)
+    for field, names in (
+        ("added_capabilities", spec.security.added_capabilities),
+        ("root_capabilities", spec.security.root_capabilities),
+    ):
+        if len(names) > MAX_CAPABILITIES:
+            msg = f"security.{field} has {len(names)} entries; the limit is {MAX_CAPABILITIES}"
+            raise InvalidSpecError(msg)
 
 
 def _resolve_limits(limits: ResourceLimits, s: Settings) -> ResourceLimits:
@@ -526,17 +536,32 @@ def _resolve_limits(limits: ResourceLimits, s: Settings) -> ResourceLimits:
 
 def _capabilities(security: SecurityOptions) -> tuple[str, ...]:
     """The added capabilities by their bare names, sorted and once each; the user checked too."""
+    check_user(security.user, "security.user")
+    return _capability_names(security.added_capabilities)
+
+
+def _capability_names(names: Sequence[str]) -> tuple[str, ...]:
+    """Capabilities by their bare names (``chown``, ``CAP_CHOWN``: ``CHOWN``), sorted and once each."""
     capabilities = []
-    for cap in security.added_capabilities:
+    for cap in names:
         name = cap.upper().removeprefix("CAP_")
         if name not in CAPABILITIES:
             msg = f"unknown capability {quoted(cap)}"
             raise InvalidSpecError(msg)
         capabilities.append(name)
-    if security.user and not _USER_RE.fullmatch(security.user):
-        msg = f"security.user {quoted(security.user)} is not a user name, uid or uid:gid"
-        raise InvalidSpecError(msg)
     return tuple(sorted(set(capabilities)))
+
+
+def check_user(user: str, field: str) -> str:
+    """Return ``user`` when it is empty or reads as a user (``name``, ``uid``, ``name:group``, ``uid:gid``).
+
+    Raises:
+        InvalidSpecError: it does not (the agent resolves the names, in the workspace).
+    """
+    if user and not _USER_RE.fullmatch(user):
+        msg = f"{field} {quoted(user)} is not a user name, uid or uid:gid"
+        raise InvalidSpecError(msg)
+    return user
 
 
 def _check_image(image: str) -> None:

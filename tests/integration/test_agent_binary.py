@@ -307,6 +307,7 @@ def request(command: str, **overrides: Any) -> StartRequest:
         "spill_after_bytes": 0,
         "merge_stderr": False,
         "capabilities": (),
+        "root_capabilities": (),
         "daemon_state": {"workspace_id": "ws-host"},
     }
     fields.update(overrides)

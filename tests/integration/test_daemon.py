@@ -236,6 +236,18 @@ class TestCli:
         assert removed.returncode == 0
         assert self._ctl(daemon, "ls", "-q", "--label", "cli=yes").stdout == ""
 
+    def test_a_root_command_with_the_capabilities_create_gave_root(self, daemon) -> None:
+        """`create --root-cap CHOWN`, then `exec --user root` may chown; the workspace's user may not."""
+        created = self._ctl(daemon, "create", "--root-cap", "CHOWN", "--ttl", "600", check=True)
+        workspace_id = created.stdout.strip()
+        try:
+            as_root = self._ctl(daemon, "exec", "--user", "root", workspace_id, "--", "chown sandbox /etc/hostname; id -u")
+            assert (as_root.stdout, as_root.stderr, as_root.returncode) == ("0\n", "", 0)
+            as_user = self._ctl(daemon, "exec", workspace_id, "-u", "sandbox", "--", "chown root /etc/hostname")
+            assert "Operation not permitted" in as_user.stderr and as_user.returncode == 1
+        finally:
+            self._ctl(daemon, "rm", workspace_id)
+
     def test_exec_options_after_the_workspace(self, daemon, workspace_id) -> None:
         """`exec WS --timeout 1 -e X=1 -w /tmp -- CMD`: options after the workspace apply, as documented."""
         run = self._ctl(

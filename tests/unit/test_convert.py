@@ -32,7 +32,9 @@ class TestRequests:
             network=wpb.NETWORK_POLICY_BRIDGE,
             runtime=wpb.RUNTIME_RUNSC,
             limits=wpb.ResourceLimits(memory_bytes=5, cpu_millis=6, pids=7),
-            security=wpb.SecurityOptions(added_capabilities=["NET_RAW"], allow_new_privileges=True, user="u"),
+            security=wpb.SecurityOptions(
+                added_capabilities=["NET_RAW"], allow_new_privileges=True, user="u", root_capabilities=["CHOWN"]
+            ),
         )
         message.idle_ttl.FromSeconds(90)
         spec = convert.workspace_spec(message)
@@ -40,7 +42,17 @@ class TestRequests:
         assert (spec.network, spec.runtime, spec.idle_ttl_s) == (NetworkPolicy.BRIDGE, Runtime.RUNSC, 90.0)
         assert (spec.limits.memory_bytes, spec.limits.cpu_millis, spec.limits.pids) == (5, 6, 7)
         assert spec.security.added_capabilities == ("NET_RAW",)
+        assert spec.security.root_capabilities == ("CHOWN",)
         assert spec.security.allow_new_privileges and spec.security.user == "u"
+
+    def test_an_exec_s_user(self) -> None:
+        """ExecRequest.user reaches the spec; text that is no user name, uid or uid:gid is refused."""
+        assert convert.exec_spec(ppb.ExecRequest(command="x", user="root")).user == "root"
+        assert convert.exec_spec(ppb.ExecRequest(command="x", user="1000:27")).user == "1000:27"
+        assert convert.exec_spec(ppb.ExecRequest(command="x")).user == ""
+        for bad in ("a b", "root;id", ":0", "x" * 40):
+            with pytest.raises(InvalidSpecError, match="^user "):
+                convert.exec_spec(ppb.ExecRequest(command="x", user=bad))
 
     def test_unset_duration_is_none(self) -> None:
         """An unset idle_ttl and yield_after mean "default", not zero."""

@@ -336,6 +336,15 @@ def test_a_capability_beyond_the_baseline_standard_is_refused() -> None:
         workspace_pod(spec, CLUSTER)
 
 
+def test_root_capabilities_are_the_container_s_and_held_to_the_baseline_too() -> None:
+    spec = _container(WorkspaceSpec(security=SecurityOptions(root_capabilities=("DAC_OVERRIDE",))))
+    (container,) = workspace_pod(spec, CLUSTER)["spec"]["containers"]
+    assert "DAC_OVERRIDE" in container["securityContext"]["capabilities"]["add"]
+    beyond = _container(WorkspaceSpec(security=SecurityOptions(root_capabilities=("SYS_ADMIN",))))
+    with pytest.raises(ValueError, match="SYS_ADMIN are beyond the baseline Pod Security Standard"):
+        workspace_pod(beyond, CLUSTER)
+
+
 def test_the_namespace_is_baseline_and_denies_by_default() -> None:
     space, deny = namespace(CLUSTER)
     assert space["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"

@@ -35,6 +35,16 @@ class TestResolve:
         spec = manager.resolve(WorkspaceSpec(security=SecurityOptions(added_capabilities=("cap_net_raw", "NET_RAW"))))
         assert spec.security.added_capabilities == ("NET_RAW",)
 
+    def test_root_capabilities_are_normalised_and_held_by_the_agent_only(self, manager: WorkspaceManager) -> None:
+        """Root capabilities read as added ones do; the container holds them for the agent to hand to root."""
+        spec = manager.resolve(WorkspaceSpec(security=SecurityOptions(root_capabilities=("cap_chown", "SETUID", "CHOWN"))))
+        assert spec.security.root_capabilities == ("CHOWN", "SETUID")
+        assert spec.security.added_capabilities == ()
+        with pytest.raises(InvalidSpecError, match="unknown capability 'CAP_EVERYTHING'"):
+            manager.resolve(WorkspaceSpec(security=SecurityOptions(root_capabilities=("CAP_EVERYTHING",))))
+        with pytest.raises(InvalidSpecError, match="root_capabilities has 65 entries"):
+            manager.resolve(WorkspaceSpec(security=SecurityOptions(root_capabilities=("CHOWN",) * 65)))
+
     @pytest.mark.parametrize(
         ("spec", "message"),
         [
@@ -69,7 +79,7 @@ class TestResolve:
                 labels={"team": "x"},
                 network=NetworkPolicy.BRIDGE,
                 idle_ttl_s=30.0,
-                security=SecurityOptions(added_capabilities=("NET_RAW",), user="sandbox"),
+                security=SecurityOptions(added_capabilities=("NET_RAW",), user="sandbox", root_capabilities=("CHOWN",)),
                 idle_action=IdleAction.PAUSE,
                 auto_resume=False,
             )

@@ -81,6 +81,8 @@ type StartMsg struct {
 	SpillAfterBytes int64       `json:"spill_after_bytes"`
 	MergeStderr     bool        `json:"merge_stderr"`
 	Capabilities    []string    `json:"capabilities"`
+	// RootCapabilities are added to Capabilities when the user resolves to uid 0.
+	RootCapabilities []string `json:"root_capabilities,omitempty"`
 	// DaemonState is kept for the daemon and given back in Welcome: what a restarted daemon
 	// needs to take the session over (its tenant, the command line...). Never secrets.
 	DaemonState json.RawMessage `json:"daemon_state,omitempty"`

@@ -4,6 +4,7 @@ package session
 
 import (
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -101,7 +102,25 @@ type shellSpec struct {
 }
 
 func specOf(msg proto.StartMsg, u users.User) shellSpec {
-	return shellSpec{env: msg.Env, cwd: msg.Cwd, user: u, tty: msg.TTY, columns: msg.Columns, rows: msg.Rows, mergeStderr: msg.MergeStderr, capabilities: msg.Capabilities}
+	return shellSpec{env: msg.Env, cwd: msg.Cwd, user: u, tty: msg.TTY, columns: msg.Columns, rows: msg.Rows, mergeStderr: msg.MergeStderr, capabilities: commandCapabilities(msg, u)}
+}
+
+// commandCapabilities are what a command keeps: the workspace's added capabilities, and its
+// root capabilities when it runs as uid 0 (whatever name the image gives uid 0), sorted and
+// once each so that a spare's spec compares equal.
+func commandCapabilities(msg proto.StartMsg, u users.User) []string {
+	names := append([]string(nil), msg.Capabilities...)
+	if u.UID == 0 {
+		names = append(names, msg.RootCapabilities...)
+	}
+	sort.Strings(names)
+	kept := names[:0]
+	for i, name := range names {
+		if i == 0 || name != names[i-1] {
+			kept = append(kept, name)
+		}
+	}
+	return kept
 }
 
 // launch starts the helper of a shell of kind k, with marker in its environment. The

@@ -63,7 +63,7 @@ func Child(handlers map[string]func() int) {
 		_ = os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(req.OOMScoreAdj)), 0)
 	}
 	if err := dropPrivileges(&req, handler != nil); err != nil {
-		fail(ctl, "privileges", err)
+		failf(ctl, "privileges", "privileges: %v", err) // which step refused, and why
 	}
 	if err := syscall.Chdir(req.Dir); err != nil {
 		failf(ctl, "chdir", "working directory %s: %s", req.Dir, errText(err))
@@ -336,9 +336,13 @@ func dropPrivileges(req *Request, inProcess bool) error {
 	if err := capset(sys, keep); err != nil {
 		return fmt.Errorf("capset: %w", err)
 	}
-	for c := 0; c < 64; c++ {
+	// Root keeps its permitted set across exec by itself (no_new_privs caps it at this one);
+	// another user keeps capabilities only as ambient ones, which gVisor does not have.
+	for c := 0; c < 64 && req.UID != 0; c++ {
 		if keep&(1<<uint(c)) != 0 {
-			if errno := prctl(prCapAmbient, prCapAmbientRaise, uintptr(c)); errno != 0 {
+			if errno := prctl(prCapAmbient, prCapAmbientRaise, uintptr(c)); errno == syscall.EINVAL {
+				return fmt.Errorf("capability %d cannot pass to a non-root command: this kernel has no ambient capabilities (gVisor's has none; run the command as root, or under runc)", c)
+			} else if errno != 0 {
 				return fmt.Errorf("ambient capability %d: %w", c, errno)
 			}
 		}

@@ -72,16 +72,18 @@ class ResourceLimits(_message.Message):
     def __init__(self, memory_bytes: _Optional[int] = ..., cpu_millis: _Optional[int] = ..., pids: _Optional[int] = ..., disk_bytes: _Optional[int] = ...) -> None: ...
 
 class SecurityOptions(_message.Message):
-    __slots__ = ("added_capabilities", "allow_new_privileges", "user", "read_only_root_filesystem")
+    __slots__ = ("added_capabilities", "allow_new_privileges", "user", "read_only_root_filesystem", "root_capabilities")
     ADDED_CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     ALLOW_NEW_PRIVILEGES_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_ROOT_FILESYSTEM_FIELD_NUMBER: _ClassVar[int]
+    ROOT_CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     added_capabilities: _containers.RepeatedScalarFieldContainer[str]
     allow_new_privileges: bool
     user: str
     read_only_root_filesystem: bool
-    def __init__(self, added_capabilities: _Optional[_Iterable[str]] = ..., allow_new_privileges: _Optional[bool] = ..., user: _Optional[str] = ..., read_only_root_filesystem: _Optional[bool] = ...) -> None: ...
+    root_capabilities: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, added_capabilities: _Optional[_Iterable[str]] = ..., allow_new_privileges: _Optional[bool] = ..., user: _Optional[str] = ..., read_only_root_filesystem: _Optional[bool] = ..., root_capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkspaceSpec(_message.Message):
     __slots__ = ("image", "env", "working_dir", "labels", "limits", "network", "runtime", "idle_ttl", "security", "idle_action", "auto_resume", "allowed_hosts")

@@ -248,7 +248,8 @@ def _check_pod(spec: ContainerSpec, mode: str, proxy_address: str) -> None:
     Raises:
         ValueError: as :func:`workspace_pod` says.
     """
-    beyond = sorted(set(spec.added_capabilities) - BASELINE_CAPABILITIES)
+    # The agent's own include the root capabilities it hands to commands run as root.
+    beyond = sorted({*spec.added_capabilities, *spec.agent_capabilities} - BASELINE_CAPABILITIES)
     if beyond:
         msg = f"capabilities {', '.join(beyond)} are beyond the baseline Pod Security Standard a workspace Pod meets"
         raise ValueError(msg)
