@@ -241,7 +241,9 @@ class TestCli:
         created = self._ctl(daemon, "create", "--root-cap", "CHOWN", "--ttl", "600", check=True)
         workspace_id = created.stdout.strip()
         try:
-            as_root = self._ctl(daemon, "exec", "--user", "root", workspace_id, "--", "chown sandbox /etc/hostname; id -u")
+            as_root = self._ctl(
+                daemon, "exec", "--user", "root", workspace_id, "--", "chown sandbox /etc/hostname; id -u"
+            )
             assert (as_root.stdout, as_root.stderr, as_root.returncode) == ("0\n", "", 0)
             as_user = self._ctl(daemon, "exec", workspace_id, "-u", "sandbox", "--", "chown root /etc/hostname")
             assert "Operation not permitted" in as_user.stderr and as_user.returncode == 1

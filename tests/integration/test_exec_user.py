@@ -72,8 +72,8 @@ async def test_root_keeps_the_root_capabilities_and_no_one_else_does(make, runti
         assert (other["CapEff"], other["CapPrm"], other["CapBnd"], other.get("CapAmb", 0)) == (0, 0, 0, 0), user
     # What they are for: root hands a directory to a user, and writes a file no mode lets it.
     result = await workspace.exec(
-        "mkdir /opt/theirs && chown nobody /opt/theirs && stat -c %U /opt/theirs && touch /etc/locked && chmod 0 /etc/locked"
-        " && echo written > /etc/locked && cat /etc/locked",
+        "mkdir /opt/theirs && chown nobody /opt/theirs && stat -c %U /opt/theirs"
+        " && touch /etc/locked && chmod 0 /etc/locked && echo written > /etc/locked && cat /etc/locked",
         user="root",
     ).wait()
     assert (result.stdout, result.stderr, result.exit_code) == ("nobody\nwritten\n", "", 0)

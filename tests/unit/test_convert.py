@@ -51,7 +51,7 @@ class TestRequests:
         assert convert.exec_spec(ppb.ExecRequest(command="x", user="1000:27")).user == "1000:27"
         assert convert.exec_spec(ppb.ExecRequest(command="x")).user == ""
         for bad in ("a b", "root;id", ":0", "x" * 40):
-            with pytest.raises(InvalidSpecError, match="^user "):
+            with pytest.raises(InvalidSpecError, match=r"^user "):
                 convert.exec_spec(ppb.ExecRequest(command="x", user=bad))
 
     def test_unset_duration_is_none(self) -> None:

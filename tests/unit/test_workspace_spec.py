@@ -37,7 +37,9 @@ class TestResolve:
 
     def test_root_capabilities_are_normalised_and_held_by_the_agent_only(self, manager: WorkspaceManager) -> None:
         """Root capabilities read as added ones do; the container holds them for the agent to hand to root."""
-        spec = manager.resolve(WorkspaceSpec(security=SecurityOptions(root_capabilities=("cap_chown", "SETUID", "CHOWN"))))
+        spec = manager.resolve(
+            WorkspaceSpec(security=SecurityOptions(root_capabilities=("cap_chown", "SETUID", "CHOWN")))
+        )
         assert spec.security.root_capabilities == ("CHOWN", "SETUID")
         assert spec.security.added_capabilities == ()
         with pytest.raises(InvalidSpecError, match="unknown capability 'CAP_EVERYTHING'"):
