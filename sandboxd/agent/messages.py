@@ -77,6 +77,10 @@ class SessionState:
     its back-pressure (feature ``resume``): that caller may come back for the next byte."""
     daemon_state: Mapping[str, Any]
     """What the daemon asked the agent to keep (``StartRequest.daemon_state``)."""
+    input_received: int = 0
+    """Bytes of stdin the agent has taken from daemons (feature ``input_taken``)."""
+    input_taken: int = 0
+    """Of those, bytes the command's stdin took (or that went with a stdin it closed)."""
 
     @classmethod
     def parse(cls, state: Mapping[str, Any]) -> SessionState:
@@ -100,6 +104,8 @@ class SessionState:
             interrupted=bool(state.get("interrupted")),
             reading=state.get("reading") is True,
             daemon_state=daemon_state if isinstance(daemon_state, dict) else {},
+            input_received=int_field(state, "input_received", 0, U64, default=0),
+            input_taken=int_field(state, "input_taken", 0, U64, default=0),
         )
 
 
@@ -197,6 +203,10 @@ class SessionEvents(Protocol):
 
     def on_tail(self, end: int) -> None:
         """The answer to a tail pull: the agent's held output ends at ``end``."""
+        ...
+
+    def on_input_taken(self, total: int) -> None:
+        """The command's stdin has taken ``total`` bytes of what daemons sent it (feature ``input_taken``)."""
         ...
 
     def on_exited(self, report: ExitReport) -> None:

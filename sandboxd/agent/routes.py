@@ -200,6 +200,8 @@ class SessionChannel:
                 events.on_dropped(int_field(report, "offset", 0, U64), int_field(report, "bytes", 0, U64))
             elif kind == Kind.TAIL:
                 events.on_tail(int_field(json_object(payload, "tail report"), "end", 0, U64))
+            elif kind == Kind.FILE_TOOK:  # on a session: its stdin took the input so far
+                events.on_input_taken(int_field(json_object(payload, "input report"), "bytes", 0, U64))
             elif kind == Kind.STARTED:
                 events.on_started(int_field(json_object(payload, "start report"), "pid", 1, U31))
             elif kind == Kind.FAILED:

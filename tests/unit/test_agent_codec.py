@@ -88,8 +88,8 @@ async def _close_links() -> Any:
         await LINKS.pop().close()
 
 
-async def _session(os_name: str = "linux") -> tuple[ProcessSession, PipeStream]:
-    backend = PipeBackend(WELCOME)
+async def _session(os_name: str = "linux", features: tuple[str, ...] = ()) -> tuple[ProcessSession, PipeStream]:
+    backend = PipeBackend({**WELCOME, "features": list(features)})
     link = AgentLink(backend, "ws-1", "c1")  # type: ignore[arg-type]
     LINKS.append(link)
     await link.connect()
@@ -215,6 +215,31 @@ class TestSessionFrames:
         assert session.output.received == STREAM_WINDOW_BYTES
         assert session.exit is not None and session.exit.stop_reason == StopReason.FAILED
         assert "past the 16777216 it was allowed" in session.exit.message
+
+    async def test_stdin_waits_within_the_window_the_agent_reports_room_in(self) -> None:
+        """An agent that reports what stdin took (``k``) is sent at most 8 MiB ahead; an exit frees a writer."""
+        session, _ = await _session(features=("input_taken",))
+        session.on_started(42)
+        assert session.channel is not None
+        piece = bytes(1 << 20)
+        for _ in range(8):
+            await asyncio.wait_for(session.write_stdin(piece), 5)
+        blocked = asyncio.create_task(session.write_stdin(piece))
+        await asyncio.sleep(0.05)
+        assert not blocked.done()  # 9 MiB would be past the window
+        session.channel.on_frame(b"k", b'{"bytes": 1048576}')
+        await asyncio.wait_for(blocked, 5)
+        stuck = asyncio.create_task(session.write_stdin(piece))
+        await asyncio.sleep(0.05)
+        assert not stuck.done()
+        session.channel.on_frame(b"x", b'{"exit_code": 0, "signal": 0, "end": 0}')
+        await asyncio.wait_for(stuck, 5)  # the command is gone: nothing waits for it any more
+
+    async def test_an_agent_that_reports_no_room_is_not_waited_for(self) -> None:
+        session, _ = await _session()
+        session.on_started(42)
+        for _ in range(12):
+            await asyncio.wait_for(session.write_stdin(bytes(1 << 20)), 5)
 
     async def test_the_links_reader_logs_as_the_workspace_not_as_the_call_that_opened_it(self) -> None:
         """Frames of later calls are handled by the link's reader: it carries no call's log context."""

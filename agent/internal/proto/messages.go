@@ -18,7 +18,7 @@ type WelcomeMsg struct {
 }
 
 // Features are what this agent does beyond protocol 1 as first released (PROTOCOL.md).
-var Features = []string{FeatureTail, FeatureFreeze, FeatureForward, FeatureResume}
+var Features = []string{FeatureTail, FeatureFreeze, FeatureForward, FeatureResume, FeatureInputTaken}
 
 // FeatureTail: a Pull may ask for the end of the held output (Tail answers it).
 const FeatureTail = "tail"
@@ -30,6 +30,11 @@ const FeatureFreeze = "freeze"
 // reading when its connection broke keeps back-pressure for ReaderGrace (its output is not
 // dropped while the daemon comes back), and its state says so (SessionState.Reading).
 const FeatureResume = "resume"
+
+// FeatureInputTaken: a session says how much of its input its stdin took (FileTook on the
+// session's channel, a running total), and its state how much it received: a daemon sends no
+// more than a window ahead, so nothing past MaxPendingInput is dropped.
+const FeatureInputTaken = "input_taken"
 
 // FeatureForward: Connect opens a TCP connection to a port on the workspace's loopback.
 const FeatureForward = "forward"
@@ -62,6 +67,10 @@ type SessionState struct {
 	// Reading: a caller was reading the output when the last connection broke, and its
 	// back-pressure still holds (FeatureResume): the caller may come back for it.
 	Reading bool `json:"reading,omitempty"`
+	// InputReceived and InputTaken: bytes of input the session took from daemons, and of
+	// those the bytes its stdin took (or that went with a stdin the command closed).
+	InputReceived uint64 `json:"input_received"`
+	InputTaken    uint64 `json:"input_taken"`
 }
 
 // StartMsg starts a command (daemon -> agent).
@@ -166,7 +175,8 @@ type FileAckMsg struct {
 	Ack uint64 `json:"ack"`
 }
 
-// FileTookMsg says how many bytes of a file operation's input the helper has taken.
+// FileTookMsg says how many bytes of a file operation's input the helper has taken, or (on a
+// session's channel) how many bytes of its input the command's stdin has.
 type FileTookMsg struct {
 	Bytes uint64 `json:"bytes"`
 }

@@ -2,6 +2,8 @@
 
 package session
 
+import "sandboxd/agent/internal/proto"
+
 // MaxPendingInput bounds input the command has not read yet; more is dropped.
 const MaxPendingInput = 16 << 20
 
@@ -14,6 +16,7 @@ func (s *Session) Input(data []byte) {
 	}
 	if room > 0 {
 		s.input = append(s.input, data[:room]...)
+		s.inputReceived += uint64(room)
 	}
 	if len(data) > 0 {
 		s.lastInput = data[len(data)-1]
@@ -68,12 +71,17 @@ func (s *Session) writeInput() {
 			s.input = nil
 			s.mu.Unlock()
 			if len(pending) > 0 {
-				if _, err := s.stdin.Write(pending); err != nil {
+				_, err := s.stdin.Write(pending)
+				s.mu.Lock()
+				if err != nil {
 					// The command closed its stdin: what it did not read is gone.
-					s.mu.Lock()
+					pending = append(pending, s.input...)
 					s.input = nil
-					s.mu.Unlock()
 				}
+				s.inputTaken += uint64(len(pending))
+				taken := s.inputTaken
+				s.mu.Unlock()
+				s.send(proto.FileTook, proto.FileTookMsg{Bytes: taken}) // room for the daemon's next
 				continue
 			}
 			if closing && !s.spec.TTY {

@@ -82,8 +82,12 @@ type Session struct {
 	master    *os.File
 	input     []byte
 	inputWake chan struct{}
-	closeIn   bool
-	lastInput byte
+	// inputReceived and inputTaken count input in (queued) and out (written, or discarded
+	// with a stdin the command closed): what FeatureInputTaken reports.
+	inputReceived uint64
+	inputTaken    uint64
+	closeIn       bool
+	lastInput     byte
 
 	oomBefore    int
 	shellCmdline []byte // the shell's own /proc/<pid>/cmdline (bash), until it executes the command
@@ -271,6 +275,9 @@ func (s *Session) State() proto.SessionState {
 		Interrupted: s.interrupted,
 		DaemonState: s.spec.DaemonState,
 		Reading:     s.buf.Reading() && s.exit == nil,
+
+		InputReceived: s.inputReceived,
+		InputTaken:    s.inputTaken,
 	}
 }
 

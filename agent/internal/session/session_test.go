@@ -129,6 +129,7 @@ type call struct {
 	total   uint64          // output bytes received, both streams
 	exit    *proto.ExitedMsg
 	failed  *proto.FailedMsg
+	taken   uint64 // input the command's stdin took, as the last FileTook said
 }
 
 // start runs command in a new session whose output the test reads as it comes.
@@ -187,6 +188,13 @@ func (c *call) step() proto.Frame {
 	case proto.Failed:
 		c.failed = &proto.FailedMsg{}
 		c.decode(f, c.failed)
+	case proto.FileTook:
+		var msg proto.FileTookMsg
+		c.decode(f, &msg)
+		if msg.Bytes < c.taken {
+			c.t.Fatalf("input taken went back from %d to %d", c.taken, msg.Bytes)
+		}
+		c.taken = msg.Bytes
 	default:
 		c.t.Fatalf("unexpected frame %q %s", f.Kind, f.Payload)
 	}
@@ -270,6 +278,10 @@ func TestInputReachesTheCommandAndItsEndEndsIt(t *testing.T) {
 	}
 	if got, want := string(c.streams['1']), "got one\ngot two\ndone\n"; got != want {
 		t.Errorf("stdout %q, want %q", got, want)
+	}
+	// What a daemon windows its input by (FeatureInputTaken): all 8 bytes in, and taken.
+	if state := c.s.State(); c.taken != 8 || state.InputReceived != 8 || state.InputTaken != 8 {
+		t.Errorf("taken %d, state received %d taken %d; want 8 each", c.taken, state.InputReceived, state.InputTaken)
 	}
 }
 
