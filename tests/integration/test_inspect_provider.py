@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shlex
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
-from inspect_ai.util import OutputLimitExceededError, SandboxUnavailableError
+from inspect_ai.util import OutputLimitExceededError, SandboxEnvironmentLimits, SandboxUnavailableError
 from inspect_ai.util._sandbox.limits import override_max_exec_output_size
-from sandboxd_client import NotFoundError, SandboxClient
+from sandboxd_client import NotFoundError, SandboxClient, SandboxError
 from sandboxd_client.inspect import SandboxdConfig, SandboxdSandboxEnvironment
+from sandboxd_client.inspect import _environment as provider
 from sandboxd_client.inspect._environment import RUN_ID
 
-from tests.conftest import DaemonThread
+from tests.conftest import DaemonThread, make_settings
 
 pytestmark = pytest.mark.docker
 
@@ -162,3 +167,153 @@ async def test_the_connection_is_a_sandboxctl_command_line(one: Env, address: st
         "--",
         "bash -l",
     ]
+
+
+# -- found by a hostile review; each failed before its fix ---------------------------------------
+
+
+async def test_a_long_root_command_cannot_be_swapped_by_the_workspace_user(one: Env) -> None:
+    """A line past the daemon's bound goes through a file the workspace's user writes: root checks it first."""
+    await one.exec(
+        [
+            "sh",
+            "-c",
+            '(while :; do for f in /tmp/.inspect-*.sh; do [ -f "$f" ] && '
+            "echo 'id -u > /tmp/pwned' > \"$f\"; done; done) >/dev/null 2>&1 &",
+        ]
+    )
+    for _ in range(5):
+        result = await one.exec(["sh", "-c", "echo root-ran", "x" * 130_000], user="root")
+        assert result.stdout in {"root-ran\n", ""}  # it ran as asked, or refused the changed file
+        if not result.stdout:
+            assert result.returncode == 126 and "changed before it ran" in result.stderr
+    assert (await one.exec(["sh", "-c", "cat /tmp/pwned 2>/dev/null || echo none"])).stdout == "none\n"
+
+
+async def test_a_full_session_cap_makes_an_exec_wait_not_fail(address: str, one: Env) -> None:
+    """Another sample's commands holding every session of the tenant: this one waits for a free one."""
+    config = SandboxdConfig(address=address)
+    other = await Env.sample_init("busy", config, {"__sample_id__": "busy"})
+    busy = [asyncio.create_task(other["default"].exec(["sleep", "6"])) for _ in range(64)]
+    try:
+        async with SandboxClient(address, retries=False) as client:
+            while len(await client.list_processes(other["default"].workspace_id)) < 64:  # type: ignore[attr-defined]
+                await asyncio.sleep(0.2)
+        result = await one.exec(["echo", "ok"])
+        assert (result.returncode, result.stdout) == (0, "ok\n"), result
+    finally:
+        for task in busy:
+            task.cancel()
+        await asyncio.gather(*busy, return_exceptions=True)
+        await Env.sample_cleanup("busy", config, other, interrupted=True)
+
+
+async def test_read_file_holds_no_more_than_the_limit_whatever_the_file_does(
+    one: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limit = 1024 * 1024
+    monkeypatch.setattr(SandboxEnvironmentLimits, "MAX_READ_FILE_SIZE", limit)
+    client = provider._client(one._address)
+    real, pulled = client.download, [0]
+
+    async def counting(*args: Any, **kwargs: Any) -> AsyncIterator[bytes]:
+        n = 0
+        async for chunk in real(*args, **kwargs):
+            n += len(chunk)
+            pulled[0] = max(pulled[0], n)
+            yield chunk
+
+    monkeypatch.setattr(client, "download", counting)
+    await one.exec(
+        [
+            "sh",
+            "-c",
+            "echo x > small; truncate -s 64M big; (while :; do ln -sfn small g; ln -sfn big g; done) >/dev/null 2>&1 &",
+        ]
+    )
+    for _ in range(100):
+        # ln -sfn unlinks before it links: now and then g is not there at all.
+        with contextlib.suppress(OutputLimitExceededError, FileNotFoundError):
+            await one.read_file("g", text=False)
+        assert pulled[0] <= limit + 2 * 1024 * 1024, f"read_file pulled {pulled[0]} bytes into memory"
+
+
+async def test_input_that_is_not_unicode_raises_at_once(one: Env) -> None:
+    with pytest.raises(UnicodeEncodeError):
+        await asyncio.wait_for(one.exec(["cat"], input="half an emoji: \ud83d"), 20)
+
+
+async def test_a_write_past_16_mib_keeps_a_small_write_s_rules(one: Env) -> None:
+    big = b"N" * (17 * 1024 * 1024)
+    await one.exec(["sh", "-c", "echo outside > /tmp/target; ln -s /tmp/target link"])
+    await one.write_file("link", big)  # through the symlink, as `>` would
+    ls = (await one.exec(["sh", "-c", "stat -c '%F' link; stat -c %s /tmp/target"])).stdout
+    assert ls == f"symbolic link\n{len(big)}\n", ls
+    # A file it may write in a directory it may not create files in (sticky /tmp, root's file).
+    await one.exec(["sh", "-c", "echo orig > /tmp/shared; chmod 666 /tmp/shared"], user="root")
+    await one.write_file("/tmp/shared", b"small")
+    await one.write_file("/tmp/shared", big)
+    assert await one.read_file("/tmp/shared", text=False) == big
+
+
+async def test_a_cancelled_exec_kills_its_command_even_one_that_ignores_ctrl_c(one: Env) -> None:
+    task = asyncio.create_task(one.exec(["bash", "-c", "trap '' INT; echo ready > /tmp/ready; sleep 301"]))
+    while (await one.exec(["sh", "-c", "cat /tmp/ready 2>/dev/null || true"])).stdout != "ready\n":
+        await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    left = await one.exec(["sh", "-c", "ps -eo args | grep -c '^sleep 301' || true"])
+    assert left.stdout == "0\n"
+
+
+async def test_no_timeout_is_no_limit_and_a_zero_one_is_a_timeout(default_image: str, tmp_path: Path, one: Env) -> None:
+    with pytest.raises(TimeoutError):
+        await one.exec(["true"], timeout=0)
+    assert (await one.exec(["echo", "ok"], timeout=2 * 86400)).stdout == "ok\n"
+    thread = DaemonThread(make_settings(tmp_path, exec_timeout_s=2.0)).start()
+    try:
+        config = SandboxdConfig(address=f"unix:{thread.socket_path}")
+        environments = await Env.sample_init("t", config, {})
+        try:
+            result = await environments["default"].exec(["sh", "-c", "sleep 3; echo done"])
+            assert result.stdout == "done\n"  # past the daemon's default timeout of 2 s
+        finally:
+            await Env.sample_cleanup("t", config, environments, interrupted=False)
+            await Env.task_cleanup("t", config, cleanup=True)
+    finally:
+        thread.stop()
+
+
+async def test_a_long_non_ascii_sample_id_or_task_name_starts(address: str) -> None:
+    config = SandboxdConfig(address=address)
+    environments = await Env.sample_init("タスク" * 400, config, {"__sample_id__": "問題" * 400})
+    try:
+        async with SandboxClient(address, retries=False) as client:
+            info = (await client.get_workspace(environments["default"].workspace_id)).info  # type: ignore[attr-defined]
+        labels = info.labels
+        assert labels["inspect.sample"] == "問題" * 170 + "問"  # 1024 bytes at most, whole characters
+    finally:
+        await Env.sample_cleanup("t", config, environments, interrupted=False)
+
+
+async def test_a_file_that_shrinks_while_read_is_an_os_error(one: Env) -> None:
+    await one.exec(
+        [
+            "sh",
+            "-c",
+            "(while :; do truncate -s 1 g; sleep 0.01; truncate -s 40M g; sleep 0.01; done) >/dev/null 2>&1 &",
+        ]
+    )
+    for _ in range(60):
+        try:
+            await one.read_file("g", text=False)
+        except SandboxError as exc:
+            pytest.fail(f"{type(exc).__name__}: {exc}")
+        except OSError:
+            pass
+
+
+async def test_an_env_value_that_looks_like_a_secret_reference_is_literal(one: Env) -> None:
+    result = await one.exec(["sh", "-c", 'echo "$X"'], env={"X": "secret:nope"})
+    assert (result.returncode, result.stdout) == (0, "secret:nope\n")

@@ -9,43 +9,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import io
 import posixpath
 import secrets
 import shlex
-import tarfile
-import time
 import weakref
-from collections.abc import AsyncIterator
-from typing import Any, Literal, overload
+from collections.abc import Awaitable
+from typing import Any, Literal, TypeVar, overload
 
-import anyio
 from inspect_ai.util import (
     ExecResult,
-    OutputLimitExceededError,
     SandboxConnection,
     SandboxEnvironment,
     SandboxEnvironmentConfigType,
-    SandboxEnvironmentLimits,
     SandboxUnavailableError,
     sandboxenv,
 )
 from pydantic import BaseModel
-from sandboxd_protocol.limits import MAX_COMMAND_BYTES, MAX_INPUT_BYTES, MAX_WRITE_BYTES
+from sandboxd_protocol.limits import MAX_LABEL_VALUE_BYTES
 
 from .._client import SandboxClient, Workspace
-from .._exec import Dropped, ExecHandle, Exited, Output, Started
-from ..errors import (
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    PermissionDeniedError,
-    ResourceExhaustedError,
-    SandboxError,
-    UnavailableError,
-)
+from ..errors import NotFoundError, UnavailableError
+from ._commands import run_command
+from ._commands import shielded as _shielded
 from ._config import DEFAULT_ROOT_CAPABILITIES, SandboxdConfig, ServiceConfig, load_config
+from ._files import read, write
 
 __all__ = ["LABEL_PROVIDER", "LABEL_RUN", "RUN_ID", "SandboxdSandboxEnvironment"]
 
@@ -56,9 +43,7 @@ LABEL_RUN = "inspect.run"
 RUN_ID = secrets.token_hex(8)
 _reported: set[str] = set()  # kept workspaces already named (task_cleanup runs once per configuration)
 
-_SCRIPT_DIR = "/tmp"
-# Room for the `. FILE` line and the daemon's own envelope under its command bound.
-_COMMAND_ROOM = MAX_COMMAND_BYTES - 1024
+T = TypeVar("T")
 
 # One client per event loop and address: a gRPC channel belongs to the loop that opened it.
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, SandboxClient]] = weakref.WeakKeyDictionary()
@@ -77,12 +62,17 @@ def _labels(task_name: str, service: str, metadata: dict[str, Any], own: dict[st
         **(own or {}),
         LABEL_PROVIDER: "sandboxd",
         LABEL_RUN: RUN_ID,
-        "inspect.task": task_name[:1024],
+        "inspect.task": _label_value(task_name),
         "inspect.service": service,
     }
     if (sample := metadata.get("__sample_id__")) is not None:
-        labels["inspect.sample"] = str(sample)[:1024]
+        labels["inspect.sample"] = _label_value(str(sample))
     return labels
+
+
+def _label_value(text: str) -> str:
+    """``text`` cut to the daemon's label bound (bytes of UTF-8), at a character's end."""
+    return text.encode()[:MAX_LABEL_VALUE_BYTES].decode(errors="ignore")
 
 
 async def _create(client: SandboxClient, name: str, options: ServiceConfig, labels: dict[str, str]) -> Workspace:
@@ -115,35 +105,6 @@ async def _delete_all(client: SandboxClient, workspace_ids: list[str]) -> None:
             await client.delete_workspace(workspace_id)
 
     await asyncio.gather(*(delete(w) for w in workspace_ids))
-
-
-class _Collected:
-    """A command's output as it comes, from however many calls carry it, held to Inspect's limit."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.chunks: list[tuple[int, str, bytes]] = []
-        self.sizes = {"stdout": 0, "stderr": 0}
-        self.exited: Exited | None = None
-        self.process_id = ""
-        self.over: str | None = None  # the stream that went past the limit
-
-    def take(self, event: object) -> None:
-        if isinstance(event, Started):
-            self.process_id = event.process_id
-        elif isinstance(event, Output) and event.data:
-            self.chunks.append((event.position, event.stream, event.data))
-            self.sizes[event.stream] += len(event.data)
-            if self.sizes[event.stream] > self.limit and self.over is None:
-                self.over = event.stream
-        elif isinstance(event, Exited):
-            self.exited = event
-        elif isinstance(event, Dropped):
-            pass  # the daemon's buffer was full: those bytes are gone, as a pipe's would be
-
-    def text(self, stream: str) -> str:
-        data = b"".join(d for _, s, d in sorted(self.chunks, key=lambda c: c[0]) if s == stream)
-        return data[: self.limit].decode("utf-8", errors="replace")
 
 
 @sandboxenv(name="sandboxd")
@@ -207,8 +168,7 @@ class SandboxdSandboxEnvironment(SandboxEnvironment):
         workspaces = [w for w in made if isinstance(w, Workspace)]
         failed = [e for e in made if isinstance(e, BaseException)]
         if failed:
-            with _shielded():
-                await _delete_all(client, [w.workspace_id for w in workspaces])
+            await _shielded(_delete_all(client, [w.workspace_id for w in workspaces]))
             raise failed[0]
         return {
             name: cls(workspace.workspace_id, settings.address, workspace.info.working_dir or "/workspace")
@@ -265,7 +225,7 @@ class SandboxdSandboxEnvironment(SandboxEnvironment):
             await _delete_all(client, [w.workspace_id for w in left])
             print(f"removed {len(left)} sandboxd workspace(s)")
 
-    # -- commands ----------------------------------------------------------------------------
+    # -- commands and files --------------------------------------------------------------------
     async def exec(
         self,
         cmd: list[str],
@@ -277,135 +237,49 @@ class SandboxdSandboxEnvironment(SandboxEnvironment):
         timeout_retry: bool = True,
         concurrency: bool = True,
     ) -> ExecResult[str]:
-        """Run ``cmd`` (an argv, looked up in the workspace's PATH) and return its result.
+        """Run ``cmd`` (an argv, looked up in the workspace's PATH) as ``bash -lc`` and return its result.
 
-        ``timeout_retry`` and ``concurrency`` change nothing: the daemon enforces the timeout
-        itself (so no call hangs to retry) and schedules its own workspaces. A command line
-        past the daemon's bound (120 KiB) goes through a script file in /tmp.
+        ``input`` goes to its stdin, which is then closed (also without ``input``). ``timeout``
+        None is no limit (a day, the daemon's ceiling). ``timeout_retry`` and ``concurrency``
+        change nothing: the daemon enforces the timeout itself (no call hangs to retry) and
+        schedules its own workspaces. A user the image lacks, or a ``cwd`` that is not there,
+        is a failed result (exit 126) with the daemon's words, as ``docker exec`` reports them;
+        a cancelled call kills the command with everything it started.
 
         Raises:
-            TimeoutError: ``timeout`` seconds passed; the command and everything it started are killed.
+            TimeoutError: ``timeout`` seconds passed (at once for 0); the command and everything
+                it started are killed.
             OutputLimitExceededError: stdout or stderr passed Inspect's limit (10 MiB by default);
                 the command is killed.
             PermissionError: ``cmd[0]`` is not executable.
+            ValueError: an empty ``cmd``, or a value the daemon refuses (an env name, a size).
+            UnicodeEncodeError: ``input`` is not Unicode text (a lone surrogate).
             SandboxUnavailableError: the workspace is gone or the daemon does not answer.
         """
-        if not cmd:
-            msg = "cmd must name a command"
-            raise ValueError(msg)
-        client = _client(self._address)
-        command, script = shlex.join(cmd), ""
-        if len(command.encode()) > _COMMAND_ROOM:
-            script = f"{_SCRIPT_DIR}/.inspect-{secrets.token_hex(8)}.sh"
-            await self._call(client.write_file(self.workspace_id, script, f"exec {command}\n"))
-            command = f". {script}"
-        limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
-        collected = _Collected(limit)
-        handle = client.exec(
-            self.workspace_id,
-            command,
-            workdir=self._path(cwd) if cwd else "",
-            env=env,
-            user=user or "",
-            timeout_s=float(timeout) if timeout is not None else None,
-            follow=True,
-        )
-        began = time.monotonic()
-        try:
-            await self._run(client, handle, collected, input)
-        except (InvalidArgumentError, ResourceExhaustedError) as exc:
-            # The command never started: a user the workspace lacks, a working directory that
-            # is not there, no processes left. The caller's input, reported as a shell would.
-            return ExecResult(success=False, returncode=126, stdout="", stderr=f"{exc.message}\n")
-        finally:
-            if script:
-                with _shielded():
-                    await _quietly(client.remove(self.workspace_id, script))
-        stdout, stderr = collected.text("stdout"), collected.text("stderr")
-        if collected.over is not None:
-            raise OutputLimitExceededError(
-                limit_str=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
-                truncated_output=stdout if collected.over == "stdout" else stderr,
+        return await self._call(
+            run_command(
+                _client(self._address),
+                self.workspace_id,
+                cmd,
+                input=input,
+                workdir=self._path(cwd) if cwd else "",
+                env=env,
+                user=user,
+                timeout=timeout,
             )
-        exited = collected.exited
-        assert exited is not None
-        if exited.stop_reason == "timeout":
-            error = TimeoutError(f"Command timed out after {timeout} seconds ({time.monotonic() - began:.1f} s)")
-            if stdout or stderr:
-                error.truncated_output = stdout + stderr  # type: ignore[attr-defined]
-            raise error
-        if exited.exit_code == 126 and f"{cmd[0]}: Permission denied" in stderr:
-            raise PermissionError(errno.EACCES, f"Permission denied: {stderr.strip()}", cmd[0])
-        return ExecResult(success=exited.exit_code == 0, returncode=exited.exit_code, stdout=stdout, stderr=stderr)
+        )
 
-    async def _run(
-        self, client: SandboxClient, handle: ExecHandle, collected: _Collected, input: str | bytes | None
-    ) -> None:
-        """Stream the command into ``collected``, feeding ``input`` to its stdin and then closing it."""
-        writer: asyncio.Task[None] | None = None
-        try:
-            async for event in self._events(handle):
-                collected.take(event)
-                if isinstance(event, Started):
-                    writer = asyncio.create_task(self._feed(client, event.process_id, input, collected))
-                if collected.over is not None:
-                    await _quietly(client.kill(collected.process_id, grace_s=0.0))
-                    break
-            if writer is not None:
-                await writer
-        finally:
-            if writer is not None and not writer.done():
-                writer.cancel()
-
-    async def _events(self, handle: ExecHandle) -> AsyncIterator[object]:
-        try:
-            async for event in handle:
-                yield event
-        except (NotFoundError, UnavailableError) as exc:
-            raise self._unavailable(exc) from None
-
-    @staticmethod
-    async def _feed(client: SandboxClient, process_id: str, input: str | bytes | None, collected: _Collected) -> None:
-        """Write ``input`` to stdin a piece at a time, then close it (always: ``cat`` must end)."""
-        data = input.encode() if isinstance(input, str) else (input or b"")
-        pieces = [data[i : i + MAX_INPUT_BYTES] for i in range(0, len(data), MAX_INPUT_BYTES)] or [b""]
-        for index, piece in enumerate(pieces):
-            last = index == len(pieces) - 1
-            try:
-                # Another call (the command's own stream) carries the output, so this one returns
-                # at once; whatever output it still carries joins the rest by position.
-                async for event in client.input(process_id, data=piece, close_stdin=last, yield_after_s=0.25):
-                    collected.take(event)
-            except (FailedPreconditionError, NotFoundError):
-                return  # the command ended before reading all of it, as with a closed pipe
-
-    # -- files -------------------------------------------------------------------------------
     async def write_file(self, file: str, contents: str | bytes) -> None:
-        """Create or replace ``file`` (parents made) with ``contents`` (``str`` as UTF-8).
+        """Create or replace ``file`` (parents made) with ``contents`` (``str`` as UTF-8), as a shell's ``>`` would.
 
         Raises:
             PermissionError: the workspace's user may not write it.
             IsADirectoryError: ``file`` is a directory.
+            OSError: another reason (``ENOSPC``: the workspace's disk is full).
+            SandboxUnavailableError: the workspace is gone or the daemon does not answer.
         """
-        client, path = _client(self._address), self._path(file)
         data = contents.encode() if isinstance(contents, str) else contents
-        try:
-            # Past the daemon's WriteFile bound an empty write first checks, as the write itself
-            # would, that the file may be written (and makes its parents); the bytes then come
-            # as a one-file tar stream.
-            await client.write_file(self.workspace_id, path, data if len(data) <= MAX_WRITE_BYTES else b"")
-            if len(data) > MAX_WRITE_BYTES:
-                mode = (await client.stat(self.workspace_id, path)).mode & 0o7777
-                await client.upload(self.workspace_id, posixpath.dirname(path), _one_file_tar(path, data, mode))
-        except PermissionDeniedError:
-            raise PermissionError(errno.EACCES, "Permission denied", file) from None
-        except (InvalidArgumentError, FailedPreconditionError) as exc:
-            if await self._is_directory(client, path):
-                raise IsADirectoryError(errno.EISDIR, "Is a directory", file) from None
-            msg = f"cannot write {file}: {exc.message}"
-            raise RuntimeError(msg) from None
-        except (NotFoundError, UnavailableError) as exc:
-            raise self._unavailable(exc) from None
+        await self._call(write(_client(self._address), self.workspace_id, self._path(file), file, data))
 
     @overload
     async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
@@ -420,40 +294,12 @@ class SandboxdSandboxEnvironment(SandboxEnvironment):
             FileNotFoundError: nothing is there.
             IsADirectoryError: it is a directory.
             PermissionError: the workspace's user may not read it.
-            OutputLimitExceededError: it is larger than Inspect's limit (100 MiB by default).
+            OutputLimitExceededError: it is larger than Inspect's limit (100 MiB by default); no
+                more than that is ever read, whatever the file does meanwhile.
             UnicodeDecodeError: ``text`` and it is not UTF-8.
+            SandboxUnavailableError: the workspace is gone or the daemon does not answer.
         """
-        client, path = _client(self._address), self._path(file)
-        try:
-            info = await client.stat(self.workspace_id, path, follow_symlinks=True)
-        except NotFoundError:
-            if await self._gone(client):
-                msg = f"workspace {self.workspace_id} is gone"
-                raise SandboxUnavailableError(msg) from None
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", file) from None
-        except (InvalidArgumentError, FailedPreconditionError) as exc:  # a symlink loop, a name too long...
-            raise OSError(errno.EINVAL, exc.message, file) from None
-        if info.type == "directory":
-            raise IsADirectoryError(errno.EISDIR, "Is a directory", file)
-        if info.size_bytes > SandboxEnvironmentLimits.MAX_READ_FILE_SIZE:
-            raise OutputLimitExceededError(
-                limit_str=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
-            )
-        archive = bytearray()
-        try:
-            async for chunk in client.download(self.workspace_id, path, follow_symlinks=True):
-                archive += chunk
-        except PermissionDeniedError:
-            raise PermissionError(errno.EACCES, "Permission denied", file) from None
-        except NotFoundError:
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", file) from None
-        except (InvalidArgumentError, FailedPreconditionError) as exc:
-            raise OSError(errno.EINVAL, exc.message, file) from None
-        data = _only_file(bytes(archive), file)
-        if len(data) > SandboxEnvironmentLimits.MAX_READ_FILE_SIZE:  # it grew between the stat and the read
-            raise OutputLimitExceededError(
-                limit_str=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
-            )
+        data = await self._call(read(_client(self._address), self.workspace_id, self._path(file), file))
         return data.decode("utf-8") if text else data
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
@@ -471,60 +317,12 @@ class SandboxdSandboxEnvironment(SandboxEnvironment):
     def _path(self, file: str) -> str:
         return posixpath.join(self._working_dir, file)
 
-    async def _call(self, call: Any) -> Any:
+    async def _call(self, call: Awaitable[T]) -> T:
         try:
             return await call
         except (NotFoundError, UnavailableError) as exc:
-            raise self._unavailable(exc) from None
-
-    def _unavailable(self, exc: SandboxError) -> SandboxUnavailableError:
-        return SandboxUnavailableError(f"workspace {self.workspace_id}: {exc.message}")
-
-    async def _is_directory(self, client: SandboxClient, path: str) -> bool:
-        try:
-            return (await client.stat(self.workspace_id, path, follow_symlinks=True)).type == "directory"
-        except SandboxError:
-            return False
-
-    async def _gone(self, client: SandboxClient) -> bool:
-        try:
-            await client.get_workspace(self.workspace_id)
-        except NotFoundError:
-            return True
-        return False
+            msg = f"workspace {self.workspace_id}: {exc.message}"
+            raise SandboxUnavailableError(msg) from None
 
     def __repr__(self) -> str:
         return f"SandboxdSandboxEnvironment({self.workspace_id!r})"
-
-
-async def _one_file_tar(path: str, data: bytes, mode: int) -> AsyncIterator[bytes]:
-    """A tar stream of one regular file, ``path``'s base name, in pieces."""
-    header = tarfile.TarInfo(posixpath.basename(path))
-    header.size, header.mode, header.mtime = len(data), mode, int(time.time())
-    yield header.tobuf(format=tarfile.PAX_FORMAT)
-    step = 1 << 20
-    for start in range(0, len(data), step):
-        yield data[start : start + step]
-    padding = (-len(data)) % tarfile.BLOCKSIZE
-    yield b"\0" * (padding + 2 * tarfile.BLOCKSIZE)
-
-
-def _only_file(archive: bytes, file: str) -> bytes:
-    """The one regular file of a Download's tar stream."""
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
-        for member in tar:
-            if member.isfile():
-                extracted = tar.extractfile(member)
-                assert extracted is not None
-                return extracted.read()
-    raise FileNotFoundError(errno.ENOENT, "No such file or directory (not a regular file)", file)
-
-
-async def _quietly(call: Any) -> None:
-    with contextlib.suppress(SandboxError):
-        await call
-
-
-def _shielded() -> anyio.CancelScope:
-    """A scope a cancellation does not cut short: a cleanup runs to its end."""
-    return anyio.CancelScope(shield=True)
