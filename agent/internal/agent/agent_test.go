@@ -137,7 +137,8 @@ type run struct {
 	output  []byte
 	exit    *proto.ExitedMsg
 	failed  *proto.FailedMsg
-	mayFail bool // a test of failures to start
+	mayFail bool   // a test of failures to start
+	taken   uint64 // input taken, as the session's last FileTook said
 }
 
 func start(d *daemon, command string, edit func(*proto.StartMsg)) *run {
@@ -187,6 +188,10 @@ func (r *run) step(d *daemon) proto.Frame {
 			var msg proto.StartedMsg
 			_ = json.Unmarshal(frame.Payload, &msg)
 			r.pid = msg.PID
+		case proto.FileTook:
+			var msg proto.FileTookMsg
+			_ = json.Unmarshal(frame.Payload, &msg)
+			r.taken = msg.Bytes
 		}
 		return frame
 	}
@@ -197,7 +202,7 @@ func (r *run) waitFor(d *daemon, text string) {
 	d.t.Helper()
 	for !bytes.Contains(r.output, []byte(text)) {
 		frame := r.step(d)
-		if frame.Kind != proto.Started && frame.Kind != proto.Output {
+		if frame.Kind != proto.Started && frame.Kind != proto.Output && frame.Kind != proto.FileTook {
 			d.t.Fatalf("frame %q %s before the output %q (output so far %q)", frame.Kind, frame.Payload, text, r.output)
 		}
 	}
@@ -217,7 +222,7 @@ func (r *run) wait(d *daemon) *run {
 		case proto.Failed:
 			r.failed = &proto.FailedMsg{}
 			_ = json.Unmarshal(frame.Payload, r.failed)
-		case proto.Started, proto.Output:
+		case proto.Started, proto.Output, proto.FileTook:
 		default:
 			d.t.Fatalf("unexpected frame %q %s", frame.Kind, frame.Payload)
 		}
@@ -445,6 +450,9 @@ func TestInputAndEndOfInput(t *testing.T) {
 	r.wait(d)
 	if string(r.output) != "1:hello\nbye" || r.exit.ExitCode != 0 {
 		t.Errorf("output %q exit %+v", r.output, r.exit)
+	}
+	if r.taken != 9 { // "hello\n" and "bye", as the session reported them taken
+		t.Errorf("input taken %d, want 9", r.taken)
 	}
 }
 
