@@ -68,6 +68,7 @@ LONGEST_FIRST = (
     "test_snapshots",
     "test_shell_parity",
     "test_stream_resume",
+    "test_inspect_self_check",
     "test_ctrl_c_startup",
     "test_lifecycle",
     "test_pool",
