@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -101,7 +103,12 @@ async def test_without_cleanup_the_workspaces_stay_and_are_named_then_cli_cleanu
     printed = capsys.readouterr().out
     assert kept in printed and "inspect sandbox cleanup sandboxd" in printed
     assert kept in await _provider_workspaces(address)
-    await Env.cli_cleanup(None)
+    # What a user runs after an eval that kept them, or one that was killed: Inspect's own CLI.
+    inspect = Path(sys.executable).with_name("inspect")
+    cleaned = subprocess.run(
+        [str(inspect), "sandbox", "cleanup", "sandboxd"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert cleaned.returncode == 0, cleaned.stderr[-2000:]
     assert await _provider_workspaces(address) == []
 
 
