@@ -130,13 +130,13 @@ class TestInput:
         assert events[-1].exit_code == 0
 
     async def test_input_waits_for_a_reader_that_is_not_reading_yet_and_none_is_lost(self, client, workspace) -> None:
-        """40 MiB for a command that reads none until told: the writes wait (the agent holds at most
+        """20 MiB for a command that reads none until told: the writes wait (the agent holds at most
         16 MiB unread), as a writer to a full pipe does, and every byte arrives."""
         process_id = await start_yielded(workspace, "until [ -e /tmp/go ]; do sleep 0.05; done; wc -c")
         piece, calls = b"x" * (1 << 20), [0]
 
         async def write_all() -> None:
-            for _ in range(40):
+            for _ in range(20):
                 await client.input(process_id, data=piece, yield_after_s=0.25).wait()
                 calls[0] += 1
 
@@ -146,11 +146,11 @@ class TestInput:
             await asyncio.sleep(1.0)
             if calls[0] == before:
                 break
-        assert calls[0] < 40, "every write went through while nothing read them"
+        assert calls[0] < 20, "every write went through while nothing read them"
         await workspace.exec("touch /tmp/go").wait(check=True)
         await writer
         events, out, _ = await collect(client.input(process_id, close_stdin=True, yield_after_s=30))
-        assert (out.strip(), events[-1].exit_code) == (str(40 << 20), 0)
+        assert (out.strip(), events[-1].exit_code) == (str(20 << 20), 0)
 
     async def test_input_after_exit_returns_the_rest(self, client, workspace) -> None:
         """Input on an exited process returns its unread output and exit status."""
