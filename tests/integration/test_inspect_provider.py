@@ -201,12 +201,18 @@ async def test_a_full_session_cap_makes_an_exec_wait_not_fail(address: str, one:
     """Another sample's commands holding every session of the tenant: this one waits for a free one."""
     config = SandboxdConfig(address=address)
     other = await Env.sample_init("busy", config, {"__sample_id__": "busy"})
-    busy = [asyncio.create_task(other["default"].exec(["sleep", "6"])) for _ in range(64)]
+    # Long enough that all 64 still run once the last starts, however loaded the machine (they
+    # are killed at the end: a cancelled exec kills its command).
+    busy = [asyncio.create_task(other["default"].exec(["sleep", "120"])) for _ in range(64)]
     try:
-        async with SandboxClient(address, retries=False) as client:
+        async with SandboxClient(address, retries=False) as client, asyncio.timeout(90):
             while len(await client.list_processes(other["default"].workspace_id)) < 64:  # type: ignore[attr-defined]
                 await asyncio.sleep(0.2)
-        result = await one.exec(["echo", "ok"])
+        waiting = asyncio.create_task(one.exec(["echo", "ok"]))
+        await asyncio.sleep(1.0)
+        assert not waiting.done(), waiting.result()  # it waits for a session; it does not fail
+        busy[0].cancel()  # one command ends (a cancelled exec kills it): its session is free
+        result = await asyncio.wait_for(waiting, 60)
         assert (result.returncode, result.stdout) == (0, "ok\n"), result
     finally:
         for task in busy:
