@@ -13,6 +13,7 @@ Modules, lowest first (each imports only those above it):
   checked reading of their JSON fields.
 - ``messages``: the typed reports and requests (:class:`Welcome`, :class:`ExitReport`,
   :class:`StartRequest`) and :class:`SessionEvents`, what a process session hears.
+- ``window``: :class:`SendWindow`, how far a sender may be ahead of what the agent took.
 - ``routes``: the channels (:class:`SessionChannel`, file operations, forwards), which
   reach the link only through the small ``Frames`` protocol.
 - ``link``: :class:`AgentLink`, the connection itself: transport, reconnects, dispatch.
@@ -44,6 +45,7 @@ from .link import AgentLink
 from .messages import ExitReport, SessionEvents, SessionState, StartRequest, Welcome
 from .paths import AGENT_PATH
 from .routes import ForwardedConnection, SessionChannel
+from .window import SendWindow
 
 __all__ = [
     "AGENT_PATH",
@@ -63,6 +65,7 @@ __all__ = [
     "ForwardError",
     "ForwardedConnection",
     "ProtocolError",
+    "SendWindow",
     "SessionChannel",
     "SessionEvents",
     "SessionState",

@@ -205,10 +205,6 @@ class SessionEvents(Protocol):
         """The answer to a tail pull: the agent's held output ends at ``end``."""
         ...
 
-    def on_input_taken(self, total: int) -> None:
-        """The command's stdin has taken ``total`` bytes of what daemons sent it (feature ``input_taken``)."""
-        ...
-
     def on_exited(self, report: ExitReport) -> None:
         """The command ended; every output byte before ``report.end`` has been (or is being) sent."""
         ...

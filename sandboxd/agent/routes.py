@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
 from typing import Any, Protocol
 
 from ..errors import FailedPreconditionError, SandboxdError
@@ -29,12 +29,14 @@ from .codec import (
 )
 from .errors import AgentLost, FileOperationError, FileOperationRefused, ForwardError, ProtocolError
 from .messages import ExitReport, SessionEvents, StartRequest, Welcome
+from .window import SendWindow
 
 __all__ = [
     "FILE_INPUT_WINDOW_BYTES",
     "FILE_OUTPUT_WINDOW_BYTES",
     "FORWARD_CONNECT_TIMEOUT_S",
     "FORWARD_WINDOW_BYTES",
+    "STDIN_WINDOW_BYTES",
     "ForwardedConnection",
     "Frames",
     "Route",
@@ -49,6 +51,9 @@ FILE_INPUT_WINDOW_BYTES = 1 << 20
 """File-operation input the daemon sends beyond what the agent's helper took (PROTOCOL.md)."""
 FORWARD_WINDOW_BYTES = 512 * 1024
 """Most bytes of a forwarded connection in flight each way (the agent's ``ForwardWindow``)."""
+STDIN_WINDOW_BYTES = 8 * 1024**2
+"""Stdin sent to an agent with the ``input_taken`` feature that its command has not taken yet, at
+most: half the agent's bound (it drops what comes past 16 MiB unread)."""
 FORWARD_CONNECT_TIMEOUT_S = 15.0
 """Longest wait for the agent to say a forwarded connection is open (its own dial gives up at 10 s)."""
 
@@ -122,6 +127,8 @@ class SessionChannel:
         self._unanswered: StartRequest | None = None
         """A start sent and not yet answered (``s`` or ``f``): sent again if its connection dies."""
         self._resend: asyncio.Task[None] | None = None
+        self.stdin = SendWindow(STDIN_WINDOW_BYTES)
+        """What the command's stdin was sent and took (feature ``input_taken``): every frame wakes a writer."""
 
     @classmethod
     async def open(cls, link: Frames, events: SessionEvents) -> SessionChannel:
@@ -138,10 +145,21 @@ class SessionChannel:
         self._unanswered = request
         await self.link.send(Kind.START, self.number, request.payload())
 
-    async def write(self, data: bytes) -> None:
-        """Bytes for the command's stdin (or terminal), in payloads of at most 1 MiB."""
+    async def write(self, data: bytes, *, going: Callable[[], bool] | None = None) -> None:
+        """Bytes for the command's stdin (or terminal), in payloads of at most 1 MiB.
+
+        With ``going`` (whether the command still runs), an agent that says what stdin took
+        (``input_taken``) gets no more than ``STDIN_WINDOW_BYTES`` ahead of it: the writer waits,
+        as at a full pipe, where the agent would drop input, until there is room or ``going()``
+        is false. Without it the bytes go at once (a Ctrl-C must not wait behind unread input).
+        """
+        wait = going if going is not None and "input_taken" in (await self.link.connect()).features else None
         for start in range(0, len(data), MAX_PAYLOAD_BYTES):
-            await self.link.send(Kind.INPUT, self.number, data[start : start + MAX_PAYLOAD_BYTES])
+            piece = data[start : start + MAX_PAYLOAD_BYTES]
+            if wait is not None and not await self.stdin.room_for(len(piece), going=wait):
+                return  # the command is gone: what it did not take is moot
+            await self.link.send(Kind.INPUT, self.number, piece)
+            self.stdin.sent += len(piece)
 
     async def close_input(self) -> None:
         """End the command's input (in tty mode, EOF characters)."""
@@ -185,6 +203,7 @@ class SessionChannel:
     def close(self) -> None:
         """Stop hearing this channel's frames (the agent may keep the session)."""
         self.link.unregister(self.number, self)
+        self.stdin.wake()
 
     # -- from the agent ---------------------------------------------------------------------------
     def on_frame(self, kind: bytes, payload: bytes) -> None:
@@ -201,7 +220,7 @@ class SessionChannel:
             elif kind == Kind.TAIL:
                 events.on_tail(int_field(json_object(payload, "tail report"), "end", 0, U64))
             elif kind == Kind.FILE_TOOK:  # on a session: its stdin took the input so far
-                events.on_input_taken(int_field(json_object(payload, "input report"), "bytes", 0, U64))
+                self.stdin.took(int_field(json_object(payload, "input report"), "bytes", 0, U64))
             elif kind == Kind.STARTED:
                 events.on_started(int_field(json_object(payload, "start report"), "pid", 1, U31))
             elif kind == Kind.FAILED:
@@ -218,14 +237,20 @@ class SessionChannel:
                 events.on_broken(f"the agent sent a frame of kind {kind!r} on a process session")
         except ProtocolError as exc:
             events.on_broken(f"the workspace's agent sent a bad frame: {exc.message}")
+        self.stdin.wake()  # after the events: a writer sees the command's state as this frame left it
 
     def on_disconnect(self) -> None:
         """Pass the broken connection on."""
         self.events.on_disconnect()
+        self.stdin.wake()
 
     def on_reconnect(self, welcome: Welcome) -> None:
         """Pass on what the agent still holds of this session; send a start it never had again."""
         state = next((s for s in welcome.sessions if s.channel == self.number), None)
+        if state is not None:  # the agent's counts are the truth: input lost in flight is gone
+            self.stdin.reset(state.input_received, state.input_taken)
+        else:
+            self.stdin.wake()
         if state is None and self._unanswered is not None:
             # The connection died with the start frame in it: the agent never saw the command.
             self._resend = asyncio.create_task(self._start_again(self._unanswered))
@@ -255,22 +280,25 @@ class _FileRoute:
         self.output: collections.deque[bytes] = collections.deque()
         self.changed = asyncio.Event()
         """Set by every frame: the call has something new."""
-        self.room = asyncio.Event()
-        """Set by every frame: the input feeder may have room again."""
-        self.took = 0
+        self.input = SendWindow(FILE_INPUT_WINDOW_BYTES)
+        """The operation's input: every frame wakes its feeder."""
         self.exit_code: int | None = None
         self.error = ""
 
     def _wake(self) -> None:
         self.changed.set()
-        self.room.set()
+        self.input.wake()
+
+    def going(self) -> bool:
+        """Whether the helper may still take input (it has not ended or failed)."""
+        return not self.error and self.exit_code is None
 
     def on_frame(self, kind: bytes, payload: bytes) -> None:
         if kind == Kind.FILE_OUT:
             self.output.append(payload)
         elif kind == Kind.FILE_TOOK:
             with contextlib.suppress(ProtocolError):
-                self.took = max(self.took, int_field(json_object(payload, "report"), "bytes", 0, U64))
+                self.input.took(int_field(json_object(payload, "report"), "bytes", 0, U64))
         elif kind == Kind.RESULT:
             try:
                 self.exit_code = int_field(json_object(payload, "result"), "exit_code", 0, 255)
@@ -300,9 +328,9 @@ class _ForwardRoute:
         self.output: collections.deque[bytes] = collections.deque()
         self.held = 0
         self.changed = asyncio.Event()
-        self.room = asyncio.Event()
+        self.input = SendWindow(FORWARD_WINDOW_BYTES)
+        """What the client wrote: every frame wakes a waiting writer."""
         self.connected = asyncio.get_running_loop().create_future()
-        self.took = 0
         self.hung_up = False
         self.error: ForwardError | None = None
 
@@ -324,7 +352,7 @@ class _ForwardRoute:
                 self.held += len(payload)
         elif kind == Kind.FILE_TOOK:
             with contextlib.suppress(ProtocolError):
-                self.took = max(self.took, int_field(json_object(payload, "report"), "bytes", 0, U64))
+                self.input.took(int_field(json_object(payload, "report"), "bytes", 0, U64))
         elif kind == Kind.HUNG_UP:
             self.hung_up = True
         elif kind == Kind.ERROR:
@@ -338,12 +366,12 @@ class _ForwardRoute:
         else:
             self._fail("protocol", f"the agent sent a frame of kind {kind!r} on a forwarded connection")
         self.changed.set()
-        self.room.set()
+        self.input.wake()
 
     def on_disconnect(self) -> None:
         self._fail("lost", "the connection to the workspace's agent broke")
         self.changed.set()
-        self.room.set()
+        self.input.wake()
 
     def on_reconnect(self, welcome: Welcome) -> None:
         del welcome  # a forwarded connection does not outlive its agent connection
@@ -360,7 +388,7 @@ class ForwardedConnection:
     def __init__(self, link: Frames, channel: int, route: _ForwardRoute) -> None:
         """Wrap an open channel (:func:`forward` makes them)."""
         self._link, self._channel, self._route = link, channel, route
-        self._sent = self._taken = self._acked = 0
+        self._taken = self._acked = 0
 
     async def read(self) -> bytes | None:
         """The server's next bytes, or None once it closed its side.
@@ -394,15 +422,11 @@ class ForwardedConnection:
         piece_bytes = FORWARD_WINDOW_BYTES // 2
         for start in range(0, len(data), piece_bytes):
             piece = data[start : start + piece_bytes]
-            while self._sent + len(piece) - route.took > FORWARD_WINDOW_BYTES:
-                if route.error is not None:
-                    raise route.error
-                route.room.clear()
-                await route.room.wait()
+            await route.input.room_for(len(piece), going=lambda: route.error is None)
             if route.error is not None:
                 raise route.error
             await self._link.send(Kind.FILE_DATA, self._channel, piece)
-            self._sent += len(piece)
+            route.input.sent += len(piece)
 
     async def close_write(self) -> None:
         """The client's side is done: the agent shuts the connection's writing half."""
@@ -478,17 +502,13 @@ async def run_file_operation(
 
 
 async def _feed(link: Frames, channel: int, route: _FileRoute, stdin: AsyncIterable[bytes]) -> None:
-    sent = 0
     async for chunk in stdin:
         for start in range(0, len(chunk), FILE_INPUT_WINDOW_BYTES // 4):
             piece = chunk[start : start + FILE_INPUT_WINDOW_BYTES // 4]
-            while sent + len(piece) - route.took > FILE_INPUT_WINDOW_BYTES:
-                if route.error or route.exit_code is not None:
-                    return  # the helper is done (it failed early): the rest is moot
-                route.room.clear()
-                await route.room.wait()
+            if not await route.input.room_for(len(piece), going=route.going):
+                return  # the helper is done (it failed early): the rest is moot
             await link.send(Kind.FILE_DATA, channel, piece)
-            sent += len(piece)
+            route.input.sent += len(piece)
     await link.send(Kind.FILE_END, channel)
 
 

@@ -39,9 +39,6 @@ __all__ = ["START_TIMEOUT_S", "ProcessSession"]
 
 log = structlog.get_logger("sandboxd.processes")
 
-INPUT_WINDOW_BYTES = 8 * 1024**2
-"""Stdin sent to an agent that its command has not taken yet, at most: half the agent's bound."""
-
 START_TIMEOUT_S = 60.0
 """Longest wait for the agent to say a command runs (a loaded gVisor sandbox is slow, not this slow)."""
 RESUME_GRACE_S = 25.0
@@ -108,10 +105,6 @@ class ProcessSession:
         """Set when the daemon stops: departing streams then leave their commands alone."""
         self.yield_now = False
         """Set as the daemon's drain ends: a call streaming this command yields at once."""
-        self._input_sent = 0
-        self._input_taken = 0
-        self._input_room = asyncio.Event()
-        """Set whenever the command's stdin took input, or it can take none any more."""
 
     # -- life cycle ------------------------------------------------------------------------------
     @property
@@ -187,7 +180,7 @@ class ProcessSession:
         self.flow.acked = state.ack
         self.state.ctrl_c_delivered = state.interrupted
         self.stream.adopted(reading=state.reading, grace_s=RESUME_GRACE_S)
-        self._input_sent, self._input_taken = state.input_received, state.input_taken
+        self.channel.stdin.reset(state.input_received, state.input_taken)
         self.state.run()
         if state.exit is not None:
             self.on_exited(state.exit)
@@ -233,14 +226,8 @@ class ProcessSession:
         """Output the agent could not keep."""
         self.output.add_gap(offset, total)
 
-    def on_input_taken(self, total: int) -> None:
-        """The command's stdin took input: a write waiting for room may go on."""
-        self._input_taken = max(self._input_taken, total)
-        self._input_room.set()
-
     def on_exited(self, report: ExitReport) -> None:
         """The command ended (callers get it once its output is delivered)."""
-        self._input_room.set()
         self.state.report(
             report, memory_limit_bytes=self.context.memory_limit_bytes, trimmed_bytes=self.output.trimmed_bytes
         )
@@ -261,9 +248,6 @@ class ProcessSession:
                 self._fail("the workspace's agent restarted while the command ran; the command and its output are lost")
             return
         self.output.rewind(state.ack)
-        # The agent's count is the truth: input lost in flight with the connection is gone.
-        self._input_sent, self._input_taken = state.input_received, state.input_taken
-        self._input_room.set()
         self.state.count_trimmed(self.output.trimmed_bytes)
         if state.exit is not None and self.exit is None:
             self.on_exited(state.exit)
@@ -294,7 +278,6 @@ class ProcessSession:
 
     def _fail(self, message: str) -> None:
         """End the session without an exit report from the agent."""
-        self._input_room.set()
         self.state.fail(message, dropped_bytes=self.output.dropped_bytes)
         self.output.close()
 
@@ -320,28 +303,12 @@ class ProcessSession:
             msg = f"one Input call carries at most {MAX_INPUT_BYTES} bytes, got {len(data)}; write large data to a file"
             raise InvalidSpecError(msg)
         self.last_used = time.monotonic()
-        ok = not data or await self._write_within_window(data)
+        ok = not data or await self._deliver(lambda channel: channel.write(data, going=lambda: self.running))
         if close and ok:
             ok = await self._deliver(lambda channel: channel.close_input())
         if not ok and self.running:
             msg = f"process {self.process_id} cannot take input any more"
             raise FailedPreconditionError(msg)
-
-    async def _write_within_window(self, data: bytes) -> bool:
-        """Send ``data`` once the agent holds at most ``INPUT_WINDOW_BYTES`` the command has not taken.
-
-        An agent with the ``input_taken`` feature says what the command's stdin took; it drops
-        what is past its own bound (16 MiB), so input waits here, as a writer to a full pipe
-        does, instead of being lost. An older agent gets it at once, as before.
-        """
-        if self._agent_says("input_taken"):
-            while self.running and self._input_sent + len(data) - self._input_taken > INPUT_WINDOW_BYTES:
-                self._input_room.clear()
-                await self._input_room.wait()
-        ok = await self._deliver(lambda channel: channel.write(data))
-        if ok:
-            self._input_sent += len(data)
-        return ok
 
     def _agent_says(self, feature: str) -> bool:
         """Whether the agent's welcome lists ``feature``."""
