@@ -53,7 +53,7 @@ def _client(address: str | None) -> SandboxClient:
     per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
     key = address or ""
     if key not in per_loop:
-        per_loop[key] = SandboxClient(address) if address else SandboxClient()
+        per_loop[key] = SandboxClient(address or None)
     return per_loop[key]
 
 
@@ -210,9 +210,8 @@ class SandboxdSandboxEnvironment(SandboxEnvironment):
                     f"service {labels.get('inspect.service')}"
                 )
             print("remove them with: inspect sandbox cleanup sandboxd [WORKSPACE_ID]")
-        for per_loop in list(_clients.values()):
-            if (own := per_loop.pop(settings.address or "", None)) is not None and own is client:
-                await own.close()
+        _clients[asyncio.get_running_loop()].pop(settings.address or "")
+        await client.close()
 
     @classmethod
     async def cli_cleanup(cls, id: str | None) -> None:
