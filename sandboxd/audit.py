@@ -33,6 +33,7 @@ STATE_CHANGING = frozenset(
         "DeleteWorkspace",
         "PauseWorkspace",
         "ResumeWorkspace",
+        "SetWorkspaceLifetime",
         "SnapshotWorkspace",
         "DeleteSnapshot",
         "Exec",

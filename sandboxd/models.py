@@ -139,6 +139,8 @@ class WorkspaceSpec:
     """What the idle TTL does; None = delete."""
     auto_resume: bool | None = None
     """Whether a call needing a paused workspace's processes resumes it; None = yes."""
+    lifetime_s: float | None = None
+    """Seconds from create to the workspace's end (its idle action); None or 0 = no end."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -154,6 +156,8 @@ class Workspace:
     volume_name: str
     from_snapshot: str = ""
     """The snapshot it was forked from, if any."""
+    expire_time: datetime.datetime | None = None
+    """When it ends (its lifetime); None: no end."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -191,6 +195,8 @@ class ExecSpec:
     """Send stderr into stdout's pipe (``2>&1``) so the two keep their relative order."""
     user: str = ""
     """Run as this user (``name``, ``uid``, ``name:group`` or ``uid:gid``); empty means the workspace's."""
+    stdin_closed: bool = False
+    """Close stdin as the command starts: it reads end-of-file at once."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -146,6 +146,10 @@ class WorkspaceInfo:
     """The snapshot it was forked from; empty for one created from an image."""
     allowed_hosts: tuple[str, ...] = ()
     """With the ``allowlist`` network: what its egress proxy lets through, as ``HOST[:PORTS]``."""
+    lifetime_s: float = 0.0
+    """Seconds from create (or resume) to its end, busy or not (``idle_action``); 0 means none."""
+    expire_time: datetime.datetime | None = None
+    """When it ends (:meth:`SandboxClient.set_lifetime` moves it); None: no end, or paused."""
 
     @classmethod
     def from_proto(cls, message: wpb.Workspace) -> WorkspaceInfo:
@@ -174,6 +178,10 @@ class WorkspaceInfo:
             auto_resume=spec.auto_resume if spec.HasField("auto_resume") else True,
             from_snapshot=message.from_snapshot,
             allowed_hosts=tuple(_rule_text(rule) for rule in spec.allowed_hosts),
+            lifetime_s=spec.lifetime.ToNanoseconds() / 1e9,
+            expire_time=message.expire_time.ToDatetime(tzinfo=datetime.UTC)
+            if message.HasField("expire_time")
+            else None,
         )
 
 
@@ -461,6 +469,7 @@ class SandboxClient:
         from_snapshot: str = "",
         allowed_hosts: Sequence[str] = (),
         request_id: str = "",
+        lifetime_s: float = 0.0,
     ) -> Workspace:
         """Create and start a workspace; zero/empty arguments take the daemon's defaults.
 
@@ -472,6 +481,8 @@ class SandboxClient:
         argument left at its default takes the snapshot's source's value (``image`` must
         stay empty). ``idle_action`` says what ``idle_ttl_s`` does (``delete``, the default,
         or ``pause``); ``auto_resume`` (default true) whether a call resumes it when paused.
+        ``lifetime_s`` ends it that long after it is made, busy or not, as ``idle_action`` says
+        (0: no end; at least 1 s, at most a year); :meth:`set_lifetime` moves the end.
 
         Without ``workspace_id`` the client makes one (``ws-`` and 12 hex digits, as the daemon
         does), so it holds the id before the daemon makes anything. Each call sends a
@@ -512,6 +523,8 @@ class SandboxClient:
             spec.idle_ttl.CopyFrom(_duration(idle_ttl_s))
         if auto_resume is not None:
             spec.auto_resume = auto_resume
+        if lifetime_s:
+            spec.lifetime.CopyFrom(_duration(lifetime_s))
         request = wpb.CreateWorkspaceRequest(
             spec=spec,
             workspace_id=workspace_id or f"ws-{secrets.token_hex(6)}",
@@ -586,6 +599,20 @@ class SandboxClient:
         response = await self._unary(lambda: self._workspaces.PauseWorkspace(request))
         return WorkspaceInfo.from_proto(response.workspace)
 
+    async def set_lifetime(self, workspace_id: str, lifetime_s: float) -> WorkspaceInfo:
+        """End a workspace ``lifetime_s`` seconds from now (0: never), as its ``idle_action`` says.
+
+        Returns:
+            The workspace; its ``expire_time`` is the new end.
+
+        Raises:
+            NotFoundError: no such workspace.
+            InvalidArgumentError: a lifetime under 1 s or over a year.
+        """
+        request = wpb.SetWorkspaceLifetimeRequest(workspace_id=workspace_id, lifetime=_duration(lifetime_s))
+        response = await self._unary(lambda: self._workspaces.SetWorkspaceLifetime(request), idempotent=True)
+        return WorkspaceInfo.from_proto(response.workspace)
+
     async def resume_workspace(self, workspace_id: str) -> WorkspaceInfo:
         """Thaw a paused workspace; its commands go on where they were.
 
@@ -651,6 +678,7 @@ class SandboxClient:
         merge_stderr: bool = False,
         follow: bool = False,
         user: str = "",
+        stdin_closed: bool = False,
     ) -> ExecHandle:
         """Run ``bash -lc command``; iterate the handle for events or ``await handle.wait()``.
 
@@ -671,6 +699,7 @@ class SandboxClient:
             user: run as this user (``name``, ``uid``, ``name:group`` or ``uid:gid``) instead of the
                 workspace's; as root it keeps the workspace's ``root_capabilities``. A user the
                 workspace does not have raises ``InvalidArgumentError`` from the handle.
+            stdin_closed: start with stdin closed: the command reads end-of-file at once.
         """
         request = ppb.ExecRequest(
             workspace_id=workspace_id,
@@ -682,6 +711,7 @@ class SandboxClient:
             spill_after_bytes=spill_after_bytes,
             merge_stderr=merge_stderr,
             user=user,
+            stdin_closed=stdin_closed,
         )
         if yield_after_s is not None:
             request.yield_after.CopyFrom(_duration(yield_after_s))
@@ -965,6 +995,7 @@ class Workspace:
         merge_stderr: bool = False,
         follow: bool = False,
         user: str = "",
+        stdin_closed: bool = False,
     ) -> ExecHandle:
         """Run ``bash -lc command`` in this workspace; iterate the handle for events or ``await handle.wait()``.
 
@@ -984,6 +1015,7 @@ class Workspace:
             merge_stderr: send stderr into stdout (``2>&1``), keeping their exact order.
             follow: keep polling after a yield until the command exits.
             user: run as this user instead of the workspace's (empty: the workspace's).
+            stdin_closed: start with stdin closed: the command reads end-of-file at once.
 
         Returns:
             The call's handle (see :class:`ExecHandle`): events in order, the last one exactly
@@ -1007,6 +1039,7 @@ class Workspace:
             merge_stderr=merge_stderr,
             follow=follow,
             user=user,
+            stdin_closed=stdin_closed,
         )
 
     async def read_file(self, path: str, **options: Any) -> ReadResult:

@@ -82,7 +82,10 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
         "--env", "-e", action="append", default=[], metavar="NAME=VALUE", help="environment; VALUE may be secret:NAME"
     )
     create.add_argument(
-        "--idle-action", choices=["delete", "pause"], default="", help="what --ttl does (default delete)"
+        "--idle-action", choices=["delete", "pause"], default="", help="what --ttl and --lifetime do (default delete)"
+    )
+    create.add_argument(
+        "--lifetime", type=float, default=0.0, metavar="SECONDS", help="end it this long after it is made, busy or not"
     )
     create.add_argument(
         "--no-auto-resume", action="store_true", help="calls on the paused workspace fail instead of resuming it"
@@ -107,6 +110,9 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
     pause.add_argument("workspaces", nargs="+")
     resume = commands.add_parser("resume", help="thaw paused workspaces")
     resume.add_argument("workspaces", nargs="+")
+    lifetime = commands.add_parser("lifetime", help="end a workspace SECONDS from now (0: never)")
+    lifetime.add_argument("workspace")
+    lifetime.add_argument("seconds", type=float)
 
     snapshot = commands.add_parser("snapshot", help="capture a workspace's files as a named snapshot")
     snapshot.add_argument("workspace")
@@ -261,8 +267,13 @@ async def _run(opts: argparse.Namespace) -> int:
                 user=opts.user,
                 added_capabilities=opts.cap_add,
                 root_capabilities=opts.root_cap,
+                lifetime_s=opts.lifetime,
             )
             print(workspace.workspace_id)
+            return 0
+        if opts.command == "lifetime":
+            info = await client.set_lifetime(opts.workspace, opts.seconds)
+            print(info.expire_time.isoformat() if info.expire_time is not None else "never")
             return 0
         if opts.command == "fork":
             workspace = await client.create_workspace(

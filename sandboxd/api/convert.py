@@ -168,6 +168,7 @@ def workspace_spec(message: wpb.WorkspaceSpec) -> WorkspaceSpec:
         ),
         idle_action=_enum(_IDLE_FROM_PB, message.idle_action, "idle_action"),  # type: ignore[arg-type]
         auto_resume=message.auto_resume if message.HasField("auto_resume") else None,
+        lifetime_s=duration_s(message.lifetime, "lifetime") if message.HasField("lifetime") else None,
     )
 
 
@@ -199,12 +200,14 @@ def _spec_to_proto(spec: WorkspaceSpec) -> wpb.WorkspaceSpec:
         message.idle_ttl.CopyFrom(_duration(spec.idle_ttl_s))
     if spec.auto_resume is not None:
         message.auto_resume = spec.auto_resume
+    if spec.lifetime_s:
+        message.lifetime.CopyFrom(_duration(spec.lifetime_s))
     return message
 
 
 def workspace_to_proto(workspace: Workspace) -> wpb.Workspace:
     """Return the wire form of a workspace."""
-    return wpb.Workspace(
+    message = wpb.Workspace(
         workspace_id=workspace.workspace_id,
         spec=_spec_to_proto(workspace.spec),
         state=_STATE_TO_PB[workspace.state],
@@ -213,6 +216,9 @@ def workspace_to_proto(workspace: Workspace) -> wpb.Workspace:
         volume_name=workspace.volume_name,
         from_snapshot=workspace.from_snapshot,
     )
+    if workspace.expire_time is not None:
+        message.expire_time.CopyFrom(_timestamp(workspace.expire_time))
+    return message
 
 
 def snapshot_to_proto(snapshot: Snapshot) -> wpb.Snapshot:
@@ -246,6 +252,7 @@ def exec_spec(request: ppb.ExecRequest) -> ExecSpec:
         spill_after_bytes=request.spill_after_bytes,
         merge_stderr=request.merge_stderr,
         user=check_user(request.user, "user"),
+        stdin_closed=request.stdin_closed,
     )
 
 

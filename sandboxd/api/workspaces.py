@@ -53,6 +53,14 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
         await self.workspaces.delete(request.workspace_id)
         return wpb.DeleteWorkspaceResponse(workspace_id=request.workspace_id)
 
+    async def SetWorkspaceLifetime(
+        self, request: wpb.SetWorkspaceLifetimeRequest, context: Context
+    ) -> wpb.SetWorkspaceLifetimeResponse:
+        """Move a workspace's end to ``lifetime`` from now (zero: never)."""
+        lifetime_s = convert.duration_s(request.lifetime, "lifetime")
+        workspace = await self.workspaces.set_lifetime(request.workspace_id, lifetime_s)
+        return wpb.SetWorkspaceLifetimeResponse(workspace=convert.workspace_to_proto(workspace))
+
     async def PauseWorkspace(self, request: wpb.PauseWorkspaceRequest, context: Context) -> wpb.PauseWorkspaceResponse:
         """Freeze a workspace."""
         workspace = await self.workspaces.pause(request.workspace_id)

@@ -102,6 +102,9 @@ class ProcessSession:
             background=self._background,
         )
         self.shutting_down = False
+        self.stdin_closed = spec.stdin_closed and not spec.tty
+        """Its stdin pipe was closed (at start, or by an Input): more input has nowhere to go. (A
+        terminal's close is an end-of-file character: the terminal takes input still.)"""
         """Set when the daemon stops: departing streams then leave their commands alone."""
         self.yield_now = False
         """Set as the daemon's drain ends: a call streaming this command yields at once."""
@@ -149,6 +152,10 @@ class ProcessSession:
                     start_time=self.start_time,
                 )
             )
+            if self.spec.stdin_closed:
+                # Frames on the channel keep their order: the agent closes the stdin of the command
+                # it has just started, before the command can block on it.
+                await channel.close_input()
             await self.stream.pull(force=True)
             try:
                 async with asyncio.timeout(START_TIMEOUT_S):
@@ -302,10 +309,15 @@ class ProcessSession:
         if len(data) > MAX_INPUT_BYTES:
             msg = f"one Input call carries at most {MAX_INPUT_BYTES} bytes, got {len(data)}; write large data to a file"
             raise InvalidSpecError(msg)
+        if data and self.stdin_closed and self.running:
+            # Written past the end of input, it would be dropped without a word.
+            msg = f"process {self.process_id} cannot take input any more: its stdin is closed"
+            raise FailedPreconditionError(msg)
         self.last_used = time.monotonic()
         ok = not data or await self._deliver(lambda channel: channel.write(data, going=lambda: self.running))
         if close and ok:
             ok = await self._deliver(lambda channel: channel.close_input())
+            self.stdin_closed = self.stdin_closed or (ok and not self.spec.tty)
         if not ok and self.running:
             msg = f"process {self.process_id} cannot take input any more"
             raise FailedPreconditionError(msg)

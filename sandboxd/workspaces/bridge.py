@@ -266,6 +266,8 @@ class Bridge:
         """Resume the container of ``info`` (its id lock is held), then restart its agent's timers."""
         await self.backend.resume_container(info.workspace_id)
         self.records.not_paused(info.workspace_id)
+        # A paused workspace does not end; resumed, it has its whole lifetime again.
+        self.records.set_end(info.workspace_id, spec_from_json(info.labels[LABEL_SPEC]).lifetime_s)
         self.records.touch(info.workspace_id)
         try:
             await self.context_for(info).link.freeze(False)

@@ -345,7 +345,8 @@ class Creates:
                         made = await self.provisioner.start(
                             resolved, workspace_id, tenant, snapshot=snapshot, request=asked.request
                         )
-                    return made
+                    self.records.set_end(workspace_id, resolved.lifetime_s)
+                    return dataclasses.replace(made, expire_time=self.records.describe_end(workspace_id))
             except BaseException:
                 record = self.records.get(workspace_id)
                 if record is not None and record is holder:

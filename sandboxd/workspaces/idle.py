@@ -1,8 +1,9 @@
-"""The idle reaper: a workspace idle past its TTL is removed or paused (its ``idle_action``)."""
+"""The idle reaper: a workspace idle past its TTL, or at its lifetime's end, is removed or paused (``idle_action``)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import structlog
 
@@ -61,6 +62,10 @@ class IdleReaper:
             if not labels.get(LABEL_SPEC):
                 continue
             spec = spec_from_json(labels[LABEL_SPEC])
+            if self.records.ended(workspace_id):
+                if await self._end(workspace_id, spec.idle_action, labels, audit):
+                    removed.append(workspace_id)
+                continue
             ttl = spec.idle_ttl_s or 0
             if not self._idle(workspace_id, ttl):
                 continue
@@ -82,6 +87,31 @@ class IdleReaper:
             if audit is not None:
                 audit.event("workspace.reaped", workspace_id=workspace_id, tenant=tenant, reason=f"idle for {ttl:g} s")
         return removed
+
+    async def _end(
+        self, workspace_id: str, action: IdleAction | None, labels: Mapping[str, str], audit: AuditLog | None
+    ) -> bool:
+        """End a workspace whose lifetime is over, busy or not, as ``action`` says; whether it was."""
+        tenant = labels.get(LABEL_TENANT, DEFAULT_TENANT)
+        try:
+            async with self.records.lock(workspace_id):
+                if not self.records.ended(workspace_id):
+                    return False  # its lifetime was moved while the reaper waited for it
+                if action is IdleAction.PAUSE:
+                    info = await self.backend.inspect_container(workspace_id)
+                    if not info.running:
+                        return False
+                    await self.bridge.pause(info)
+                else:
+                    await self._teardown(workspace_id, "its workspace's lifetime ended and it was removed")
+        except (WorkspaceNotFoundError, FailedPreconditionError):
+            return False  # deleted, paused or stopped meanwhile
+        done = "paused" if action is IdleAction.PAUSE else "removed"
+        log.info("workspace.lifetime_ended", workspace_id=workspace_id, tenant=tenant, action=done)
+        if audit is not None:
+            event = "workspace.paused" if action is IdleAction.PAUSE else "workspace.reaped"
+            audit.event(event, workspace_id=workspace_id, tenant=tenant, reason="its lifetime ended")
+        return True
 
     def _idle(self, workspace_id: str, ttl: float) -> bool:
         """Whether the workspace is idle past ``ttl`` now: no call in flight, none for ``ttl``, no running command."""

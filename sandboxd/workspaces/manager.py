@@ -45,10 +45,12 @@ from .specs import (
     LABEL_SNAPSHOT,
     LABEL_SPEC,
     LABEL_TENANT,
+    check_lifetime,
     check_workspace_id,
     made_by,
     owned,
     resolve_spec,
+    spec_from_json,
 )
 
 __all__ = ["WorkspaceManager"]
@@ -282,6 +284,22 @@ class WorkspaceManager:
         log.info("workspace.paused", workspace_id=workspace_id)
         return dataclasses.replace(self.records.describe(info), state=WorkspaceState.PAUSED)
 
+    async def set_lifetime(self, workspace_id: str, lifetime_s: float) -> Workspace:
+        """End a workspace ``lifetime_s`` seconds from now (0: never), as its idle action says.
+
+        Raises:
+            WorkspaceNotFoundError: no such workspace.
+            InvalidSpecError: a lifetime under 1 s or over a year.
+        """
+        check_workspace_id(workspace_id)
+        check_lifetime(lifetime_s, "lifetime")
+        async with self.records.lock(workspace_id):
+            info = owned(await self.backend.inspect_container(workspace_id), current_tenant())
+            self.records.set_end(workspace_id, lifetime_s)
+        self.touch(workspace_id)
+        log.info("workspace.lifetime_set", workspace_id=workspace_id, lifetime_s=lifetime_s)
+        return self.records.describe(info)
+
     async def resume(self, workspace_id: str) -> Workspace:
         """Thaw a paused workspace: its commands go on where they were.
 
@@ -361,6 +379,9 @@ class WorkspaceManager:
         infos = [info for info in listed if not info.labels.get(LABEL_POOL)]
         for info in infos:
             self.records.seen(info).network = await self.networks.network_of(info)
+            # No end is kept across restarts: each lifetime counts again from now (never earlier
+            # than it was meant to, whatever SetWorkspaceLifetime had said).
+            self.records.set_end(info.workspace_id, spec_from_json(info.labels[LABEL_SPEC]).lifetime_s)
             if (key := made_by(info)) is not None:
                 self.records.note_made(key, info.workspace_id)
         await self.egress.adopt({info.workspace_id: info.labels.get(LABEL_TENANT, DEFAULT_TENANT) for info in infos})

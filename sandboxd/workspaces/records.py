@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -55,6 +56,8 @@ class WorkspaceRecord:
     """``(tenant, request_id)`` of the create that made it, if it had a request id."""
     removing: bool = False
     """Its teardown has begun: a call that comes meanwhile finds it gone (and makes it no new link)."""
+    ends_at: float | None = None
+    """``time.time()`` at which its lifetime ends (its idle action then); None: no end."""
 
 
 class Records:
@@ -156,6 +159,22 @@ class Records:
         if (record := self._records.get(workspace_id)) is not None:
             record.paused = False
 
+    def set_end(self, workspace_id: str, lifetime_s: float | None) -> None:
+        """End the workspace ``lifetime_s`` seconds from now (None or 0: never)."""
+        self.open(workspace_id).ends_at = time.time() + lifetime_s if lifetime_s else None
+
+    def ended(self, workspace_id: str) -> bool:
+        """Whether the workspace's lifetime is over (a paused one's never is: it ends no further)."""
+        record = self._records.get(workspace_id)
+        return record is not None and not record.paused and record.ends_at is not None and time.time() >= record.ends_at
+
+    def describe_end(self, workspace_id: str) -> datetime.datetime | None:
+        """When the workspace's lifetime ends, as a time; None: no end."""
+        record = self._records.get(workspace_id)
+        if record is None or record.ends_at is None or record.paused:
+            return None
+        return datetime.datetime.fromtimestamp(record.ends_at, datetime.UTC)
+
     def describe(self, info: ContainerInfo) -> Workspace:
         """The workspace of ``info`` as callers see it: its stored spec, with its network policy now."""
         spec = spec_from_json(info.labels[LABEL_SPEC])
@@ -171,4 +190,5 @@ class Records:
             create_time=info.create_time,
             container_id=info.container_id,
             volume_name=info.volume_name,
+            expire_time=None if info.paused else self.describe_end(info.workspace_id),
         )

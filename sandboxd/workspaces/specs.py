@@ -56,8 +56,10 @@ __all__ = [
     "LABEL_SNAPSHOT",
     "LABEL_SPEC",
     "LABEL_TENANT",
+    "MAX_LIFETIME_S",
     "RESERVED_LABEL_PREFIX",
     "check_labels",
+    "check_lifetime",
     "check_request_id",
     "check_runtime_network",
     "check_user",
@@ -275,6 +277,7 @@ def spec_from_json(text: str) -> WorkspaceSpec:
         ),
         idle_action=IdleAction(data["idle_action"]) if data.get("idle_action") else None,
         auto_resume=data.get("auto_resume"),
+        lifetime_s=data.get("lifetime_s"),
     )
 
 
@@ -306,6 +309,7 @@ def inherit(request: WorkspaceSpec, source: WorkspaceSpec, *, image: str) -> Wor
         ),
         idle_action=request.idle_action or source.idle_action,
         auto_resume=request.auto_resume if request.auto_resume is not None else source.auto_resume,
+        lifetime_s=request.lifetime_s if request.lifetime_s is not None else source.lifetime_s,
     )
 
 
@@ -457,6 +461,7 @@ def resolve_spec(spec: WorkspaceSpec, settings: Settings, secrets: SecretStore, 
         # The reaper looks once a second: a shorter TTL would reap a workspace as it is made.
         msg = f"idle_ttl must be 0 (never) or at least {MIN_IDLE_TTL_S:g} s, got {spec.idle_ttl_s:g} s"
         raise InvalidSpecError(msg)
+    check_lifetime(spec.lifetime_s, "lifetime")
     _check_image(spec.image)
     return dataclasses.replace(
         spec,
@@ -477,7 +482,22 @@ def resolve_spec(spec: WorkspaceSpec, settings: Settings, secrets: SecretStore, 
         ),
         idle_action=spec.idle_action or IdleAction.DELETE,
         auto_resume=spec.auto_resume is not False,
+        lifetime_s=spec.lifetime_s or None,
     )
+
+
+MAX_LIFETIME_S = 366 * 86400.0
+
+
+def check_lifetime(lifetime_s: float | None, field: str) -> None:
+    """Refuse a lifetime outside 1 s to a year (0 and None mean no end).
+
+    Raises:
+        InvalidSpecError: the lifetime is negative, under a second, or over a year.
+    """
+    if lifetime_s and not 1.0 <= lifetime_s <= MAX_LIFETIME_S:
+        msg = f"{field} must be 0 (no end) or 1 s to {MAX_LIFETIME_S:g} s, got {lifetime_s:g} s"
+        raise InvalidSpecError(msg)
 
 
 def _check_sizes(spec: WorkspaceSpec) -> None:

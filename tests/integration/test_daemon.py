@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import re
 import subprocess
@@ -273,6 +274,20 @@ class TestCli:
         again = self._ctl(daemon, "resume", workspace_id)
         assert (again.returncode, again.stderr) == (1, f"sandboxctl: workspace {workspace_id!r} is not paused\n")
         assert self._ctl(daemon, "exec", workspace_id, "--", "echo", "on").stdout == "on\n"
+
+    def test_lifetime(self, daemon, workspace_id) -> None:
+        """`lifetime WS SECONDS` prints the new end; 0 prints never; under a second is one error line."""
+        before = datetime.datetime.now(datetime.UTC)
+        ends = datetime.datetime.fromisoformat(
+            self._ctl(daemon, "lifetime", workspace_id, "3600", check=True).stdout.strip()
+        )
+        assert before + datetime.timedelta(seconds=3590) <= ends <= before + datetime.timedelta(seconds=3700)
+        assert self._ctl(daemon, "lifetime", workspace_id, "0", check=True).stdout == "never\n"
+        short = self._ctl(daemon, "lifetime", workspace_id, "0.5")
+        assert (short.returncode, short.stderr) == (
+            1,
+            "sandboxctl: lifetime must be 0 (no end) or 1 s to 3.16224e+07 s, got 0.5 s\n",
+        )
 
     def test_snapshot_fork_and_pool(self, daemon, workspace_id) -> None:
         """`snapshot` prints its name and `snapshots` lists it; `fork` prints a new workspace that has the

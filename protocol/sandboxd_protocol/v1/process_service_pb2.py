@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!sandboxd/v1/process_service.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"-\n\x0cTerminalSize\x12\x0f\n\x07\x63olumns\x18\x01 \x01(\r\x12\x0c\n\x04rows\x18\x02 \x01(\r\"\x95\x03\n\x0b\x45xecRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\t\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12.\n\x03\x65nv\x18\x04 \x03(\x0b\x32!.sandboxd.v1.ExecRequest.EnvEntry\x12.\n\x0byield_after\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10max_output_bytes\x18\x07 \x01(\x03\x12\x0b\n\x03tty\x18\x08 \x01(\x08\x12\x30\n\rterminal_size\x18\t \x01(\x0b\x32\x19.sandboxd.v1.TerminalSize\x12\x19\n\x11spill_after_bytes\x18\n \x01(\x03\x12\x14\n\x0cmerge_stderr\x18\x0b \x01(\x08\x12\x0c\n\x04user\x18\x0c \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"^\n\x0b\x45xecStarted\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\nExecOutput\x12\x10\n\x06stdout\x18\x01 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x02 \x01(\x0cH\x00\x12\x10\n\x08position\x18\x03 \x01(\x03\x42\x06\n\x04\x64\x61ta\"<\n\x11\x45xecOutputDropped\x12\x15\n\rdropped_bytes\x18\x01 \x01(\x03\x12\x10\n\x08position\x18\x02 \x01(\x03\"\xf5\x01\n\nExecExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06signal\x18\x02 \x01(\t\x12,\n\x0bstop_reason\x18\x03 \x01(\x0e\x32\x17.sandboxd.v1.StopReason\x12\x12\n\noom_killed\x18\x04 \x01(\x08\x12\x1a\n\x12memory_limit_bytes\x18\x05 \x01(\x03\x12\x15\n\rdropped_bytes\x18\x06 \x01(\x03\x12*\n\x07\x65lapsed\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x12\n\nspill_path\x18\t \x01(\t\"M\n\x0b\x45xecYielded\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12*\n\x07\x65lapsed\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\";\n\rExecHeartbeat\x12*\n\x07\x65lapsed\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xab\x02\n\x0c\x45xecResponse\x12+\n\x07started\x18\x01 \x01(\x0b\x32\x18.sandboxd.v1.ExecStartedH\x00\x12)\n\x06output\x18\x02 \x01(\x0b\x32\x17.sandboxd.v1.ExecOutputH\x00\x12)\n\x06\x65xited\x18\x03 \x01(\x0b\x32\x17.sandboxd.v1.ExecExitedH\x00\x12+\n\x07yielded\x18\x04 \x01(\x0b\x32\x18.sandboxd.v1.ExecYieldedH\x00\x12/\n\theartbeat\x18\x05 \x01(\x0b\x32\x1a.sandboxd.v1.ExecHeartbeatH\x00\x12\x31\n\x07\x64ropped\x18\x06 \x01(\x0b\x32\x1e.sandboxd.v1.ExecOutputDroppedH\x00\x42\x07\n\x05\x65vent\"\xe0\x01\n\x0cInputRequest\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12\r\n\x05\x63hars\x18\x02 \x01(\t\x12.\n\x0byield_after\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x63lose_stdin\x18\x04 \x01(\x08\x12\x30\n\rterminal_size\x18\x05 \x01(\x0b\x32\x19.sandboxd.v1.TerminalSize\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x18\n\x0bresume_from\x18\x07 \x01(\x03H\x00\x88\x01\x01\x42\x0e\n\x0c_resume_from\"\xff\x01\n\rInputResponse\x12)\n\x06output\x18\x01 \x01(\x0b\x32\x17.sandboxd.v1.ExecOutputH\x00\x12)\n\x06\x65xited\x18\x02 \x01(\x0b\x32\x17.sandboxd.v1.ExecExitedH\x00\x12+\n\x07yielded\x18\x03 \x01(\x0b\x32\x18.sandboxd.v1.ExecYieldedH\x00\x12/\n\theartbeat\x18\x04 \x01(\x0b\x32\x1a.sandboxd.v1.ExecHeartbeatH\x00\x12\x31\n\x07\x64ropped\x18\x05 \x01(\x0b\x32\x1e.sandboxd.v1.ExecOutputDroppedH\x00\x42\x07\n\x05\x65vent\"3\n\rSignalRequest\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12\x0e\n\x06signal\x18\x02 \x01(\t\"\x10\n\x0eSignalResponse\"K\n\x0bKillRequest\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12(\n\x05grace\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"7\n\x0cKillResponse\x12\'\n\x06\x65xited\x18\x01 \x01(\x0b\x32\x17.sandboxd.v1.ExecExited\",\n\x14ListProcessesRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\"\xe5\x01\n\x0bProcessInfo\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.sandboxd.v1.ProcessState\x12.\n\nstart_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06\x65xited\x18\x07 \x01(\x0b\x32\x17.sandboxd.v1.ExecExited\x12\x0b\n\x03tty\x18\x08 \x01(\x08\"D\n\x15ListProcessesResponse\x12+\n\tprocesses\x18\x01 \x03(\x0b\x32\x18.sandboxd.v1.ProcessInfo*\xa7\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12STOP_REASON_EXITED\x10\x01\x12\x1b\n\x17STOP_REASON_INTERRUPTED\x10\x02\x12\x17\n\x13STOP_REASON_TIMEOUT\x10\x03\x12\x16\n\x12STOP_REASON_FAILED\x10\x04\x12\x16\n\x12STOP_REASON_KILLED\x10\x05*b\n\x0cProcessState\x12\x1d\n\x19PROCESS_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15PROCESS_STATE_RUNNING\x10\x01\x12\x18\n\x14PROCESS_STATE_EXITED\x10\x02\x32\xe9\x02\n\x0eProcessService\x12=\n\x04\x45xec\x12\x18.sandboxd.v1.ExecRequest\x1a\x19.sandboxd.v1.ExecResponse0\x01\x12@\n\x05Input\x12\x19.sandboxd.v1.InputRequest\x1a\x1a.sandboxd.v1.InputResponse0\x01\x12\x41\n\x06Signal\x12\x1a.sandboxd.v1.SignalRequest\x1a\x1b.sandboxd.v1.SignalResponse\x12;\n\x04Kill\x12\x18.sandboxd.v1.KillRequest\x1a\x19.sandboxd.v1.KillResponse\x12V\n\rListProcesses\x12!.sandboxd.v1.ListProcessesRequest\x1a\".sandboxd.v1.ListProcessesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!sandboxd/v1/process_service.proto\x12\x0bsandboxd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"-\n\x0cTerminalSize\x12\x0f\n\x07\x63olumns\x18\x01 \x01(\r\x12\x0c\n\x04rows\x18\x02 \x01(\r\"\xab\x03\n\x0b\x45xecRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\t\x12\x0f\n\x07workdir\x18\x03 \x01(\t\x12.\n\x03\x65nv\x18\x04 \x03(\x0b\x32!.sandboxd.v1.ExecRequest.EnvEntry\x12.\n\x0byield_after\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07timeout\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x18\n\x10max_output_bytes\x18\x07 \x01(\x03\x12\x0b\n\x03tty\x18\x08 \x01(\x08\x12\x30\n\rterminal_size\x18\t \x01(\x0b\x32\x19.sandboxd.v1.TerminalSize\x12\x19\n\x11spill_after_bytes\x18\n \x01(\x03\x12\x14\n\x0cmerge_stderr\x18\x0b \x01(\x08\x12\x0c\n\x04user\x18\x0c \x01(\t\x12\x14\n\x0cstdin_closed\x18\r \x01(\x08\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"^\n\x0b\x45xecStarted\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\x05\x12.\n\nstart_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\nExecOutput\x12\x10\n\x06stdout\x18\x01 \x01(\x0cH\x00\x12\x10\n\x06stderr\x18\x02 \x01(\x0cH\x00\x12\x10\n\x08position\x18\x03 \x01(\x03\x42\x06\n\x04\x64\x61ta\"<\n\x11\x45xecOutputDropped\x12\x15\n\rdropped_bytes\x18\x01 \x01(\x03\x12\x10\n\x08position\x18\x02 \x01(\x03\"\xf5\x01\n\nExecExited\x12\x11\n\texit_code\x18\x01 \x01(\x05\x12\x0e\n\x06signal\x18\x02 \x01(\t\x12,\n\x0bstop_reason\x18\x03 \x01(\x0e\x32\x17.sandboxd.v1.StopReason\x12\x12\n\noom_killed\x18\x04 \x01(\x08\x12\x1a\n\x12memory_limit_bytes\x18\x05 \x01(\x03\x12\x15\n\rdropped_bytes\x18\x06 \x01(\x03\x12*\n\x07\x65lapsed\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07message\x18\x08 \x01(\t\x12\x12\n\nspill_path\x18\t \x01(\t\"M\n\x0b\x45xecYielded\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12*\n\x07\x65lapsed\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\";\n\rExecHeartbeat\x12*\n\x07\x65lapsed\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xab\x02\n\x0c\x45xecResponse\x12+\n\x07started\x18\x01 \x01(\x0b\x32\x18.sandboxd.v1.ExecStartedH\x00\x12)\n\x06output\x18\x02 \x01(\x0b\x32\x17.sandboxd.v1.ExecOutputH\x00\x12)\n\x06\x65xited\x18\x03 \x01(\x0b\x32\x17.sandboxd.v1.ExecExitedH\x00\x12+\n\x07yielded\x18\x04 \x01(\x0b\x32\x18.sandboxd.v1.ExecYieldedH\x00\x12/\n\theartbeat\x18\x05 \x01(\x0b\x32\x1a.sandboxd.v1.ExecHeartbeatH\x00\x12\x31\n\x07\x64ropped\x18\x06 \x01(\x0b\x32\x1e.sandboxd.v1.ExecOutputDroppedH\x00\x42\x07\n\x05\x65vent\"\xe0\x01\n\x0cInputRequest\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12\r\n\x05\x63hars\x18\x02 \x01(\t\x12.\n\x0byield_after\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x63lose_stdin\x18\x04 \x01(\x08\x12\x30\n\rterminal_size\x18\x05 \x01(\x0b\x32\x19.sandboxd.v1.TerminalSize\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\x18\n\x0bresume_from\x18\x07 \x01(\x03H\x00\x88\x01\x01\x42\x0e\n\x0c_resume_from\"\xff\x01\n\rInputResponse\x12)\n\x06output\x18\x01 \x01(\x0b\x32\x17.sandboxd.v1.ExecOutputH\x00\x12)\n\x06\x65xited\x18\x02 \x01(\x0b\x32\x17.sandboxd.v1.ExecExitedH\x00\x12+\n\x07yielded\x18\x03 \x01(\x0b\x32\x18.sandboxd.v1.ExecYieldedH\x00\x12/\n\theartbeat\x18\x04 \x01(\x0b\x32\x1a.sandboxd.v1.ExecHeartbeatH\x00\x12\x31\n\x07\x64ropped\x18\x05 \x01(\x0b\x32\x1e.sandboxd.v1.ExecOutputDroppedH\x00\x42\x07\n\x05\x65vent\"3\n\rSignalRequest\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12\x0e\n\x06signal\x18\x02 \x01(\t\"\x10\n\x0eSignalResponse\"K\n\x0bKillRequest\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12(\n\x05grace\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"7\n\x0cKillResponse\x12\'\n\x06\x65xited\x18\x01 \x01(\x0b\x32\x17.sandboxd.v1.ExecExited\",\n\x14ListProcessesRequest\x12\x14\n\x0cworkspace_id\x18\x01 \x01(\t\"\xe5\x01\n\x0bProcessInfo\x12\x12\n\nprocess_id\x18\x01 \x01(\t\x12\x14\n\x0cworkspace_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63ommand\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.sandboxd.v1.ProcessState\x12.\n\nstart_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06\x65xited\x18\x07 \x01(\x0b\x32\x17.sandboxd.v1.ExecExited\x12\x0b\n\x03tty\x18\x08 \x01(\x08\"D\n\x15ListProcessesResponse\x12+\n\tprocesses\x18\x01 \x03(\x0b\x32\x18.sandboxd.v1.ProcessInfo*\xa7\x01\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12STOP_REASON_EXITED\x10\x01\x12\x1b\n\x17STOP_REASON_INTERRUPTED\x10\x02\x12\x17\n\x13STOP_REASON_TIMEOUT\x10\x03\x12\x16\n\x12STOP_REASON_FAILED\x10\x04\x12\x16\n\x12STOP_REASON_KILLED\x10\x05*b\n\x0cProcessState\x12\x1d\n\x19PROCESS_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15PROCESS_STATE_RUNNING\x10\x01\x12\x18\n\x14PROCESS_STATE_EXITED\x10\x02\x32\xe9\x02\n\x0eProcessService\x12=\n\x04\x45xec\x12\x18.sandboxd.v1.ExecRequest\x1a\x19.sandboxd.v1.ExecResponse0\x01\x12@\n\x05Input\x12\x19.sandboxd.v1.InputRequest\x1a\x1a.sandboxd.v1.InputResponse0\x01\x12\x41\n\x06Signal\x12\x1a.sandboxd.v1.SignalRequest\x1a\x1b.sandboxd.v1.SignalResponse\x12;\n\x04Kill\x12\x18.sandboxd.v1.KillRequest\x1a\x19.sandboxd.v1.KillResponse\x12V\n\rListProcesses\x12!.sandboxd.v1.ListProcessesRequest\x1a\".sandboxd.v1.ListProcessesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,48 +35,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EXECREQUEST_ENVENTRY']._loaded_options = None
   _globals['_EXECREQUEST_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_STOPREASON']._serialized_start=2533
-  _globals['_STOPREASON']._serialized_end=2700
-  _globals['_PROCESSSTATE']._serialized_start=2702
-  _globals['_PROCESSSTATE']._serialized_end=2800
+  _globals['_STOPREASON']._serialized_start=2555
+  _globals['_STOPREASON']._serialized_end=2722
+  _globals['_PROCESSSTATE']._serialized_start=2724
+  _globals['_PROCESSSTATE']._serialized_end=2822
   _globals['_TERMINALSIZE']._serialized_start=115
   _globals['_TERMINALSIZE']._serialized_end=160
   _globals['_EXECREQUEST']._serialized_start=163
-  _globals['_EXECREQUEST']._serialized_end=568
-  _globals['_EXECREQUEST_ENVENTRY']._serialized_start=526
-  _globals['_EXECREQUEST_ENVENTRY']._serialized_end=568
-  _globals['_EXECSTARTED']._serialized_start=570
-  _globals['_EXECSTARTED']._serialized_end=664
-  _globals['_EXECOUTPUT']._serialized_start=666
-  _globals['_EXECOUTPUT']._serialized_end=740
-  _globals['_EXECOUTPUTDROPPED']._serialized_start=742
-  _globals['_EXECOUTPUTDROPPED']._serialized_end=802
-  _globals['_EXECEXITED']._serialized_start=805
-  _globals['_EXECEXITED']._serialized_end=1050
-  _globals['_EXECYIELDED']._serialized_start=1052
-  _globals['_EXECYIELDED']._serialized_end=1129
-  _globals['_EXECHEARTBEAT']._serialized_start=1131
-  _globals['_EXECHEARTBEAT']._serialized_end=1190
-  _globals['_EXECRESPONSE']._serialized_start=1193
-  _globals['_EXECRESPONSE']._serialized_end=1492
-  _globals['_INPUTREQUEST']._serialized_start=1495
-  _globals['_INPUTREQUEST']._serialized_end=1719
-  _globals['_INPUTRESPONSE']._serialized_start=1722
-  _globals['_INPUTRESPONSE']._serialized_end=1977
-  _globals['_SIGNALREQUEST']._serialized_start=1979
-  _globals['_SIGNALREQUEST']._serialized_end=2030
-  _globals['_SIGNALRESPONSE']._serialized_start=2032
-  _globals['_SIGNALRESPONSE']._serialized_end=2048
-  _globals['_KILLREQUEST']._serialized_start=2050
-  _globals['_KILLREQUEST']._serialized_end=2125
-  _globals['_KILLRESPONSE']._serialized_start=2127
-  _globals['_KILLRESPONSE']._serialized_end=2182
-  _globals['_LISTPROCESSESREQUEST']._serialized_start=2184
-  _globals['_LISTPROCESSESREQUEST']._serialized_end=2228
-  _globals['_PROCESSINFO']._serialized_start=2231
-  _globals['_PROCESSINFO']._serialized_end=2460
-  _globals['_LISTPROCESSESRESPONSE']._serialized_start=2462
-  _globals['_LISTPROCESSESRESPONSE']._serialized_end=2530
-  _globals['_PROCESSSERVICE']._serialized_start=2803
-  _globals['_PROCESSSERVICE']._serialized_end=3164
+  _globals['_EXECREQUEST']._serialized_end=590
+  _globals['_EXECREQUEST_ENVENTRY']._serialized_start=548
+  _globals['_EXECREQUEST_ENVENTRY']._serialized_end=590
+  _globals['_EXECSTARTED']._serialized_start=592
+  _globals['_EXECSTARTED']._serialized_end=686
+  _globals['_EXECOUTPUT']._serialized_start=688
+  _globals['_EXECOUTPUT']._serialized_end=762
+  _globals['_EXECOUTPUTDROPPED']._serialized_start=764
+  _globals['_EXECOUTPUTDROPPED']._serialized_end=824
+  _globals['_EXECEXITED']._serialized_start=827
+  _globals['_EXECEXITED']._serialized_end=1072
+  _globals['_EXECYIELDED']._serialized_start=1074
+  _globals['_EXECYIELDED']._serialized_end=1151
+  _globals['_EXECHEARTBEAT']._serialized_start=1153
+  _globals['_EXECHEARTBEAT']._serialized_end=1212
+  _globals['_EXECRESPONSE']._serialized_start=1215
+  _globals['_EXECRESPONSE']._serialized_end=1514
+  _globals['_INPUTREQUEST']._serialized_start=1517
+  _globals['_INPUTREQUEST']._serialized_end=1741
+  _globals['_INPUTRESPONSE']._serialized_start=1744
+  _globals['_INPUTRESPONSE']._serialized_end=1999
+  _globals['_SIGNALREQUEST']._serialized_start=2001
+  _globals['_SIGNALREQUEST']._serialized_end=2052
+  _globals['_SIGNALRESPONSE']._serialized_start=2054
+  _globals['_SIGNALRESPONSE']._serialized_end=2070
+  _globals['_KILLREQUEST']._serialized_start=2072
+  _globals['_KILLREQUEST']._serialized_end=2147
+  _globals['_KILLRESPONSE']._serialized_start=2149
+  _globals['_KILLRESPONSE']._serialized_end=2204
+  _globals['_LISTPROCESSESREQUEST']._serialized_start=2206
+  _globals['_LISTPROCESSESREQUEST']._serialized_end=2250
+  _globals['_PROCESSINFO']._serialized_start=2253
+  _globals['_PROCESSINFO']._serialized_end=2482
+  _globals['_LISTPROCESSESRESPONSE']._serialized_start=2484
+  _globals['_LISTPROCESSESRESPONSE']._serialized_end=2552
+  _globals['_PROCESSSERVICE']._serialized_start=2825
+  _globals['_PROCESSSERVICE']._serialized_end=3186
 # @@protoc_insertion_point(module_scope)

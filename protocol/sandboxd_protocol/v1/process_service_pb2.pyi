@@ -44,7 +44,7 @@ class TerminalSize(_message.Message):
     def __init__(self, columns: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class ExecRequest(_message.Message):
-    __slots__ = ("workspace_id", "command", "workdir", "env", "yield_after", "timeout", "max_output_bytes", "tty", "terminal_size", "spill_after_bytes", "merge_stderr", "user")
+    __slots__ = ("workspace_id", "command", "workdir", "env", "yield_after", "timeout", "max_output_bytes", "tty", "terminal_size", "spill_after_bytes", "merge_stderr", "user", "stdin_closed")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class ExecRequest(_message.Message):
     SPILL_AFTER_BYTES_FIELD_NUMBER: _ClassVar[int]
     MERGE_STDERR_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
+    STDIN_CLOSED_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     command: str
     workdir: str
@@ -76,7 +77,8 @@ class ExecRequest(_message.Message):
     spill_after_bytes: int
     merge_stderr: bool
     user: str
-    def __init__(self, workspace_id: _Optional[str] = ..., command: _Optional[str] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_output_bytes: _Optional[int] = ..., tty: _Optional[bool] = ..., terminal_size: _Optional[_Union[TerminalSize, _Mapping]] = ..., spill_after_bytes: _Optional[int] = ..., merge_stderr: _Optional[bool] = ..., user: _Optional[str] = ...) -> None: ...
+    stdin_closed: bool
+    def __init__(self, workspace_id: _Optional[str] = ..., command: _Optional[str] = ..., workdir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., yield_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_output_bytes: _Optional[int] = ..., tty: _Optional[bool] = ..., terminal_size: _Optional[_Union[TerminalSize, _Mapping]] = ..., spill_after_bytes: _Optional[int] = ..., merge_stderr: _Optional[bool] = ..., user: _Optional[str] = ..., stdin_closed: _Optional[bool] = ...) -> None: ...
 
 class ExecStarted(_message.Message):
     __slots__ = ("process_id", "pid", "start_time")

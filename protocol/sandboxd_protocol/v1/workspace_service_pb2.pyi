@@ -86,7 +86,7 @@ class SecurityOptions(_message.Message):
     def __init__(self, added_capabilities: _Optional[_Iterable[str]] = ..., allow_new_privileges: _Optional[bool] = ..., user: _Optional[str] = ..., read_only_root_filesystem: _Optional[bool] = ..., root_capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkspaceSpec(_message.Message):
-    __slots__ = ("image", "env", "working_dir", "labels", "limits", "network", "runtime", "idle_ttl", "security", "idle_action", "auto_resume", "allowed_hosts")
+    __slots__ = ("image", "env", "working_dir", "labels", "limits", "network", "runtime", "idle_ttl", "security", "idle_action", "auto_resume", "allowed_hosts", "lifetime")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class WorkspaceSpec(_message.Message):
     IDLE_ACTION_FIELD_NUMBER: _ClassVar[int]
     AUTO_RESUME_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    LIFETIME_FIELD_NUMBER: _ClassVar[int]
     image: str
     env: _containers.ScalarMap[str, str]
     working_dir: str
@@ -125,10 +126,11 @@ class WorkspaceSpec(_message.Message):
     idle_action: IdleAction
     auto_resume: bool
     allowed_hosts: _containers.RepeatedCompositeFieldContainer[EgressRule]
-    def __init__(self, image: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., network: _Optional[_Union[NetworkPolicy, str]] = ..., runtime: _Optional[_Union[Runtime, str]] = ..., idle_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., security: _Optional[_Union[SecurityOptions, _Mapping]] = ..., idle_action: _Optional[_Union[IdleAction, str]] = ..., auto_resume: _Optional[bool] = ..., allowed_hosts: _Optional[_Iterable[_Union[EgressRule, _Mapping]]] = ...) -> None: ...
+    lifetime: _duration_pb2.Duration
+    def __init__(self, image: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., working_dir: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., limits: _Optional[_Union[ResourceLimits, _Mapping]] = ..., network: _Optional[_Union[NetworkPolicy, str]] = ..., runtime: _Optional[_Union[Runtime, str]] = ..., idle_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., security: _Optional[_Union[SecurityOptions, _Mapping]] = ..., idle_action: _Optional[_Union[IdleAction, str]] = ..., auto_resume: _Optional[bool] = ..., allowed_hosts: _Optional[_Iterable[_Union[EgressRule, _Mapping]]] = ..., lifetime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Workspace(_message.Message):
-    __slots__ = ("workspace_id", "spec", "state", "create_time", "container_id", "volume_name", "from_snapshot")
+    __slots__ = ("workspace_id", "spec", "state", "create_time", "container_id", "volume_name", "from_snapshot", "expire_time")
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +138,7 @@ class Workspace(_message.Message):
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     VOLUME_NAME_FIELD_NUMBER: _ClassVar[int]
     FROM_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     spec: WorkspaceSpec
     state: WorkspaceState
@@ -143,7 +146,8 @@ class Workspace(_message.Message):
     container_id: str
     volume_name: str
     from_snapshot: str
-    def __init__(self, workspace_id: _Optional[str] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., state: _Optional[_Union[WorkspaceState, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., container_id: _Optional[str] = ..., volume_name: _Optional[str] = ..., from_snapshot: _Optional[str] = ...) -> None: ...
+    expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, workspace_id: _Optional[str] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., state: _Optional[_Union[WorkspaceState, str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., container_id: _Optional[str] = ..., volume_name: _Optional[str] = ..., from_snapshot: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateWorkspaceRequest(_message.Message):
     __slots__ = ("spec", "workspace_id", "from_snapshot", "request_id")
@@ -229,6 +233,20 @@ class ResumeWorkspaceRequest(_message.Message):
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     def __init__(self, workspace_id: _Optional[str] = ...) -> None: ...
+
+class SetWorkspaceLifetimeRequest(_message.Message):
+    __slots__ = ("workspace_id", "lifetime")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIFETIME_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    lifetime: _duration_pb2.Duration
+    def __init__(self, workspace_id: _Optional[str] = ..., lifetime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class SetWorkspaceLifetimeResponse(_message.Message):
+    __slots__ = ("workspace",)
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    workspace: Workspace
+    def __init__(self, workspace: _Optional[_Union[Workspace, _Mapping]] = ...) -> None: ...
 
 class ResumeWorkspaceResponse(_message.Message):
     __slots__ = ("workspace",)

@@ -66,6 +66,11 @@ class WorkspaceServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceResponse.FromString,
                 _registered_method=True)
+        self.SetWorkspaceLifetime = channel.unary_unary(
+                '/sandboxd.v1.WorkspaceService/SetWorkspaceLifetime',
+                request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.SetWorkspaceLifetimeRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.SetWorkspaceLifetimeResponse.FromString,
+                _registered_method=True)
         self.SnapshotWorkspace = channel.unary_unary(
                 '/sandboxd.v1.WorkspaceService/SnapshotWorkspace',
                 request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceRequest.SerializeToString,
@@ -144,6 +149,14 @@ class WorkspaceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetWorkspaceLifetime(self, request, context):
+        """SetWorkspaceLifetime moves a workspace's end: it now ends this long from now (zero: never),
+        as its idle_action says. Its spec's lifetime is what it had at create.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SnapshotWorkspace(self, request, context):
         """SnapshotWorkspace captures a workspace's files (/workspace and what changed in its root
         filesystem) as a named snapshot of the caller's; CreateWorkspace(from_snapshot) forks it.
@@ -214,6 +227,11 @@ def add_WorkspaceServiceServicer_to_server(servicer, server):
                     servicer.ResumeWorkspace,
                     request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceResponse.SerializeToString,
+            ),
+            'SetWorkspaceLifetime': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetWorkspaceLifetime,
+                    request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.SetWorkspaceLifetimeRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.SetWorkspaceLifetimeResponse.SerializeToString,
             ),
             'SnapshotWorkspace': grpc.unary_unary_rpc_method_handler(
                     servicer.SnapshotWorkspace,
@@ -405,6 +423,33 @@ class WorkspaceService:
             '/sandboxd.v1.WorkspaceService/ResumeWorkspace',
             sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceRequest.SerializeToString,
             sandboxd_dot_v1_dot_workspace__service__pb2.ResumeWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetWorkspaceLifetime(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.WorkspaceService/SetWorkspaceLifetime',
+            sandboxd_dot_v1_dot_workspace__service__pb2.SetWorkspaceLifetimeRequest.SerializeToString,
+            sandboxd_dot_v1_dot_workspace__service__pb2.SetWorkspaceLifetimeResponse.FromString,
             options,
             channel_credentials,
             insecure,
