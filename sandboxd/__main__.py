@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics-listen", metavar="HOST:PORT", help="serve Prometheus /metrics there (env SANDBOXD_METRICS_ADDRESS)"
     )
+    serve.add_argument(
+        "--e2b-listen", metavar="HOST:PORT", help="serve the E2B-compatible API there (env SANDBOXD_E2B_ADDRESS)"
+    )
     serve.add_argument("--no-build", action="store_true", help="do not build the default image on start")
     serve.add_argument("--tokens-file", help="bearer tokens and their tenants (env SANDBOXD_TOKENS_FILE)")
     serve.add_argument("--tls-cert", help="PEM server certificate for --listen (env SANDBOXD_TLS_CERT_FILE)")
@@ -128,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ,
             socket_path=getattr(opts, "socket", None),
             metrics_address=getattr(opts, "metrics_listen", None),
+            e2b_address=getattr(opts, "e2b_listen", None),
             listen_address=getattr(opts, "listen", None),
             instance=getattr(opts, "instance", None),
             tokens_file=getattr(opts, "tokens_file", None),

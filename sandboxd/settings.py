@@ -131,6 +131,11 @@ class Settings:
     """``HOST:PORT`` to serve Prometheus metrics on (``/metrics``); empty: none. Loopback unless
     told: the endpoint has no authentication."""
 
+    e2b_address: str = ""
+    """``HOST:PORT`` to serve the E2B-compatible API on (REST control plane and envd, one port);
+    empty: none. Cleartext only on a loopback address; elsewhere it needs the TLS certificate
+    and the tokens file, as ``listen_address`` does."""
+
     egress_network: str = "bridge"
     """The Docker network ALLOWLIST workspaces' egress proxies reach the world through (the proxy
     resolves names there: on a network of your own, its containers' names and aliases)."""

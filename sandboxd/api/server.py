@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import os
 import signal
 import socket
@@ -31,6 +32,7 @@ from sandboxd_protocol.v1 import (
 from ..agentbuild import AgentBuild, ensure_agent
 from ..audit import AuditLog
 from ..backend.base import Backend
+from ..e2b.server import E2BServer
 from ..errors import InvalidSpecError, SandboxdError
 from ..files import FileManager
 from ..forwards import PortForwarder
@@ -83,6 +85,7 @@ class Daemon:
     metrics: MetricsServer | None = None
     looker: asyncio.Task[None] | None = None
     gauges: Callable[[], Samples] | None = None
+    e2b: E2BServer | None = None
 
     async def stop(self, grace_s: float) -> None:
         """Refuse new calls (UNAVAILABLE), give in-flight ones ``grace_s`` seconds, then release everything.
@@ -102,6 +105,9 @@ class Daemon:
         # not: commands' streams yield, and their commands run on.
         await self.drain.run(grace_s, expiring=self.processes.yield_all)
         self.processes.stop_interrupting()
+        if self.e2b is not None:
+            # After the drain: its end of the E2B plane's streams is no Ctrl-C for their commands.
+            await self.e2b.stop()
         # Nothing is in flight now but what the drain has just ended: a moment for its status.
         await self.server.stop(1.0)
         if self.workspaces.pool is not None:
@@ -212,6 +218,47 @@ def _tcp_credentials(settings: Settings, authenticator: Authenticator) -> grpc.S
     pair = (_read_pem(settings.tls_key_file, "TLS key"), _read_pem(settings.tls_cert_file, "TLS certificate"))
     client_ca = _read_pem(settings.tls_client_ca_file, "client CA") if settings.tls_client_ca_file else None
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
+
+
+def _start_e2b(settings: Settings, authenticator: Authenticator) -> E2BServer | None:
+    """The E2B plane's server, bound, when ``e2b_address`` is set (SPEC §2.1 holds for it too).
+
+    Cleartext is for a loopback address only; any other needs the TLS certificate and tokens.
+
+    Raises:
+        InvalidSpecError: a non-loopback address without TLS or tokens, or a malformed address.
+        SandboxdError: the address cannot be bound.
+    """
+    address = settings.e2b_address
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not port.isdigit():
+        msg = f"--e2b-listen {address!r} is not HOST:PORT"
+        raise InvalidSpecError(msg)
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    tls = bool(settings.tls_cert_file and settings.tls_key_file)
+    if not loopback and not (tls and authenticator.required):
+        msg = (
+            f"refusing to serve the E2B API on {address} without TLS and tokens: set --tls-cert, --tls-key "
+            "and --tokens-file, or listen on a loopback address"
+        )
+        raise InvalidSpecError(msg)
+    try:
+        return E2BServer(
+            address,
+            settings.socket_path,
+            max_timeout_s=settings.max_exec_timeout_s,
+            certfile=settings.tls_cert_file if tls else None,
+            keyfile=settings.tls_key_file if tls else None,
+        )
+    except OSError as exc:
+        msg = f"cannot serve the E2B API on {address}: {exc.strerror or exc}"
+        raise SandboxdError(msg) from None
 
 
 def _prepare_socket(path: Path) -> None:
@@ -387,10 +434,13 @@ class _Listening:
             server,
         )
         addresses = _listen(server, self.socket_path, settings.listen_address, self.credentials)
+        e2b = _start_e2b(settings, self.authenticator)
         metrics_server, gauges, looker = _start_metrics(settings, workspaces, processes, lease)
         await server.start()
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if e2b is not None:
+            await e2b.start()
         log.info(
             "daemon.listening",
             addresses=addresses,
@@ -415,6 +465,7 @@ class _Listening:
             metrics=metrics_server,
             looker=looker,
             gauges=gauges,
+            e2b=e2b,
         )
 
 

@@ -102,7 +102,7 @@ LAYERS = (
     ("agent", ("agent", "fileops", "images", "agentbuild", "lease")),
     ("processes", ("relay", "processes")),
     ("domain", ("egress", "pool", "workspaces", "files", "forwards", "snapshots")),
-    ("api", ("api", "__main__")),
+    ("api", ("api", "e2b", "__main__")),
 )
 
 

@@ -52,6 +52,13 @@ def test_committed_stubs_match_the_protos() -> None:
     assert not diff, "".join(diff[:80])
 
 
+def test_committed_e2b_stubs_match_the_protos() -> None:
+    """The E2B envd stubs regenerate unchanged too, with the pinned plugins."""
+    generate = _generate_module()
+    diff = generate.drift(generate.E2B_OUT_ROOT, generate.generate_e2b)
+    assert not diff, "".join(diff[:80])
+
+
 @pytest.fixture(scope="module")
 def files() -> list[descriptor_pb2.FileDescriptorProto]:
     """The compiled .proto files with their comments."""

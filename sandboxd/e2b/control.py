@@ -1,0 +1,365 @@
+"""E2B's control plane (its REST API, the subset the ``e2b`` SDK 2.x calls), on sandboxd's workspaces.
+
+A sandbox is a workspace; its id is the workspace id. What E2B names maps as follows:
+
+- ``templateID``: ``base`` is the daemon's default image; the name of a snapshot of the tenant's
+  starts from that snapshot; anything else is an image reference.
+- ``metadata``: workspace labels ``e2b.metadata/KEY`` (keys of letters, digits, ``.``, ``_``,
+  ``/`` and ``-``), so listing filters on them in the daemon.
+- ``envVars``: the workspace's environment.
+- ``timeout`` (seconds, default 300) with ``autoPause``: the workspace's lifetime and what its end
+  does (delete, or pause).
+- ``allow_internet_access: false``: no network.
+
+Errors carry E2B's shape, ``{"code": HTTP_STATUS, "message": TEXT}``, and ``Should-Retry:
+false`` where the SDK would otherwise retry what cannot succeed.
+
+Source of the shapes: E2B's ``spec/openapi.yml`` and the ``e2b`` SDK 2.63.0's generated client.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import structlog
+from google.protobuf import duration_pb2
+from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .gateway import Caller, Gateway, http_status
+
+__all__ = ["ENVD_VERSION", "METADATA_PREFIX", "control_routes"]
+
+# The envd version the SDK is told: 0.6.4 turns on every code path of the SDK 2.63.0 this plane
+# serves (e2b/envd/versions.py); below 0.4.0 it would send a user of its own, "user".
+ENVD_VERSION = "0.6.4"
+METADATA_PREFIX = "e2b.metadata/"
+TEMPLATE_LABEL = "e2b.template"
+DEFAULT_TEMPLATE = "base"
+DEFAULT_TIMEOUT_S = 300
+_MAX_TIMEOUT_S = 24 * 3600
+_METADATA_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,114}$")
+_CLIENT_ID = "sandboxd"
+
+log = structlog.get_logger(__name__)
+
+
+class _Refused(Exception):
+    """A request this plane answers with an E2B error (status and words) instead of a result."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    """E2B's error body; ``Should-Retry: false`` stops the SDK retrying a 429/503 that will not pass."""
+    return JSONResponse({"code": status, "message": message}, status_code=status, headers={"Should-Retry": "false"})
+
+
+Handler = Callable[[Request, Gateway, Caller], Awaitable[Response]]
+
+
+def _endpoint(handler: Handler, gateway: Gateway) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        caller = Caller(token=(request.headers.get("x-api-key") or "").strip())
+        try:
+            return await handler(request, gateway, caller)
+        except _Refused as exc:
+            return error_response(exc.status, exc.message)
+        except grpc.aio.AioRpcError as exc:
+            return error_response(http_status(exc), exc.details() or exc.code().name.lower())
+        except Exception:
+            log.exception("e2b.request_failed", path=request.url.path, method=request.method)
+            return error_response(500, "the daemon failed to serve this request; its log says why")
+
+    return endpoint
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        import json
+
+        body = json.loads(raw)
+    except ValueError:
+        raise _Refused(400, "the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise _Refused(400, "the request body must be a JSON object")
+    return body
+
+
+def _timeout(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _MAX_TIMEOUT_S:
+        raise _Refused(400, f"timeout must be whole seconds, 1 to {_MAX_TIMEOUT_S}; got {value!r}")
+    return value
+
+
+def _strings(value: object, field: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise _Refused(400, f"{field} must be an object of strings")
+    return value
+
+
+def metadata_labels(metadata: dict[str, str]) -> dict[str, str]:
+    """Workspace labels for E2B metadata (``e2b.metadata/KEY``).
+
+    Raises:
+        _Refused: 400 for a key a label cannot carry.
+    """
+    for key in metadata:
+        if not _METADATA_KEY_RE.fullmatch(key):
+            raise _Refused(
+                400, f"metadata key {key[:64]!r} is not supported: letters, digits, '.', '_', '/', '-'; at most 115"
+            )
+    return {METADATA_PREFIX + key: value for key, value in metadata.items()}
+
+
+def _sandbox(workspace: wpb.Workspace, caller: Caller) -> dict[str, Any]:
+    """The ``Sandbox`` body of create, connect and fork."""
+    return {
+        "templateID": workspace.spec.labels.get(TEMPLATE_LABEL) or workspace.spec.image,
+        "sandboxID": workspace.workspace_id,
+        "clientID": _CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        # The SDK gives envd whatever it is handed here (X-Access-Token): the caller's own key,
+        # which is the sandboxd token the data plane then calls with.
+        "envdAccessToken": caller.token or None,
+        "trafficAccessToken": None,
+        "domain": None,
+    }
+
+
+def _detail(workspace: wpb.Workspace) -> dict[str, Any]:
+    """The ``SandboxDetail`` / ``ListedSandbox`` body."""
+    spec = workspace.spec
+    started = workspace.create_time.ToDatetime(tzinfo=datetime.UTC)
+    # A paused sandbox, or one with no lifetime, has no end: E2B's API still wants one.
+    expires = (
+        workspace.expire_time.ToDatetime(tzinfo=datetime.UTC)
+        if workspace.HasField("expire_time")
+        else datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=3650)
+    )
+    cpus = spec.limits.cpu_millis // 1000 if spec.limits.cpu_millis else os.cpu_count() or 1
+    return {
+        "templateID": spec.labels.get(TEMPLATE_LABEL) or spec.image,
+        "sandboxID": workspace.workspace_id,
+        "clientID": _CLIENT_ID,
+        "startedAt": started.isoformat().replace("+00:00", "Z"),
+        "endAt": expires.isoformat().replace("+00:00", "Z"),
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": max(1, cpus),
+        "memoryMB": spec.limits.memory_bytes // (1024 * 1024),
+        "diskSizeMB": spec.limits.disk_bytes // (1024 * 1024),
+        "state": "paused" if workspace.state == wpb.WORKSPACE_STATE_PAUSED else "running",
+        "metadata": {
+            key.removeprefix(METADATA_PREFIX): value
+            for key, value in spec.labels.items()
+            if key.startswith(METADATA_PREFIX)
+        },
+        "allowInternetAccess": spec.network != wpb.NETWORK_POLICY_NONE,
+        "lifecycle": {
+            "autoResume": False,
+            "onTimeout": "pause" if spec.idle_action == wpb.IDLE_ACTION_PAUSE else "kill",
+        },
+    }
+
+
+async def _source(gateway: Gateway, caller: Caller, template: str) -> tuple[str, str]:
+    """``(image, snapshot)`` for a ``templateID``: the default image, a snapshot, or an image."""
+    if template == DEFAULT_TEMPLATE:
+        return "", ""
+    try:
+        await gateway.workspaces.GetSnapshot(wpb.GetSnapshotRequest(name=template), metadata=caller.metadata())
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+            raise
+        return template, ""
+    return "", template
+
+
+async def create(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``POST /v2/sandboxes`` (and ``/sandboxes``): a new workspace, 201 and its ``Sandbox``."""
+    body = await _body(request)
+    template = body.get("templateID") or DEFAULT_TEMPLATE
+    if not isinstance(template, str):
+        raise _Refused(400, "templateID must be a string")
+    timeout = _timeout(body["timeout"]) if body.get("timeout") is not None else DEFAULT_TIMEOUT_S
+    image, snapshot = await _source(gateway, caller, template)
+    spec = wpb.WorkspaceSpec(
+        image=image,
+        env=_strings(body.get("envVars"), "envVars"),
+        labels={**metadata_labels(_strings(body.get("metadata"), "metadata")), TEMPLATE_LABEL: template[:1024]},
+        idle_action=wpb.IDLE_ACTION_PAUSE if body.get("autoPause") is True else wpb.IDLE_ACTION_DELETE,
+        lifetime=duration_pb2.Duration(seconds=timeout),
+    )
+    # E2B resumes a paused sandbox on traffic only when asked to (autoResume.enabled).
+    auto_resume = body.get("autoResume")
+    spec.auto_resume = isinstance(auto_resume, dict) and auto_resume.get("enabled") is True
+    if body.get("allow_internet_access") is False:
+        spec.network = wpb.NETWORK_POLICY_NONE
+    idempotency = request.headers.get("idempotency-key", "")
+    created = await gateway.workspaces.CreateWorkspace(
+        wpb.CreateWorkspaceRequest(spec=spec, from_snapshot=snapshot, request_id=idempotency[:64]),
+        metadata=caller.metadata(),
+    )
+    return JSONResponse(_sandbox(created.workspace, caller), status_code=201)
+
+
+async def _get(gateway: Gateway, caller: Caller, sandbox_id: str) -> wpb.Workspace:
+    try:
+        response = await gateway.workspaces.GetWorkspace(
+            wpb.GetWorkspaceRequest(workspace_id=sandbox_id), metadata=caller.metadata()
+        )
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+            raise _Refused(404, f"sandbox {sandbox_id} was not found") from None
+        raise
+    workspace: wpb.Workspace = response.workspace
+    return workspace
+
+
+async def get_info(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``GET /sandboxes/{id}``: 200 and its ``SandboxDetail``, or 404."""
+    return JSONResponse(_detail(await _get(gateway, caller, request.path_params["sandbox_id"])))
+
+
+def _metadata_filter(query: str) -> dict[str, str]:
+    # The SDK quotes each key and value, joins them as a query string, and that string is quoted
+    # again as the parameter's value (e2b/sandbox_sync/paginator.py): unquote twice.
+    return {
+        METADATA_PREFIX + urllib.parse.unquote(key): urllib.parse.unquote(value)
+        for key, value in urllib.parse.parse_qsl(query, keep_blank_values=True)
+    }
+
+
+async def list_sandboxes(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``GET /v2/sandboxes``: the tenant's running and paused workspaces, one page at a time."""
+    query = request.query_params
+    states = {s for s in query.get("state", "running,paused").split(",") if s}
+    if not states <= {"running", "paused"}:
+        raise _Refused(400, f"state must be running and/or paused, got {query.get('state')!r}")
+    try:
+        limit = int(query.get("limit", "100"))
+    except ValueError:
+        raise _Refused(400, "limit must be a whole number") from None
+    if not 1 <= limit <= 1000:
+        raise _Refused(400, "limit must be 1 to 1000")
+    selector = _metadata_filter(query.get("metadata", ""))
+    if query.get("template"):
+        selector[TEMPLATE_LABEL] = query["template"]
+    response = await gateway.workspaces.ListWorkspaces(
+        wpb.ListWorkspacesRequest(label_selector=selector, page_size=limit, page_token=query.get("nextToken", "")),
+        metadata=caller.metadata(),
+    )
+    wanted = {"running": wpb.WORKSPACE_STATE_RUNNING, "paused": wpb.WORKSPACE_STATE_PAUSED}
+    items = [_detail(w) for w in response.workspaces if w.state in {wanted[s] for s in states}]
+    headers = {"X-Next-Token": response.next_page_token} if response.next_page_token else {}
+    return JSONResponse(items, headers=headers)
+
+
+async def kill(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``DELETE /sandboxes/{id}``: 204, or 404 (the SDK's ``kill`` then says False)."""
+    sandbox_id = request.path_params["sandbox_id"]
+    try:
+        await gateway.workspaces.DeleteWorkspace(
+            wpb.DeleteWorkspaceRequest(workspace_id=sandbox_id), metadata=caller.metadata()
+        )
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+            raise _Refused(404, f"sandbox {sandbox_id} was not found") from None
+        raise
+    return Response(status_code=204)
+
+
+async def set_timeout(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``POST /sandboxes/{id}/timeout``: the sandbox now ends ``timeout`` seconds from now; 204."""
+    sandbox_id = request.path_params["sandbox_id"]
+    timeout = _timeout((await _body(request)).get("timeout"))
+    await _get(gateway, caller, sandbox_id)  # a 404 of E2B's shape for a sandbox that is not there
+    await gateway.workspaces.SetWorkspaceLifetime(
+        wpb.SetWorkspaceLifetimeRequest(workspace_id=sandbox_id, lifetime=duration_pb2.Duration(seconds=timeout)),
+        metadata=caller.metadata(),
+    )
+    return Response(status_code=204)
+
+
+async def pause(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``POST /sandboxes/{id}/pause``: 204, 409 when it is paused already, or 404."""
+    workspace = await _get(gateway, caller, request.path_params["sandbox_id"])
+    if workspace.state == wpb.WORKSPACE_STATE_PAUSED:
+        raise _Refused(409, f"sandbox {workspace.workspace_id} is paused already")
+    await gateway.workspaces.PauseWorkspace(
+        wpb.PauseWorkspaceRequest(workspace_id=workspace.workspace_id), metadata=caller.metadata()
+    )
+    return Response(status_code=204)
+
+
+async def connect(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``POST /v2/sandboxes/{id}/connect``: 200 for a running sandbox, 201 for one it resumed.
+
+    A ``timeout`` in the body sets the lifetime from now, as ``/timeout`` does.
+    """
+    sandbox_id = request.path_params["sandbox_id"]
+    body = await _body(request)
+    workspace = await _get(gateway, caller, sandbox_id)
+    status = 200
+    if workspace.state == wpb.WORKSPACE_STATE_PAUSED:
+        resumed = await gateway.workspaces.ResumeWorkspace(
+            wpb.ResumeWorkspaceRequest(workspace_id=sandbox_id), metadata=caller.metadata()
+        )
+        workspace, status = resumed.workspace, 201
+    if body.get("timeout") is not None:
+        await gateway.workspaces.SetWorkspaceLifetime(
+            wpb.SetWorkspaceLifetimeRequest(
+                workspace_id=sandbox_id, lifetime=duration_pb2.Duration(seconds=_timeout(body["timeout"]))
+            ),
+            metadata=caller.metadata(),
+        )
+    return JSONResponse(_sandbox(workspace, caller), status_code=status)
+
+
+async def unsupported(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """E2B's cloud features sandboxd has no counterpart for: 501, in E2B's error shape."""
+    return error_response(
+        501, f"{request.method} {request.url.path} is an E2B cloud feature that sandboxd does not serve"
+    )
+
+
+def control_routes(gateway: Gateway) -> list[Route]:
+    """The REST routes, each calling sandboxd's services through ``gateway``."""
+
+    def route(path: str, handler: Handler, method: str) -> Route:
+        return Route(path, _endpoint(handler, gateway), methods=[method])
+
+    return [
+        route("/v2/sandboxes", create, "POST"),
+        route("/sandboxes", create, "POST"),
+        route("/v2/sandboxes", list_sandboxes, "GET"),
+        route("/sandboxes", list_sandboxes, "GET"),
+        route("/sandboxes/{sandbox_id}", get_info, "GET"),
+        route("/sandboxes/{sandbox_id}", kill, "DELETE"),
+        route("/sandboxes/{sandbox_id}/timeout", set_timeout, "POST"),
+        route("/sandboxes/{sandbox_id}/pause", pause, "POST"),
+        route("/v2/sandboxes/{sandbox_id}/connect", connect, "POST"),
+        route("/sandboxes/{sandbox_id}/connect", connect, "POST"),
+        route("/sandboxes/{sandbox_id}/resume", connect, "POST"),
+        route("/sandboxes/{sandbox_id}/metrics", unsupported, "GET"),
+        route("/sandboxes/{sandbox_id}/network", unsupported, "PUT"),
+        route("/templates", unsupported, "POST"),
+        route("/v2/templates", unsupported, "POST"),
+        route("/v3/templates", unsupported, "POST"),
+    ]

@@ -1,0 +1,178 @@
+"""envd's ``filesystem.Filesystem`` service on sandboxd's FileService.
+
+Paths mean what they mean to sandboxd: relative ones resolve against ``/workspace``. File
+operations run as the workspace's user whatever ``user`` the SDK names (sandboxd's file service
+has no other); commands do run as the named user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import stat as stat_module
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from protobuf.wkt.google.protobuf import timestamp_pb
+from sandboxd_protocol.v1 import file_service_pb2 as fpb
+
+from .envd.filesystem import filesystem_pb as efs
+from .envd.filesystem.filesystem_connect import Filesystem
+from .gateway import Caller, Gateway, caller_from_headers, connect_error
+from .process import sandbox_id
+from .tarstream import empty_archive
+
+if TYPE_CHECKING:
+    from connectrpc.request import RequestContext
+
+    Ctx = RequestContext[Any, Any]
+
+__all__ = ["FilesystemService", "entry_info"]
+
+# ListDir's depth is bounded: each level is one call per directory.
+_MAX_DEPTH = 16
+_MAX_ENTRIES = 100_000
+
+_TYPES = {
+    fpb.FILE_TYPE_FILE: (efs.FileType.FILE, stat_module.S_IFREG),
+    fpb.FILE_TYPE_DIRECTORY: (efs.FileType.DIRECTORY, stat_module.S_IFDIR),
+    fpb.FILE_TYPE_SYMLINK: (efs.FileType.SYMLINK, stat_module.S_IFLNK),
+}
+
+
+@contextlib.contextmanager
+def _mapped() -> Iterator[None]:
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        raise connect_error(exc) from None
+
+
+def entry_info(info: fpb.FileInfo, *, target: fpb.FileInfo | None = None) -> efs.EntryInfo:
+    """Envd's ``EntryInfo`` for a sandboxd ``FileInfo``.
+
+    Args:
+        info: the entry itself (a symlink not followed).
+        target: for a symlink, what it points to: its type, size and mode are reported, as envd
+            does, with ``is_symlink`` and ``symlink_target`` saying it is a link.
+    """
+    shown = target if target is not None else info
+    kind, bits = _TYPES.get(shown.type, (efs.FileType.UNSPECIFIED, 0))
+    modified = timestamp_pb.Timestamp(seconds=shown.modify_time.seconds, nanos=shown.modify_time.nanos)
+    is_link = info.type == fpb.FILE_TYPE_SYMLINK
+    return efs.EntryInfo(
+        name=info.name,
+        type=kind,
+        path=info.path,
+        size=shown.size_bytes,
+        mode=shown.mode | bits,
+        permissions=stat_module.filemode(shown.mode | bits),
+        modified_time=modified,
+        symlink_target=info.link_target if is_link else None,
+        is_symlink=is_link,
+    )
+
+
+class FilesystemService(Filesystem):
+    """The ``filesystem.Filesystem`` Connect service (see the module docstring)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def _who(self, ctx: Ctx) -> tuple[str, Caller]:
+        return sandbox_id(ctx), caller_from_headers(ctx.request_headers)
+
+    async def _stat(self, workspace_id: str, caller: Caller, path: str) -> efs.EntryInfo:
+        with _mapped():
+            info = (
+                await self.gateway.files.Stat(
+                    fpb.StatRequest(workspace_id=workspace_id, path=path), metadata=caller.metadata()
+                )
+            ).info
+        target = None
+        if info.type == fpb.FILE_TYPE_SYMLINK:
+            with contextlib.suppress(grpc.aio.AioRpcError):  # a dangling link is still a link
+                target = (
+                    await self.gateway.files.Stat(
+                        fpb.StatRequest(workspace_id=workspace_id, path=path, follow_symlinks=True),
+                        metadata=caller.metadata(),
+                    )
+                ).info
+        return entry_info(info, target=target)
+
+    async def stat(self, request: efs.StatRequest, ctx: Ctx, /) -> efs.StatResponse:
+        """Describe a path (a final symlink as its target, marked as a link)."""
+        workspace_id, caller = self._who(ctx)
+        return efs.StatResponse(entry=await self._stat(workspace_id, caller, request.path))
+
+    async def make_dir(self, request: efs.MakeDirRequest, ctx: Ctx, /) -> efs.MakeDirResponse:
+        """Create a directory and its missing parents; ALREADY_EXISTS when the path exists."""
+        workspace_id, caller = self._who(ctx)
+        try:
+            await self.gateway.files.Stat(
+                fpb.StatRequest(workspace_id=workspace_id, path=request.path), metadata=caller.metadata()
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise connect_error(exc) from None
+        else:
+            raise ConnectError(Code.ALREADY_EXISTS, f"{request.path} exists already")
+
+        async def archive() -> object:
+            yield fpb.UploadRequest(target=fpb.UploadTarget(workspace_id=workspace_id, path=request.path))
+            yield fpb.UploadRequest(chunk=empty_archive())
+
+        with _mapped():
+            await self.gateway.files.Upload(archive(), metadata=caller.metadata())
+        return efs.MakeDirResponse(entry=await self._stat(workspace_id, caller, request.path))
+
+    async def move(self, request: efs.MoveRequest, ctx: Ctx, /) -> efs.MoveResponse:
+        """Rename a path (replacing a file at the destination, as rename(2) does)."""
+        workspace_id, caller = self._who(ctx)
+        with _mapped():
+            moved = await self.gateway.files.Move(
+                fpb.MoveRequest(
+                    workspace_id=workspace_id,
+                    source_path=request.source,
+                    destination_path=request.destination,
+                    overwrite=True,
+                ),
+                metadata=caller.metadata(),
+            )
+        return efs.MoveResponse(entry=await self._stat(workspace_id, caller, moved.path))
+
+    async def remove(self, request: efs.RemoveRequest, ctx: Ctx, /) -> efs.RemoveResponse:
+        """Remove a file, or a directory with everything below it."""
+        workspace_id, caller = self._who(ctx)
+        with _mapped():
+            await self.gateway.files.Remove(
+                fpb.RemoveRequest(workspace_id=workspace_id, path=request.path, recursive=True),
+                metadata=caller.metadata(),
+            )
+        return efs.RemoveResponse()
+
+    async def list_dir(self, request: efs.ListDirRequest, ctx: Ctx, /) -> efs.ListDirResponse:
+        """A directory's entries, and theirs down to ``depth`` levels (1: the directory's own)."""
+        workspace_id, caller = self._who(ctx)
+        depth = request.depth or 1
+        if depth > _MAX_DEPTH:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"depth is at most {_MAX_DEPTH}, got {depth}")
+        entries: list[efs.EntryInfo] = []
+        level = [request.path]
+        for _ in range(depth):
+            below: list[str] = []
+            for directory in level:
+                with _mapped():
+                    listed = await self.gateway.files.ListDir(
+                        fpb.ListDirRequest(workspace_id=workspace_id, path=directory), metadata=caller.metadata()
+                    )
+                for info in listed.entries:
+                    entries.append(entry_info(info))
+                    if info.type == fpb.FILE_TYPE_DIRECTORY:
+                        below.append(info.path)
+                if len(entries) > _MAX_ENTRIES:
+                    raise ConnectError(Code.RESOURCE_EXHAUSTED, f"more than {_MAX_ENTRIES} entries; ask for less depth")
+            level = below
+        return efs.ListDirResponse(entries=entries)
