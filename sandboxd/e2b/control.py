@@ -19,9 +19,12 @@ Source of the shapes: E2B's ``spec/openapi.yml`` and the ``e2b`` SDK 2.63.0's ge
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import json
 import os
 import re
+import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -90,8 +93,6 @@ async def _body(request: Request) -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        import json
-
         body = json.loads(raw)
     except ValueError:
         raise _Refused(400, "the request body is not JSON") from None
@@ -332,6 +333,88 @@ async def connect(request: Request, gateway: Gateway, caller: Caller) -> Respons
     return JSONResponse(_sandbox(workspace, caller), status_code=status)
 
 
+def _snapshot_info(snapshot: wpb.Snapshot) -> dict[str, Any]:
+    return {"snapshotID": snapshot.name, "names": [snapshot.name]}
+
+
+async def create_snapshot(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``POST /sandboxes/{id}/snapshots``: the sandbox's files as a snapshot (a template); 201."""
+    workspace = await _get(gateway, caller, request.path_params["sandbox_id"])
+    name = (await _body(request)).get("name") or f"snap-{secrets.token_hex(6)}"
+    if not isinstance(name, str):
+        raise _Refused(400, "name must be a string")
+    made = await gateway.workspaces.SnapshotWorkspace(
+        wpb.SnapshotWorkspaceRequest(workspace_id=workspace.workspace_id, name=name), metadata=caller.metadata()
+    )
+    return JSONResponse(_snapshot_info(made.snapshot), status_code=201)
+
+
+async def list_snapshots(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``GET /snapshots``: the tenant's snapshots, of one sandbox (``sandboxID``) or name if asked."""
+    query = request.query_params
+    listed = await gateway.workspaces.ListSnapshots(wpb.ListSnapshotsRequest(), metadata=caller.metadata())
+    items = [
+        _snapshot_info(s)
+        for s in listed.snapshots
+        if query.get("sandboxID") in (None, s.source_workspace_id) and query.get("name") in (None, s.name)
+    ]
+    return JSONResponse(items)
+
+
+async def delete_snapshot(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``DELETE /templates/{id}``: a snapshot; 204, or 404 (the SDK then says False)."""
+    name = request.path_params["template_id"]
+    try:
+        await gateway.workspaces.DeleteSnapshot(wpb.DeleteSnapshotRequest(name=name), metadata=caller.metadata())
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+            raise _Refused(404, f"snapshot {name} was not found") from None
+        raise
+    return Response(status_code=204)
+
+
+async def fork(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``POST /sandboxes/{id}/fork``: ``count`` (1-20) new sandboxes with the source's files; 201.
+
+    The source is snapshotted (its files: processes do not come along), each fork is created from
+    the snapshot, and the snapshot is deleted (the forks keep its image). Each item is a
+    ``{"sandbox": ...}`` or an ``{"error": ...}``, as E2B gives them.
+    """
+    workspace = await _get(gateway, caller, request.path_params["sandbox_id"])
+    body = await _body(request)
+    count = body.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 20:
+        raise _Refused(400, f"count must be 1 to 20, got {count!r}")
+    timeout = _timeout(body["timeout"]) if body.get("timeout") is not None else DEFAULT_TIMEOUT_S
+    name = f"fork-{secrets.token_hex(6)}"
+    await gateway.workspaces.SnapshotWorkspace(
+        wpb.SnapshotWorkspaceRequest(workspace_id=workspace.workspace_id, name=name), metadata=caller.metadata()
+    )
+    try:
+        spec = wpb.WorkspaceSpec(lifetime=duration_pb2.Duration(seconds=timeout))
+        made = await asyncio.gather(
+            *(
+                gateway.workspaces.CreateWorkspace(
+                    wpb.CreateWorkspaceRequest(spec=spec, from_snapshot=name), metadata=caller.metadata()
+                )
+                for _ in range(count)
+            ),
+            return_exceptions=True,
+        )
+    finally:
+        await gateway.workspaces.DeleteSnapshot(wpb.DeleteSnapshotRequest(name=name), metadata=caller.metadata())
+    items: list[dict[str, Any]] = []
+    for result in made:
+        if isinstance(result, grpc.aio.AioRpcError):
+            status = http_status(result)
+            items.append({"error": {"code": status, "message": result.details() or result.code().name.lower()}})
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            items.append({"sandbox": _sandbox(result.workspace, caller)})
+    return JSONResponse(items, status_code=201)
+
+
 async def unsupported(request: Request, gateway: Gateway, caller: Caller) -> Response:
     """E2B's cloud features sandboxd has no counterpart for: 501, in E2B's error shape."""
     return error_response(
@@ -357,6 +440,11 @@ def control_routes(gateway: Gateway) -> list[Route]:
         route("/v2/sandboxes/{sandbox_id}/connect", connect, "POST"),
         route("/sandboxes/{sandbox_id}/connect", connect, "POST"),
         route("/sandboxes/{sandbox_id}/resume", connect, "POST"),
+        route("/sandboxes/{sandbox_id}/snapshots", create_snapshot, "POST"),
+        route("/snapshots", list_snapshots, "GET"),
+        # The SDK quotes the whole id ("team%2Fname%3Atag"), which the router sees unquoted.
+        route("/templates/{template_id:path}", delete_snapshot, "DELETE"),
+        route("/sandboxes/{sandbox_id}/fork", fork, "POST"),
         route("/sandboxes/{sandbox_id}/metrics", unsupported, "GET"),
         route("/sandboxes/{sandbox_id}/network", unsupported, "PUT"),
         route("/templates", unsupported, "POST"),

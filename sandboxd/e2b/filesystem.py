@@ -8,38 +8,32 @@ has no other); commands do run as the named user.
 from __future__ import annotations
 
 import contextlib
-import stat as stat_module
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
-from protobuf.wkt.google.protobuf import timestamp_pb
 from sandboxd_protocol.v1 import file_service_pb2 as fpb
 
+from .entries import entry_info
 from .envd.filesystem import filesystem_pb as efs
 from .envd.filesystem.filesystem_connect import Filesystem
 from .gateway import Caller, Gateway, caller_from_headers, connect_error
 from .process import sandbox_id
 from .tarstream import empty_archive
+from .watch import Watchers
 
 if TYPE_CHECKING:
     from connectrpc.request import RequestContext
 
     Ctx = RequestContext[Any, Any]
 
-__all__ = ["FilesystemService", "entry_info"]
+__all__ = ["FilesystemService"]
 
 # ListDir's depth is bounded: each level is one call per directory.
 _MAX_DEPTH = 16
 _MAX_ENTRIES = 100_000
-
-_TYPES = {
-    fpb.FILE_TYPE_FILE: (efs.FileType.FILE, stat_module.S_IFREG),
-    fpb.FILE_TYPE_DIRECTORY: (efs.FileType.DIRECTORY, stat_module.S_IFDIR),
-    fpb.FILE_TYPE_SYMLINK: (efs.FileType.SYMLINK, stat_module.S_IFLNK),
-}
 
 
 @contextlib.contextmanager
@@ -50,36 +44,34 @@ def _mapped() -> Iterator[None]:
         raise connect_error(exc) from None
 
 
-def entry_info(info: fpb.FileInfo, *, target: fpb.FileInfo | None = None) -> efs.EntryInfo:
-    """Envd's ``EntryInfo`` for a sandboxd ``FileInfo``.
-
-    Args:
-        info: the entry itself (a symlink not followed).
-        target: for a symlink, what it points to: its type, size and mode are reported, as envd
-            does, with ``is_symlink`` and ``symlink_target`` saying it is a link.
-    """
-    shown = target if target is not None else info
-    kind, bits = _TYPES.get(shown.type, (efs.FileType.UNSPECIFIED, 0))
-    modified = timestamp_pb.Timestamp(seconds=shown.modify_time.seconds, nanos=shown.modify_time.nanos)
-    is_link = info.type == fpb.FILE_TYPE_SYMLINK
-    return efs.EntryInfo(
-        name=info.name,
-        type=kind,
-        path=info.path,
-        size=shown.size_bytes,
-        mode=shown.mode | bits,
-        permissions=stat_module.filemode(shown.mode | bits),
-        modified_time=modified,
-        symlink_target=info.link_target if is_link else None,
-        is_symlink=is_link,
-    )
-
-
 class FilesystemService(Filesystem):
     """The ``filesystem.Filesystem`` Connect service (see the module docstring)."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self.watchers = Watchers(gateway)
+
+    def watch_dir(self, request: efs.WatchDirRequest, ctx: Ctx, /) -> AsyncIterator[efs.WatchDirResponse]:
+        """Stream a directory's changes (see :mod:`.watch`)."""
+        workspace_id, caller = self._who(ctx)
+        return self.watchers.stream(workspace_id, caller, request)
+
+    async def create_watcher(self, request: efs.CreateWatcherRequest, ctx: Ctx, /) -> efs.CreateWatcherResponse:
+        """Start watching a directory; its changes are asked for with GetWatcherEvents."""
+        workspace_id, caller = self._who(ctx)
+        return efs.CreateWatcherResponse(watcher_id=await self.watchers.create(workspace_id, caller, request))
+
+    async def get_watcher_events(
+        self, request: efs.GetWatcherEventsRequest, ctx: Ctx, /
+    ) -> efs.GetWatcherEventsResponse:
+        """The changes since the last call (listed now: a change made before the call is in it)."""
+        caller = caller_from_headers(ctx.request_headers)
+        return efs.GetWatcherEventsResponse(events=await self.watchers.events(request.watcher_id, caller))
+
+    async def remove_watcher(self, request: efs.RemoveWatcherRequest, ctx: Ctx, /) -> efs.RemoveWatcherResponse:
+        """Stop a watcher."""
+        self.watchers.remove(request.watcher_id, caller_from_headers(ctx.request_headers))
+        return efs.RemoveWatcherResponse()
 
     def _who(self, ctx: Ctx) -> tuple[str, Caller]:
         return sandbox_id(ctx), caller_from_headers(ctx.request_headers)

@@ -11,17 +11,19 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
+from protobuf import Oneof
 from sandboxd_protocol.v1 import (
     file_service_pb2_grpc,
     process_service_pb2_grpc,
     workspace_service_pb2_grpc,
 )
 
-__all__ = ["Caller", "Gateway", "caller_from_headers", "connect_error", "http_status"]
+__all__ = ["Caller", "Gateway", "caller_from_headers", "connect_error", "http_status", "oneof"]
 
 # The daemon's own bounds apply to each call; these only have to let the largest through.
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -44,6 +46,11 @@ _HTTP = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
+
+
+def oneof(field: str, value: object) -> Any:
+    """A protobuf-py oneof value (the generated types name each field as a literal type)."""
+    return Oneof(field, value)
 
 
 def connect_error(error: grpc.aio.AioRpcError) -> ConnectError:

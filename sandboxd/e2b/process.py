@@ -31,12 +31,11 @@ import grpc
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from google.protobuf import duration_pb2
-from protobuf import Oneof
 from sandboxd_protocol.v1 import process_service_pb2 as ppb
 
 from .envd.process import process_pb as epb
 from .envd.process.process_connect import Process
-from .gateway import Caller, Gateway, caller_from_headers, connect_error
+from .gateway import Caller, Gateway, caller_from_headers, connect_error, oneof
 
 if TYPE_CHECKING:
     from connectrpc.request import RequestContext
@@ -51,15 +50,10 @@ _WINDOW = duration_pb2.Duration(seconds=3600)
 _QUEUE_EVENTS = 64
 
 
-def _oneof(field: str, value: object) -> Any:
-    """A oneof value (the generated types name each field as a literal)."""
-    return Oneof(field, value)
-
-
 # Go's words for the signals a command is usually ended by (syscall.Signal.String()).
 _SIGNAL_WORDS = {"SIGKILL": "killed", "SIGTERM": "terminated", "SIGINT": "interrupt", "SIGHUP": "hangup"}
 _Event = epb.ProcessEvent | ConnectError | None
-_KEEPALIVE = epb.ProcessEvent(event=_oneof("keepalive", epb.ProcessEvent.KeepAlive()))
+_KEEPALIVE = epb.ProcessEvent(event=oneof("keepalive", epb.ProcessEvent.KeepAlive()))
 
 
 def sandbox_id(ctx: Ctx) -> str:
@@ -96,12 +90,12 @@ def _end(exited: ppb.ExecExited) -> epb.ProcessEvent | ConnectError:
     error = exited.message if exited.stop_reason == ppb.STOP_REASON_FAILED and exited.message else None
     code = -1 if signalled else exited.exit_code
     end = epb.ProcessEvent.EndEvent(exit_code=code, exited=not signalled, status=status, error=error)
-    return epb.ProcessEvent(event=_oneof("end", end))
+    return epb.ProcessEvent(event=oneof("end", end))
 
 
 def _failed(error: str) -> epb.ProcessEvent:
     return epb.ProcessEvent(
-        event=_oneof("end", epb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status="unknown", error=error))
+        event=oneof("end", epb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status="unknown", error=error))
     )
 
 
@@ -141,8 +135,8 @@ class _Pump:
     def _data(self, output: ppb.ExecOutput) -> epb.ProcessEvent:
         which = output.WhichOneof("data") or "stdout"
         chunk = output.stderr if which == "stderr" else output.stdout
-        data = epb.ProcessEvent.DataEvent(output=_oneof("pty" if self.tty else which, chunk))
-        return epb.ProcessEvent(event=_oneof("data", data))
+        data = epb.ProcessEvent.DataEvent(output=oneof("pty" if self.tty else which, chunk))
+        return epb.ProcessEvent(event=oneof("data", data))
 
     async def run(self, gateway: Gateway, caller: Caller, stream: AsyncIterator[ppb.ExecResponse]) -> None:
         """Read the Exec stream, then Input polls, to the exit; hand each event to the followers."""
@@ -400,7 +394,7 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 
 
 def _start(pid: int) -> epb.ProcessEvent:
-    return epb.ProcessEvent(event=_oneof("start", epb.ProcessEvent.StartEvent(pid=pid)))
+    return epb.ProcessEvent(event=oneof("start", epb.ProcessEvent.StartEvent(pid=pid)))
 
 
 async def _drain(pump: _Pump, queue: asyncio.Queue[_Event]) -> AsyncIterator[epb.ProcessEvent]:

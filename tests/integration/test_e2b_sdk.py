@@ -22,6 +22,7 @@ from e2b import (
     FileType,
     NotFoundException,
     Sandbox,
+    SandboxException,
     SandboxNotFoundException,
     SandboxQuery,
     TimeoutException,
@@ -312,3 +313,92 @@ def test_on_timeout_pause_then_connect_resumes(e2b_env: str) -> None:
         assert 50 <= (info.end_at - datetime.datetime.now(datetime.UTC)).total_seconds() <= 62
     finally:
         sandbox.kill()
+
+
+def test_watch_dir_reports_changes_made_before_each_call(sbx: Sandbox) -> None:
+    from e2b import FilesystemEventType
+
+    sbx.files.make_dir("/workspace/w/nested")
+    sbx.files.write("/workspace/w/old.txt", "old")
+    handle = sbx.files.watch_dir("/workspace/w", recursive=True, include_entry=True)
+    assert handle.get_new_events() == []
+    sbx.files.write("/workspace/w/nested/new.txt", "new content")
+    events = [(e.type, e.name) for e in handle.get_new_events()]
+    assert events == [(FilesystemEventType.CREATE, "nested/new.txt"), (FilesystemEventType.WRITE, "nested/new.txt")]
+    sbx.commands.run("echo more >> /workspace/w/old.txt && chmod 600 /workspace/w/nested/new.txt")
+    changed = handle.get_new_events()
+    assert [(e.type, e.name) for e in changed] == [
+        (FilesystemEventType.CHMOD, "nested/new.txt"),
+        (FilesystemEventType.WRITE, "old.txt"),
+    ]
+    assert changed[1].entry is not None and changed[1].entry.path == "/workspace/w/old.txt"
+    sbx.files.remove("/workspace/w/old.txt")
+    assert [(e.type, e.name) for e in handle.get_new_events()] == [(FilesystemEventType.REMOVE, "old.txt")]
+    handle.stop()
+    with pytest.raises(SandboxException):
+        handle.get_new_events()
+
+
+def test_async_watch_dir_streams_events(e2b_env: str) -> None:
+    from e2b import FilesystemEventType
+
+    async def scenario() -> None:
+        sandbox = await AsyncSandbox.create()
+        try:
+            await sandbox.files.make_dir("/workspace/aw")
+            seen: list[tuple[FilesystemEventType, str]] = []
+            arrived = {kind: asyncio.Event() for kind in FilesystemEventType}
+
+            def on_event(event) -> None:  # type: ignore[no-untyped-def]
+                seen.append((event.type, event.name))
+                arrived[event.type].set()
+
+            handle = await sandbox.files.watch_dir("/workspace/aw", on_event=on_event, timeout=60)
+            await sandbox.files.write("/workspace/aw/f.txt", "x")
+            await asyncio.wait_for(arrived[FilesystemEventType.CREATE].wait(), 20)
+            await sandbox.files.remove("/workspace/aw/f.txt")
+            await asyncio.wait_for(arrived[FilesystemEventType.REMOVE].wait(), 20)
+            assert seen == [
+                (FilesystemEventType.CREATE, "f.txt"),
+                (FilesystemEventType.WRITE, "f.txt"),
+                (FilesystemEventType.REMOVE, "f.txt"),
+            ]
+            await handle.stop()
+        finally:
+            await sandbox.kill()
+
+    asyncio.run(scenario())
+
+
+def test_snapshot_create_list_start_from_and_delete(sbx: Sandbox, e2b_env: str) -> None:
+    sbx.files.write("/workspace/kept.txt", "in the snapshot")
+    name = f"e2b-snap-{sbx.sandbox_id}"
+    made = sbx.create_snapshot(name=name)
+    assert made.snapshot_id == name
+    assert [s.snapshot_id for s in sbx.list_snapshots().next_items()] == [name]
+    started = Sandbox.create(template=name)
+    try:
+        assert started.files.read("/workspace/kept.txt") == "in the snapshot"
+        assert started.get_info().template_id == name
+    finally:
+        started.kill()
+    assert Sandbox.delete_snapshot(name) is True
+    assert Sandbox.delete_snapshot(name) is False
+    assert sbx.list_snapshots().next_items() == []
+
+
+def test_fork_makes_sandboxes_with_the_files(sbx: Sandbox) -> None:
+    sbx.files.write("/workspace/kept.txt", "forked")
+    forks = sbx.fork(count=2, timeout=120)
+    try:
+        assert len(forks) == 2
+        for fork in forks:
+            assert isinstance(fork, Sandbox)
+            assert fork.sandbox_id != sbx.sandbox_id
+            assert fork.files.read("/workspace/kept.txt") == "forked"
+        assert len({f.sandbox_id for f in forks if isinstance(f, Sandbox)}) == 2
+    finally:
+        for fork in forks:
+            if isinstance(fork, Sandbox):
+                fork.kill()
+    assert sbx.list_snapshots().next_items() == []  # the fork's own snapshot is gone
