@@ -20,6 +20,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import structlog
+from connectrpc.code import Code
+from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
+from connectrpc.errors import ConnectError
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 from starlette.applications import Starlette
@@ -43,6 +46,25 @@ ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 _READ_MAX_BYTES = 8 * 1024 * 1024
 
 
+class _Refusing:
+    """A codec whose decode errors are INVALID_ARGUMENT (connectrpc lets a stream's escape as UNKNOWN)."""
+
+    def __init__(self, inner: Codec[Any, Any]) -> None:
+        self._inner = inner
+
+    def name(self) -> str:
+        return self._inner.name()
+
+    def encode(self, message: Any) -> bytes:
+        return self._inner.encode(message)
+
+    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
+        try:
+            return self._inner.decode(data, message_class)
+        except Exception as exc:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"the request message does not decode: {exc}") from None
+
+
 def create_app(gateway: Gateway, hub: ProcessHub, *, max_timeout_s: float) -> ASGIApp:
     """The E2B plane as one ASGI app over ``gateway``.
 
@@ -51,10 +73,13 @@ def create_app(gateway: Gateway, hub: ProcessHub, *, max_timeout_s: float) -> AS
         hub: the pumps of the processes started through this app.
         max_timeout_s: the daemon's longest command timeout.
     """
-    processes = ProcessASGIApplication(
-        ProcessService(gateway, hub, max_timeout_s), read_max_bytes=_READ_MAX_BYTES, compressions=()
-    )
-    filesystem = FilesystemASGIApplication(FilesystemService(gateway), read_max_bytes=_READ_MAX_BYTES, compressions=())
+    options: dict[str, Any] = {
+        "read_max_bytes": _READ_MAX_BYTES,
+        "compressions": (),
+        "codecs": [_Refusing(proto_binary_codec()), _Refusing(proto_json_codec())],
+    }
+    processes = ProcessASGIApplication(ProcessService(gateway, hub, max_timeout_s), **options)
+    filesystem = FilesystemASGIApplication(FilesystemService(gateway), **options)
     rest = Starlette(routes=[*control_routes(gateway), *file_routes(gateway)])
 
     async def route(scope: Scope, receive: Any, send: Any) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import io
 import re
 import tarfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import pytest
 from sandboxd_client import Output, Yielded
@@ -140,3 +142,62 @@ async def trickle(data: bytes, *, pieces: int, pause_s: float) -> AsyncIterator[
     for start in range(0, len(data), step):
         yield data[start : start + step]
         await asyncio.sleep(pause_s)
+
+
+def certificates(directory: Path, names: Sequence[str] = ("localhost", "127.0.0.1")) -> dict[str, Path]:
+    """A CA, a server certificate for ``names`` (DNS names, wildcards or IP addresses) and a client
+    certificate, all signed by the CA; and a stranger's self-signed one. Paths by ``NAME_cert``/``NAME_key``."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    paths: dict[str, Path] = {}
+
+    def write(name: str, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
+        paths[f"{name}_key"] = directory / f"{name}.key"
+        paths[f"{name}_key"].write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        paths[f"{name}_cert"] = directory / f"{name}.pem"
+        paths[f"{name}_cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    def issue(name: str, issuer_key, issuer_name, key, *, ca: bool = False, sans=()):  # type: ignore[no-untyped-def]
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer_name or subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = issue("sandboxd test CA", ca_key, None, ca_key, ca=True)
+    write("ca", ca_key, ca_cert)
+    server_key = ec.generate_private_key(ec.SECP256R1())
+
+    def san(name: str) -> x509.GeneralName:
+        try:
+            return x509.IPAddress(ipaddress.ip_address(name))
+        except ValueError:
+            return x509.DNSName(name)
+
+    sans = [san(name) for name in names]
+    write("server", server_key, issue(names[0], ca_key, ca_cert.subject, server_key, sans=sans))
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    write("client", client_key, issue("agent", ca_key, ca_cert.subject, client_key))
+    other_key = ec.generate_private_key(ec.SECP256R1())
+    write("stranger", other_key, issue("stranger", other_key, None, other_key, ca=True))
+    return paths

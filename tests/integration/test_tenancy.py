@@ -28,7 +28,7 @@ from sandboxd_client import (
 from sandboxd.errors import InvalidSpecError
 from sandboxd.tenancy import create_token
 from tests.conftest import DaemonThread, make_settings
-from tests.integration.helpers import collect, start_ready, start_yielded
+from tests.integration.helpers import certificates, collect, start_ready, start_yielded
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -569,57 +569,6 @@ class TestAudit:
         assert audit_path.stat().st_mode & 0o777 == 0o600
 
 
-def _certificates(directory: Path) -> dict[str, Path]:
-    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate, all signed by the CA."""
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    paths: dict[str, Path] = {}
-
-    def write(name: str, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> None:
-        paths[f"{name}_key"] = directory / f"{name}.key"
-        paths[f"{name}_key"].write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
-        paths[f"{name}_cert"] = directory / f"{name}.pem"
-        paths[f"{name}_cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-
-    def issue(name: str, issuer_key, issuer_name, key, *, ca: bool = False, sans=()):  # type: ignore[no-untyped-def]
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer_name or subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
-        return builder.sign(issuer_key, hashes.SHA256())
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = issue("sandboxd test CA", ca_key, None, ca_key, ca=True)
-    write("ca", ca_key, ca_cert)
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    sans = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    write("server", server_key, issue("localhost", ca_key, ca_cert.subject, server_key, sans=sans))
-    client_key = ec.generate_private_key(ec.SECP256R1())
-    write("client", client_key, issue("agent", ca_key, ca_cert.subject, client_key))
-    other_key = ec.generate_private_key(ec.SECP256R1())
-    write("stranger", other_key, issue("stranger", other_key, None, other_key, ca=True))
-    return paths
-
-
 async def _refused_start(settings, match: str) -> None:  # type: ignore[no-untyped-def]
     """Starting a daemon with ``settings`` fails with INVALID_ARGUMENT matching ``match``, binding nothing."""
     from sandboxd.api.server import start
@@ -650,10 +599,10 @@ class TestTcp:
         await _refused_start(make_settings(tmp_path, listen_address="127.0.0.1:0"), "without TLS")
 
     async def test_tls_without_any_authentication_refuses_to_start(self, tmp_path: Path) -> None:
-        await _refused_start(_tls_settings(tmp_path, _certificates(tmp_path)), "without authentication")
+        await _refused_start(_tls_settings(tmp_path, certificates(tmp_path)), "without authentication")
 
     async def test_tls_with_tokens(self, tmp_path: Path, default_image: str) -> None:
-        certs = _certificates(tmp_path)
+        certs = certificates(tmp_path)
         tokens = tmp_path / "tokens.json"
         token = create_token(tokens, "remote")
         settings = _tls_settings(tmp_path, certs, tokens_file=str(tokens))
@@ -693,7 +642,7 @@ class TestTcp:
             thread.stop()
 
     async def test_mutual_tls(self, tmp_path: Path, default_image: str) -> None:
-        certs = _certificates(tmp_path)
+        certs = certificates(tmp_path)
         settings = _tls_settings(tmp_path, certs, tls_client_ca_file=str(certs["ca_cert"]))
         thread = DaemonThread(settings).start()
         try:
