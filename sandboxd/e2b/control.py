@@ -20,13 +20,14 @@ Source of the shapes: E2B's ``spec/openapi.yml`` and the ``e2b`` SDK 2.63.0's ge
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import os
 import re
 import secrets
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -62,6 +63,17 @@ class _Refused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+@contextlib.contextmanager
+def _missing_is_404(what: str) -> Iterator[None]:
+    """NOT_FOUND (or an id that cannot be one) as E2B's 404 for ``what``."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+            raise _Refused(404, f"{what} was not found") from None
+        raise
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -221,14 +233,10 @@ async def create(request: Request, gateway: Gateway, caller: Caller) -> Response
 
 
 async def _get(gateway: Gateway, caller: Caller, sandbox_id: str) -> wpb.Workspace:
-    try:
+    with _missing_is_404(f"sandbox {sandbox_id}"):
         response = await gateway.workspaces.GetWorkspace(
             wpb.GetWorkspaceRequest(workspace_id=sandbox_id), metadata=caller.metadata()
         )
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
-            raise _Refused(404, f"sandbox {sandbox_id} was not found") from None
-        raise
     workspace: wpb.Workspace = response.workspace
     return workspace
 
@@ -275,14 +283,10 @@ async def list_sandboxes(request: Request, gateway: Gateway, caller: Caller) -> 
 async def kill(request: Request, gateway: Gateway, caller: Caller) -> Response:
     """``DELETE /sandboxes/{id}``: 204, or 404 (the SDK's ``kill`` then says False)."""
     sandbox_id = request.path_params["sandbox_id"]
-    try:
+    with _missing_is_404(f"sandbox {sandbox_id}"):
         await gateway.workspaces.DeleteWorkspace(
             wpb.DeleteWorkspaceRequest(workspace_id=sandbox_id), metadata=caller.metadata()
         )
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
-            raise _Refused(404, f"sandbox {sandbox_id} was not found") from None
-        raise
     return Response(status_code=204)
 
 
@@ -364,12 +368,8 @@ async def list_snapshots(request: Request, gateway: Gateway, caller: Caller) -> 
 async def delete_snapshot(request: Request, gateway: Gateway, caller: Caller) -> Response:
     """``DELETE /templates/{id}``: a snapshot; 204, or 404 (the SDK then says False)."""
     name = request.path_params["template_id"]
-    try:
+    with _missing_is_404(f"snapshot {name}"):
         await gateway.workspaces.DeleteSnapshot(wpb.DeleteSnapshotRequest(name=name), metadata=caller.metadata())
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
-            raise _Refused(404, f"snapshot {name} was not found") from None
-        raise
     return Response(status_code=204)
 
 

@@ -8,7 +8,7 @@ has no other); commands do run as the named user.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -19,7 +19,7 @@ from sandboxd_protocol.v1 import file_service_pb2 as fpb
 from .entries import entry_info
 from .envd.filesystem import filesystem_pb as efs
 from .envd.filesystem.filesystem_connect import Filesystem
-from .gateway import Caller, Gateway, caller_from_headers, connect_error
+from .gateway import Caller, Gateway, caller_from_headers, connect_error, mapped_errors
 from .process import sandbox_id
 from .tarstream import empty_archive
 from .watch import Watchers
@@ -34,14 +34,6 @@ __all__ = ["FilesystemService"]
 # ListDir's depth is bounded: each level is one call per directory.
 _MAX_DEPTH = 16
 _MAX_ENTRIES = 100_000
-
-
-@contextlib.contextmanager
-def _mapped() -> Iterator[None]:
-    try:
-        yield
-    except grpc.aio.AioRpcError as exc:
-        raise connect_error(exc) from None
 
 
 class FilesystemService(Filesystem):
@@ -77,7 +69,7 @@ class FilesystemService(Filesystem):
         return sandbox_id(ctx), caller_from_headers(ctx.request_headers)
 
     async def _stat(self, workspace_id: str, caller: Caller, path: str) -> efs.EntryInfo:
-        with _mapped():
+        with mapped_errors():
             info = (
                 await self.gateway.files.Stat(
                     fpb.StatRequest(workspace_id=workspace_id, path=path), metadata=caller.metadata()
@@ -116,14 +108,14 @@ class FilesystemService(Filesystem):
             yield fpb.UploadRequest(target=fpb.UploadTarget(workspace_id=workspace_id, path=request.path))
             yield fpb.UploadRequest(chunk=empty_archive())
 
-        with _mapped():
+        with mapped_errors():
             await self.gateway.files.Upload(archive(), metadata=caller.metadata())
         return efs.MakeDirResponse(entry=await self._stat(workspace_id, caller, request.path))
 
     async def move(self, request: efs.MoveRequest, ctx: Ctx, /) -> efs.MoveResponse:
         """Rename a path (replacing a file at the destination, as rename(2) does)."""
         workspace_id, caller = self._who(ctx)
-        with _mapped():
+        with mapped_errors():
             moved = await self.gateway.files.Move(
                 fpb.MoveRequest(
                     workspace_id=workspace_id,
@@ -138,7 +130,7 @@ class FilesystemService(Filesystem):
     async def remove(self, request: efs.RemoveRequest, ctx: Ctx, /) -> efs.RemoveResponse:
         """Remove a file, or a directory with everything below it."""
         workspace_id, caller = self._who(ctx)
-        with _mapped():
+        with mapped_errors():
             await self.gateway.files.Remove(
                 fpb.RemoveRequest(workspace_id=workspace_id, path=request.path, recursive=True),
                 metadata=caller.metadata(),
@@ -156,7 +148,7 @@ class FilesystemService(Filesystem):
         for _ in range(depth):
             below: list[str] = []
             for directory in level:
-                with _mapped():
+                with mapped_errors():
                     listed = await self.gateway.files.ListDir(
                         fpb.ListDirRequest(workspace_id=workspace_id, path=directory), metadata=caller.metadata()
                     )

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from sandboxd_protocol.v1 import (
     workspace_service_pb2_grpc,
 )
 
-__all__ = ["Caller", "Gateway", "caller_from_headers", "connect_error", "http_status", "oneof"]
+__all__ = ["Caller", "Gateway", "caller_from_headers", "connect_error", "http_status", "mapped_errors", "oneof"]
 
 # The daemon's own bounds apply to each call; these only have to let the largest through.
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -56,6 +57,15 @@ def oneof(field: str, value: object) -> Any:
 def connect_error(error: grpc.aio.AioRpcError) -> ConnectError:
     """The Connect error an E2B client gets for a failed sandboxd call: same code, same words."""
     return ConnectError(_CODES.get(error.code(), Code.UNKNOWN), error.details() or error.code().name.lower())
+
+
+@contextlib.contextmanager
+def mapped_errors() -> Iterator[None]:
+    """Sandboxd's errors, raised as Connect errors of the same code and words."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        raise connect_error(exc) from None
 
 
 def http_status(error: grpc.aio.AioRpcError) -> int:

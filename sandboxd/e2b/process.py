@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import shlex
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -35,7 +35,7 @@ from sandboxd_protocol.v1 import process_service_pb2 as ppb
 
 from .envd.process import process_pb as epb
 from .envd.process.process_connect import Process
-from .gateway import Caller, Gateway, caller_from_headers, connect_error, oneof
+from .gateway import Caller, Gateway, caller_from_headers, mapped_errors, oneof
 
 if TYPE_CHECKING:
     from connectrpc.request import RequestContext
@@ -66,15 +66,6 @@ def sandbox_id(ctx: Ctx) -> str:
     if not value:
         raise ConnectError(Code.INVALID_ARGUMENT, "the E2b-Sandbox-Id header names no sandbox")
     return value
-
-
-@contextlib.contextmanager
-def _mapped() -> Iterator[None]:
-    """Sandboxd's errors as Connect errors of the same code and words."""
-    try:
-        yield
-    except grpc.aio.AioRpcError as exc:
-        raise connect_error(exc) from None
 
 
 def _end(exited: ppb.ExecExited) -> epb.ProcessEvent | ConnectError:
@@ -236,7 +227,7 @@ class ProcessService(Process):
         """
         workspace_id = sandbox_id(ctx)
         caller = caller_from_headers(ctx.request_headers)
-        with _mapped():
+        with mapped_errors():
             listed = await self.gateway.processes.ListProcesses(
                 ppb.ListProcessesRequest(workspace_id=workspace_id), metadata=caller.metadata()
             )
@@ -257,7 +248,7 @@ class ProcessService(Process):
         """The sandbox's running processes."""
         workspace_id = sandbox_id(ctx)
         caller = caller_from_headers(ctx.request_headers)
-        with _mapped():
+        with mapped_errors():
             listed = await self.gateway.processes.ListProcesses(
                 ppb.ListProcessesRequest(workspace_id=workspace_id), metadata=caller.metadata()
             )
@@ -298,7 +289,7 @@ class ProcessService(Process):
             exec_request.terminal_size.columns = request.pty.size.cols
             exec_request.terminal_size.rows = request.pty.size.rows
         stream = self.gateway.processes.Exec(exec_request, metadata=caller.metadata())
-        with _mapped():
+        with mapped_errors():
             first = await anext(aiter(stream))
         started = first.started
         pump = _Pump(
@@ -331,7 +322,7 @@ class ProcessService(Process):
         caller = caller_from_headers(ctx.request_headers)
         # A zero window: this call only writes; the pump reads the output.
         request = ppb.InputRequest(process_id=process_id, yield_after=duration_pb2.Duration(), **fields)  # type: ignore[arg-type]
-        with _mapped():
+        with mapped_errors():
             async for _ in self.gateway.processes.Input(request, metadata=caller.metadata()):
                 pass
 
@@ -365,7 +356,7 @@ class ProcessService(Process):
         found = await self._find(ctx, request.process)
         process_id = found if isinstance(found, str) else found.process_id
         caller = caller_from_headers(ctx.request_headers)
-        with _mapped():
+        with mapped_errors():
             if request.signal == epb.Signal.SIGKILL:
                 await self.gateway.processes.Kill(
                     ppb.KillRequest(process_id=process_id, grace=duration_pb2.Duration()), metadata=caller.metadata()
