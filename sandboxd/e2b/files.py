@@ -31,6 +31,7 @@ __all__ = ["MAX_UPLOAD_BYTES", "file_routes"]
 # to 1 MiB, then on the daemon's disk, up to this much.
 MAX_UPLOAD_BYTES = 1024 * 1024 * 1024
 _SPOOL_MEMORY = 1024 * 1024
+_FORM_SLACK = 64 * 1024  # a form's boundaries and part headers around the file
 _CHUNK = 256 * 1024
 
 
@@ -142,6 +143,12 @@ async def upload(request: Request, gateway: Gateway) -> Response:
     written = []
     try:
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            # The form is spooled whole before its parts are read: its size is bounded first.
+            length = request.headers.get("content-length", "")
+            if not length.isdigit():
+                return _error(411, "a multipart upload needs a Content-Length")
+            if int(length) > MAX_UPLOAD_BYTES + _FORM_SLACK:
+                return _too_large()
             async with request.form(max_files=1000) as form:
                 parts = [part for part in form.getlist("file") if isinstance(part, UploadFile)]
                 if not parts:

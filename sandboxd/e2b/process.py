@@ -401,3 +401,5 @@ async def _drain(pump: _Pump, queue: asyncio.Queue[_Event]) -> AsyncIterator[epb
             yield event
     finally:
         pump.followers.discard(queue)
+        while not queue.empty():  # room for an event the pump may be waiting to put: it goes on
+            queue.get_nowait()

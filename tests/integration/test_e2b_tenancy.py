@@ -142,6 +142,15 @@ def test_bad_requests_get_e2b_errors_not_traces(plane: tuple[str, str, str]) -> 
     }
     listed = httpx.get(f"{url}/v2/sandboxes", params={"limit": "0"}, headers=headers)
     assert (listed.status_code, listed.json()["code"]) == (400, 400)
+    def chunked():  # type: ignore[no-untyped-def]
+        yield b"--b\r\nContent-Disposition: form-data; name=file; filename=f\r\n\r\nx\r\n--b--\r\n"
+
+    unbounded = httpx.post(
+        f"{url}/files",
+        content=chunked(),
+        headers={"e2b-sandbox-id": "ws-000000000000", "content-type": "multipart/form-data; boundary=b"},
+    )
+    assert (unbounded.status_code, unbounded.json()["code"]) == (411, 411)
     metrics = httpx.get(f"{url}/sandboxes/ws-nope/metrics", headers=headers)
     assert (metrics.status_code, metrics.json()["code"]) == (501, 501)
     # envd without a sandbox id, and with an Authorization header that is not Basic.

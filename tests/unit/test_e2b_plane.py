@@ -144,3 +144,29 @@ def test_file_content_refuses_a_directory_and_a_cut_archive() -> None:
         asyncio.run(first(_tar(entry, data=b"x" * 5000)[:1500]))
     with pytest.raises(tarfile.TarError):
         asyncio.run(first(empty_archive()))
+
+
+def test_a_follower_that_leaves_never_holds_the_pump_back() -> None:
+    from sandboxd.e2b.process import _drain, _Pump
+
+    async def scenario() -> None:
+        pump = _Pump(workspace_id="ws", process_id="p", pid=1, config=epb.ProcessConfig(), tag=None, tty=False)
+        queue = pump.follow()
+        follower = _drain(pump, queue)
+        first = await asyncio.wait_for(_give_when_read(pump, follower), 5)
+        assert first is not None
+        while not queue.full():
+            queue.put_nowait(epb.ProcessEvent())
+        blocked = asyncio.create_task(pump._give(epb.ProcessEvent()))  # the queue is full: it waits
+        await asyncio.sleep(0.05)
+        assert not blocked.done()
+        await follower.aclose()  # the follower's stream ends (its client went away)
+        await asyncio.wait_for(blocked, 5)
+        assert queue not in pump.followers
+
+    async def _give_when_read(pump, follower):  # type: ignore[no-untyped-def]
+        reading = asyncio.create_task(anext(follower))
+        await pump._give(epb.ProcessEvent())
+        return await reading
+
+    asyncio.run(scenario())
