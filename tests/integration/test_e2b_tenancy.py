@@ -142,6 +142,7 @@ def test_bad_requests_get_e2b_errors_not_traces(plane: tuple[str, str, str]) -> 
     }
     listed = httpx.get(f"{url}/v2/sandboxes", params={"limit": "0"}, headers=headers)
     assert (listed.status_code, listed.json()["code"]) == (400, 400)
+
     def chunked():  # type: ignore[no-untyped-def]
         yield b"--b\r\nContent-Disposition: form-data; name=file; filename=f\r\n\r\nx\r\n--b--\r\n"
 
