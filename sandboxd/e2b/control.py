@@ -20,6 +20,7 @@ Source of the shapes: E2B's ``spec/openapi.yml`` and the ``e2b`` SDK 2.63.0's ge
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime
 import json
@@ -52,6 +53,8 @@ DEFAULT_TIMEOUT_S = 300
 _MAX_TIMEOUT_S = 24 * 3600
 _METADATA_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,114}$")
 _CLIENT_ID = "sandboxd"
+_MAX_PAGE = 1000
+_MAX_LISTED = 10_000
 
 log = structlog.get_logger(__name__)
 
@@ -255,8 +258,28 @@ def _metadata_filter(query: str) -> dict[str, str]:
     }
 
 
+def _page_token(workspace: wpb.Workspace) -> str:
+    where = json.dumps([workspace.create_time.ToNanoseconds(), workspace.workspace_id]).encode()
+    return base64.urlsafe_b64encode(where).decode()
+
+
+def _after(token: str) -> tuple[int, str]:
+    try:
+        nanos, workspace_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, TypeError):
+        raise _Refused(400, "nextToken is not one this API gave") from None
+    if not isinstance(nanos, int) or not isinstance(workspace_id, str):
+        raise _Refused(400, "nextToken is not one this API gave")
+    return nanos, workspace_id
+
+
 async def list_sandboxes(request: Request, gateway: Gateway, caller: Caller) -> Response:
-    """``GET /v2/sandboxes``: the tenant's running and paused workspaces, one page at a time."""
+    """``GET /v2/sandboxes``: the tenant's running and paused workspaces, one page at a time.
+
+    As E2B: newest first (``order=asc``: oldest first), ``state`` and ``startedAfter`` filter
+    before the page is cut, and ``X-Next-Token`` names where the next page starts (the last
+    sandbox given: one made or removed meanwhile moves no other).
+    """
     query = request.query_params
     states = {s for s in query.get("state", "running,paused").split(",") if s}
     if not states <= {"running", "paused"}:
@@ -265,19 +288,51 @@ async def list_sandboxes(request: Request, gateway: Gateway, caller: Caller) -> 
         limit = int(query.get("limit", "100"))
     except ValueError:
         raise _Refused(400, "limit must be a whole number") from None
-    if not 1 <= limit <= 1000:
-        raise _Refused(400, "limit must be 1 to 1000")
+    if not 1 <= limit <= _MAX_PAGE:
+        raise _Refused(400, f"limit must be 1 to {_MAX_PAGE}")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise _Refused(400, f"order must be asc or desc, got {order!r}")
+    started_after = None
+    if query.get("startedAfter"):
+        try:
+            started_after = datetime.datetime.fromisoformat(query["startedAfter"])
+        except ValueError:
+            raise _Refused(400, "startedAfter is not an ISO 8601 time") from None
+        if started_after.tzinfo is None:
+            started_after = started_after.replace(tzinfo=datetime.UTC)
     selector = _metadata_filter(query.get("metadata", ""))
     if query.get("template"):
         selector[TEMPLATE_LABEL] = query["template"]
-    response = await gateway.workspaces.ListWorkspaces(
-        wpb.ListWorkspacesRequest(label_selector=selector, page_size=limit, page_token=query.get("nextToken", "")),
-        metadata=caller.metadata(),
-    )
-    wanted = {"running": wpb.WORKSPACE_STATE_RUNNING, "paused": wpb.WORKSPACE_STATE_PAUSED}
-    items = [_detail(w) for w in response.workspaces if w.state in {wanted[s] for s in states}]
-    headers = {"X-Next-Token": response.next_page_token} if response.next_page_token else {}
-    return JSONResponse(items, headers=headers)
+    wanted = {{"running": wpb.WORKSPACE_STATE_RUNNING, "paused": wpb.WORKSPACE_STATE_PAUSED}[s] for s in states}
+    found: list[wpb.Workspace] = []
+    token = ""
+    while True:  # the tenant's workspaces are bounded by its quota; the listing is, in all
+        response = await gateway.workspaces.ListWorkspaces(
+            wpb.ListWorkspacesRequest(label_selector=selector, page_size=_MAX_PAGE, page_token=token),
+            metadata=caller.metadata(),
+        )
+        found += [
+            w
+            for w in response.workspaces
+            if w.state in wanted
+            and (started_after is None or w.create_time.ToDatetime(tzinfo=datetime.UTC) > started_after)
+        ]
+        token = response.next_page_token
+        if not token or len(found) > _MAX_LISTED:
+            break
+
+    def key(workspace: wpb.Workspace) -> tuple[int, str]:
+        return workspace.create_time.ToNanoseconds(), workspace.workspace_id
+
+    newest_first = order == "desc"
+    found.sort(key=key, reverse=newest_first)
+    if query.get("nextToken"):
+        after = _after(query["nextToken"])
+        found = [w for w in found if (key(w) < after if newest_first else key(w) > after)]
+    page = found[:limit]
+    headers = {"X-Next-Token": _page_token(page[-1])} if len(found) > limit else {}
+    return JSONResponse([_detail(w) for w in page], headers=headers)
 
 
 async def kill(request: Request, gateway: Gateway, caller: Caller) -> Response:
@@ -293,7 +348,9 @@ async def kill(request: Request, gateway: Gateway, caller: Caller) -> Response:
 async def set_timeout(request: Request, gateway: Gateway, caller: Caller) -> Response:
     """``POST /sandboxes/{id}/timeout``: the sandbox now ends ``timeout`` seconds from now; 204."""
     sandbox_id = request.path_params["sandbox_id"]
-    timeout = _timeout((await _body(request)).get("timeout"))
+    given = (await _body(request)).get("timeout")
+    # E2B takes 0 as "time out now": the shortest lifetime sandboxd has, a second.
+    timeout = 1 if given == 0 and not isinstance(given, bool) else _timeout(given)
     await _get(gateway, caller, sandbox_id)  # a 404 of E2B's shape for a sandbox that is not there
     await gateway.workspaces.SetWorkspaceLifetime(
         wpb.SetWorkspaceLifetimeRequest(workspace_id=sandbox_id, lifetime=duration_pb2.Duration(seconds=timeout)),
@@ -316,7 +373,8 @@ async def pause(request: Request, gateway: Gateway, caller: Caller) -> Response:
 async def connect(request: Request, gateway: Gateway, caller: Caller) -> Response:
     """``POST /v2/sandboxes/{id}/connect``: 200 for a running sandbox, 201 for one it resumed.
 
-    A ``timeout`` in the body sets the lifetime from now, as ``/timeout`` does.
+    A ``timeout`` in the body moves the end to that long from now if that is later (E2B never
+    shortens a sandbox's life on connect).
     """
     sandbox_id = request.path_params["sandbox_id"]
     body = await _body(request)
@@ -328,12 +386,16 @@ async def connect(request: Request, gateway: Gateway, caller: Caller) -> Respons
         )
         workspace, status = resumed.workspace, 201
     if body.get("timeout") is not None:
-        await gateway.workspaces.SetWorkspaceLifetime(
-            wpb.SetWorkspaceLifetimeRequest(
-                workspace_id=sandbox_id, lifetime=duration_pb2.Duration(seconds=_timeout(body["timeout"]))
-            ),
-            metadata=caller.metadata(),
-        )
+        timeout = _timeout(body["timeout"])
+        ends = workspace.expire_time.ToDatetime(tzinfo=datetime.UTC) if workspace.HasField("expire_time") else None
+        # E2B's connect only ever moves a running sandbox's end later.
+        if ends is not None and ends < datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=timeout):
+            await gateway.workspaces.SetWorkspaceLifetime(
+                wpb.SetWorkspaceLifetimeRequest(
+                    workspace_id=sandbox_id, lifetime=duration_pb2.Duration(seconds=timeout)
+                ),
+                metadata=caller.metadata(),
+            )
     return JSONResponse(_sandbox(workspace, caller), status_code=status)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import stat as stat_module
 
 from protobuf.wkt.google.protobuf import timestamp_pb
@@ -18,13 +19,18 @@ _TYPES = {
 }
 
 
+def _absolute(link: str, target: str) -> str:
+    """A link's target as envd gives it: an absolute path (a relative one is the link's directory's)."""
+    return posixpath.normpath(posixpath.join(posixpath.dirname(link), target))
+
+
 def entry_info(info: fpb.FileInfo, *, target: fpb.FileInfo | None = None) -> efs.EntryInfo:
     """Envd's ``EntryInfo`` for a sandboxd ``FileInfo``.
 
     Args:
         info: the entry itself (a symlink not followed).
         target: for a symlink, what it points to: its type, size and mode are reported, as envd
-            does, with ``is_symlink`` and ``symlink_target`` saying it is a link.
+            does, with ``is_symlink`` and ``symlink_target`` (absolute) saying it is a link.
     """
     shown = target if target is not None else info
     kind, bits = _TYPES.get(shown.type, (efs.FileType.UNSPECIFIED, 0))
@@ -35,9 +41,9 @@ def entry_info(info: fpb.FileInfo, *, target: fpb.FileInfo | None = None) -> efs
         type=kind,
         path=info.path,
         size=shown.size_bytes,
-        mode=shown.mode | bits,
+        mode=shown.mode,  # envd's mode is the permission bits; its permissions string has the type
         permissions=stat_module.filemode(shown.mode | bits),
         modified_time=modified,
-        symlink_target=info.link_target if is_link else None,
+        symlink_target=_absolute(info.path, info.link_target) if is_link else None,
         is_symlink=is_link,
     )

@@ -15,6 +15,7 @@ import grpc
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from sandboxd_protocol.v1 import file_service_pb2 as fpb
+from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 
 from .entries import entry_info
 from .envd.filesystem import filesystem_pb as efs
@@ -128,13 +129,20 @@ class FilesystemService(Filesystem):
         return efs.MoveResponse(entry=await self._stat(workspace_id, caller, moved.path))
 
     async def remove(self, request: efs.RemoveRequest, ctx: Ctx, /) -> efs.RemoveResponse:
-        """Remove a file, or a directory with everything below it."""
+        """Remove a file, or a directory with everything below it; a path not there is no error (envd's)."""
         workspace_id, caller = self._who(ctx)
-        with mapped_errors():
+        try:
             await self.gateway.files.Remove(
                 fpb.RemoveRequest(workspace_id=workspace_id, path=request.path, recursive=True),
                 metadata=caller.metadata(),
             )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise connect_error(exc) from None
+            with mapped_errors():  # the sandbox's own NOT_FOUND stands; the path's does not
+                await self.gateway.workspaces.GetWorkspace(
+                    wpb.GetWorkspaceRequest(workspace_id=workspace_id), metadata=caller.metadata()
+                )
         return efs.RemoveResponse()
 
     async def list_dir(self, request: efs.ListDirRequest, ctx: Ctx, /) -> efs.ListDirResponse:

@@ -402,3 +402,55 @@ def test_fork_makes_sandboxes_with_the_files(sbx: Sandbox) -> None:
             if isinstance(fork, Sandbox):
                 fork.kill()
     assert sbx.list_snapshots().next_items() == []  # the fork's own snapshot is gone
+
+
+def test_list_is_newest_first_filters_before_paging_and_pages_by_token(e2b_env: str) -> None:
+    from e2b import SandboxState
+
+    suite = {"suite": f"paging-{time.monotonic_ns()}"}
+    made = [Sandbox.create(metadata=suite) for _ in range(3)]
+    try:
+        made[1].pause()
+        running = SandboxQuery(metadata=suite, state=[SandboxState.RUNNING])
+        pager = Sandbox.list(query=running, limit=1)
+        pages = [pager.next_items()]
+        while pager.has_next:
+            pages.append(pager.next_items())
+        assert [[s.sandbox_id for s in page] for page in pages] == [[made[2].sandbox_id], [made[0].sandbox_id]]
+        oldest_first = Sandbox.list(query=SandboxQuery(metadata=suite), order="asc").next_items()
+        assert [s.sandbox_id for s in oldest_first] == [s.sandbox_id for s in made]
+        assert [s.state for s in oldest_first] == [SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.RUNNING]
+        after = Sandbox.get_info(made[1].sandbox_id).started_at
+        later = Sandbox.list(query=SandboxQuery(metadata=suite, started_after=after)).next_items()
+        assert [s.sandbox_id for s in later] == [made[2].sandbox_id]
+    finally:
+        for sandbox in made:
+            sandbox.kill()
+
+
+def test_envd_file_details_and_a_remove_of_nothing(sbx: Sandbox) -> None:
+    sbx.files.write("/workspace/d/f.txt", "12345")
+    info = sbx.files.get_info("/workspace/d/f.txt")
+    assert (info.mode, info.permissions) == (0o644, "-rw-r--r--")
+    directory = sbx.files.get_info("/workspace/d")
+    assert (directory.type, directory.permissions) == (FileType.DIR, "drwxr-xr-x")
+    sbx.commands.run("ln -s f.txt /workspace/d/link")
+    link = sbx.files.get_info("/workspace/d/link")
+    assert (link.symlink_target, link.size) == ("/workspace/d/f.txt", 5)
+    sbx.files.remove("/workspace/d/not-there")  # envd: no error
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info("ws-000000000000")
+
+
+def test_connect_never_shortens_and_timeout_zero_ends_now(e2b_env: str) -> None:
+    sandbox = Sandbox.create(timeout=600)
+    try:
+        end = sandbox.get_info().end_at
+        Sandbox.connect(sandbox.sandbox_id, timeout=10)
+        assert sandbox.get_info().end_at == end
+        Sandbox.connect(sandbox.sandbox_id, timeout=1200)
+        assert sandbox.get_info().end_at > end
+        sandbox.set_timeout(0)
+        _wait(lambda: not sandbox.is_running(), 15)
+    finally:
+        sandbox.kill()
