@@ -67,7 +67,7 @@ def _progress(line: str) -> None:
 
 
 async def _images_build(settings: Settings, opts: argparse.Namespace) -> None:
-    from .images import ensure_default_image, ensure_egress_image
+    from .images import ensure_default_image, ensure_e2b_image, ensure_egress_image
 
     backend = DockerBackend(docker_host=settings.docker_host, instance=settings.instance)
     try:
@@ -79,6 +79,9 @@ async def _images_build(settings: Settings, opts: argparse.Namespace) -> None:
             force=opts.force,
         )
         await ensure_egress_image(backend, route=opts.route or settings.image_route, progress=_progress)
+        await ensure_e2b_image(
+            backend, settings.default_image, route=opts.route or settings.image_route, progress=_progress
+        )
     finally:
         await backend.close()
 

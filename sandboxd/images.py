@@ -30,9 +30,11 @@ __all__ = [
     "OFFLINE_BASE",
     "RECIPE_LABEL",
     "REGISTRY_BASE",
+    "e2b_image_ref",
     "egress_image_ref",
     "ensure_base_image",
     "ensure_default_image",
+    "ensure_e2b_image",
     "ensure_egress_image",
     "recipe_digest",
     "recipe_dir",
@@ -132,6 +134,43 @@ async def ensure_egress_image(backend: Backend, *, route: ImageRoute, progress: 
             on_line=lambda line: progress(f"  {line}"),
         )
     progress(f"egress proxy image {ref} is ready")
+    log.info("image.built", image=ref, base=base)
+    return ref
+
+
+E2B_RECIPE = "e2b"
+E2B_REPOSITORY = "sandboxd/e2b-base"
+
+
+def e2b_image_ref() -> str:
+    """E2B's base template's image: tagged with its recipe's digest and the default image's."""
+    both = hashlib.sha256(f"{recipe_digest(E2B_RECIPE)}\0{recipe_digest()}".encode()).hexdigest()
+    return f"{E2B_REPOSITORY}:{both[:16]}"
+
+
+async def ensure_e2b_image(backend: Backend, default_image: str, *, route: ImageRoute, progress: Progress) -> str:
+    """Return the image of E2B's ``base`` template (``images/e2b``), building it if missing.
+
+    It is the default workspace image (``default_image``, built first if needed) with E2B's
+    user, home and ``python``; nothing is fetched for it.
+
+    Raises:
+        BackendError: the build failed.
+        ImageNotFoundError: no route could provide the Debian base.
+    """
+    ref = e2b_image_ref()
+    if await backend.image_info(ref) is not None:
+        return ref
+    base = await ensure_default_image(backend, default_image, route=route, progress=progress)
+    progress(f"building E2B's base template image {ref} from {base}")
+    with importlib.resources.as_file(importlib.resources.files("sandboxd_images") / E2B_RECIPE) as context:
+        await backend.build_image(
+            Path(context),
+            ref,
+            build_args={"BASE_IMAGE": base},
+            labels={RECIPE_LABEL: recipe_digest(E2B_RECIPE)},
+            on_line=lambda line: progress(f"  {line}"),
+        )
     log.info("image.built", image=ref, base=base)
     return ref
 

@@ -280,6 +280,26 @@ def default_image(docker_client) -> str:  # type: ignore[no-untyped-def]
     return asyncio.run(ensure())
 
 
+@pytest.fixture(scope="session")
+def e2b_image(default_image: str) -> str:
+    """E2B's base template image (``images/e2b``), built once if missing, from the default image."""
+    from sandboxd.backend.docker import DockerBackend
+    from sandboxd.images import ensure_e2b_image
+
+    settings = Settings.from_env(os.environ)
+
+    async def ensure() -> str:
+        backend = DockerBackend(docker_host=settings.docker_host, instance=TEST_INSTANCE)
+        try:
+            return await ensure_e2b_image(
+                backend, default_image, route=settings.image_route, progress=lambda _line: None
+            )
+        finally:
+            await backend.close()
+
+    return asyncio.run(ensure())
+
+
 _DERIVED_IMAGES = {
     # The default image without bash: commands must fall back to `sh -c`.
     "sandboxd-test/nobash:1": "USER root\nRUN rm -f /usr/bin/bash /bin/bash\nUSER sandbox\n",

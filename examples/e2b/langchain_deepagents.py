@@ -7,9 +7,8 @@ Run ``sandboxd serve --e2b-listen 127.0.0.1:3000``, then, in a virtualenv with
         python examples/e2b/langchain_deepagents.py
 
 The agent's tools (execute, read_file, write_file, edit_file, ls, grep) run in a sandboxd
-workspace. No model is called: a scripted chat model makes the tool calls a model would. The one
-setting to give is ``workdir``: langchain-e2b defaults to E2B's ``/home/user``; sandboxd's
-default image works in ``/workspace``.
+workspace of E2B's base template (user ``user`` in ``/home/user``, as langchain-e2b expects).
+No model is called: a scripted chat model makes the tool calls a model would.
 """
 
 import e2b
@@ -18,7 +17,7 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langchain_e2b import E2BSandbox
 
-WORKDIR = "/workspace"
+WORKDIR = "/home/user"
 
 
 class Scripted(GenericFakeChatModel):
@@ -32,7 +31,7 @@ class Scripted(GenericFakeChatModel):
 def main() -> None:
     sandbox = e2b.Sandbox.create(timeout=600)
     try:
-        backend = E2BSandbox(sandbox=sandbox, workdir=WORKDIR)
+        backend = E2BSandbox(sandbox=sandbox)
         calls = [
             ("execute", {"command": "uname -s; id -un"}),
             ("write_file", {"file_path": f"{WORKDIR}/a.txt", "content": "alpha\nbeta\n"}),

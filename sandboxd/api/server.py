@@ -36,7 +36,7 @@ from ..e2b.server import E2BServer
 from ..errors import InvalidSpecError, SandboxdError
 from ..files import FileManager
 from ..forwards import PortForwarder
-from ..images import ensure_default_image
+from ..images import e2b_image_ref, ensure_default_image, ensure_e2b_image
 from ..lease import InstanceLease
 from ..memory import HeapTrimmer
 from ..metrics import LIVE, MetricsServer, Samples, serve_metrics
@@ -252,6 +252,7 @@ def _start_e2b(settings: Settings, authenticator: Authenticator) -> E2BServer | 
         return E2BServer(
             address,
             settings.socket_path,
+            base_image=e2b_image_ref(),
             max_timeout_s=settings.max_exec_timeout_s,
             certfile=settings.tls_cert_file if tls else None,
             keyfile=settings.tls_key_file if tls else None,
@@ -575,13 +576,11 @@ async def serve(
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         if build_image and settings.build_default_image:
+            say = progress or (lambda line: log.info("image.progress", line=line))
             try:
-                await ensure_default_image(
-                    backend,
-                    settings.default_image,
-                    route=settings.image_route,
-                    progress=progress or (lambda line: log.info("image.progress", line=line)),
-                )
+                await ensure_default_image(backend, settings.default_image, route=settings.image_route, progress=say)
+                if settings.e2b_address:
+                    await ensure_e2b_image(backend, settings.default_image, route=settings.image_route, progress=say)
             except SandboxdError as exc:
                 # Serve anyway: workspaces on other images work, and the error says what to do.
                 log.error("image.unavailable", image=settings.default_image, error=exc.message)  # noqa: TRY400

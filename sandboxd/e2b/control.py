@@ -2,8 +2,9 @@
 
 A sandbox is a workspace; its id is the workspace id. What E2B names maps as follows:
 
-- ``templateID``: ``base`` is the daemon's default image; the name of a snapshot of the tenant's
-  starts from that snapshot; anything else is an image reference.
+- ``templateID``: ``base`` is E2B's base template (``images/e2b``: the default image with E2B's
+  user ``user``, working in ``/home/user``); the name of a snapshot of the tenant's starts from
+  that snapshot; anything else is an image reference.
 - ``metadata``: workspace labels ``e2b.metadata/KEY`` (keys of letters, digits, ``.``, ``_``,
   ``/`` and ``-``), so listing filters on them in the daemon.
 - ``envVars``: the workspace's environment.
@@ -49,6 +50,7 @@ ENVD_VERSION = "0.6.4"
 METADATA_PREFIX = "e2b.metadata/"
 TEMPLATE_LABEL = "e2b.template"
 DEFAULT_TEMPLATE = "base"
+E2B_HOME = "/home/user"
 DEFAULT_TIMEOUT_S = 300
 _MAX_TIMEOUT_S = 24 * 3600
 _METADATA_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,114}$")
@@ -194,17 +196,20 @@ def _detail(workspace: wpb.Workspace) -> dict[str, Any]:
     }
 
 
-async def _source(gateway: Gateway, caller: Caller, template: str) -> tuple[str, str]:
-    """``(image, snapshot)`` for a ``templateID``: the default image, a snapshot, or an image."""
+async def _source(request: Request, gateway: Gateway, caller: Caller, template: str) -> tuple[str, str, str]:
+    """``(image, working_dir, snapshot)`` for a ``templateID``: E2B's base, a snapshot, or an image.
+
+    ``base`` is E2B's base template (``images/e2b``: user ``user``, working in ``/home/user``).
+    """
     if template == DEFAULT_TEMPLATE:
-        return "", ""
+        return request.app.state.base_image, E2B_HOME, ""
     try:
         await gateway.workspaces.GetSnapshot(wpb.GetSnapshotRequest(name=template), metadata=caller.metadata())
     except grpc.aio.AioRpcError as exc:
         if exc.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
             raise
-        return template, ""
-    return "", template
+        return template, "", ""
+    return "", "", template
 
 
 async def create(request: Request, gateway: Gateway, caller: Caller) -> Response:
@@ -214,9 +219,10 @@ async def create(request: Request, gateway: Gateway, caller: Caller) -> Response
     if not isinstance(template, str):
         raise _Refused(400, "templateID must be a string")
     timeout = _timeout(body["timeout"]) if body.get("timeout") is not None else DEFAULT_TIMEOUT_S
-    image, snapshot = await _source(gateway, caller, template)
+    image, working_dir, snapshot = await _source(request, gateway, caller, template)
     spec = wpb.WorkspaceSpec(
         image=image,
+        working_dir=working_dir,
         env=_strings(body.get("envVars"), "envVars"),
         labels={**metadata_labels(_strings(body.get("metadata"), "metadata")), TEMPLATE_LABEL: template[:1024]},
         idle_action=wpb.IDLE_ACTION_PAUSE if body.get("autoPause") is True else wpb.IDLE_ACTION_DELETE,
@@ -228,10 +234,17 @@ async def create(request: Request, gateway: Gateway, caller: Caller) -> Response
     if body.get("allow_internet_access") is False:
         spec.network = wpb.NETWORK_POLICY_NONE
     idempotency = request.headers.get("idempotency-key", "")
-    created = await gateway.workspaces.CreateWorkspace(
-        wpb.CreateWorkspaceRequest(spec=spec, from_snapshot=snapshot, request_id=idempotency[:64]),
-        metadata=caller.metadata(),
-    )
+    try:
+        created = await gateway.workspaces.CreateWorkspace(
+            wpb.CreateWorkspaceRequest(spec=spec, from_snapshot=snapshot, request_id=idempotency[:64]),
+            metadata=caller.metadata(),
+        )
+    except grpc.aio.AioRpcError as exc:
+        if template != DEFAULT_TEMPLATE or exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        raise _Refused(
+            404, f"E2B's base template image {image} is not built: run `sandboxd images build` ({exc.details()})"
+        ) from None
     return JSONResponse(_sandbox(created.workspace, caller), status_code=201)
 
 
@@ -388,8 +401,9 @@ async def connect(request: Request, gateway: Gateway, caller: Caller) -> Respons
     if body.get("timeout") is not None:
         timeout = _timeout(body["timeout"])
         ends = workspace.expire_time.ToDatetime(tzinfo=datetime.UTC) if workspace.HasField("expire_time") else None
-        # E2B's connect only ever moves a running sandbox's end later.
-        if ends is not None and ends < datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=timeout):
+        # E2B's connect only ever moves a running sandbox's end later (one just resumed has
+        # its whole lifetime again, which the timeout replaces when longer).
+        if ends is None or ends < datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=timeout):
             await gateway.workspaces.SetWorkspaceLifetime(
                 wpb.SetWorkspaceLifetimeRequest(
                     workspace_id=sandbox_id, lifetime=duration_pb2.Duration(seconds=timeout)

@@ -57,6 +57,7 @@ async def download(request: Request, gateway: Gateway) -> Response:
     path = request.query_params.get("path", "")
     if not sandbox or not path:
         return _error(400, "the E2b-Sandbox-Id header and the path parameter are required")
+    path = await gateway.resolve(sandbox, caller, path)
     call = gateway.files.Download(
         fpb.DownloadRequest(workspace_id=sandbox, path=path, follow_symlinks=True), metadata=caller.metadata()
     )
@@ -112,6 +113,7 @@ async def _read(spooled: IO[bytes]) -> AsyncIterator[bytes]:
 
 
 async def _upload(gateway: Gateway, caller: Caller, sandbox: str, path: str, spooled: IO[bytes]) -> dict[str, Any]:
+    path = await gateway.resolve(sandbox, caller, path)
     directory, name = posixpath.split(path.rstrip("/"))
     if not name:
         msg = f"{path!r} names no file"

@@ -90,28 +90,30 @@ class FilesystemService(Filesystem):
     async def stat(self, request: efs.StatRequest, ctx: Ctx, /) -> efs.StatResponse:
         """Describe a path (a final symlink as its target, marked as a link)."""
         workspace_id, caller = self._who(ctx)
-        return efs.StatResponse(entry=await self._stat(workspace_id, caller, request.path))
+        path = await self.gateway.resolve(workspace_id, caller, request.path)
+        return efs.StatResponse(entry=await self._stat(workspace_id, caller, path))
 
     async def make_dir(self, request: efs.MakeDirRequest, ctx: Ctx, /) -> efs.MakeDirResponse:
         """Create a directory and its missing parents; ALREADY_EXISTS when the path exists."""
         workspace_id, caller = self._who(ctx)
+        path = await self.gateway.resolve(workspace_id, caller, request.path)
         try:
             await self.gateway.files.Stat(
-                fpb.StatRequest(workspace_id=workspace_id, path=request.path), metadata=caller.metadata()
+                fpb.StatRequest(workspace_id=workspace_id, path=path), metadata=caller.metadata()
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.NOT_FOUND:
                 raise connect_error(exc) from None
         else:
-            raise ConnectError(Code.ALREADY_EXISTS, f"{request.path} exists already")
+            raise ConnectError(Code.ALREADY_EXISTS, f"{path} exists already")
 
         async def archive() -> object:
-            yield fpb.UploadRequest(target=fpb.UploadTarget(workspace_id=workspace_id, path=request.path))
+            yield fpb.UploadRequest(target=fpb.UploadTarget(workspace_id=workspace_id, path=path))
             yield fpb.UploadRequest(chunk=empty_archive())
 
         with mapped_errors():
             await self.gateway.files.Upload(archive(), metadata=caller.metadata())
-        return efs.MakeDirResponse(entry=await self._stat(workspace_id, caller, request.path))
+        return efs.MakeDirResponse(entry=await self._stat(workspace_id, caller, path))
 
     async def move(self, request: efs.MoveRequest, ctx: Ctx, /) -> efs.MoveResponse:
         """Rename a path (replacing a file at the destination, as rename(2) does)."""
@@ -120,8 +122,8 @@ class FilesystemService(Filesystem):
             moved = await self.gateway.files.Move(
                 fpb.MoveRequest(
                     workspace_id=workspace_id,
-                    source_path=request.source,
-                    destination_path=request.destination,
+                    source_path=await self.gateway.resolve(workspace_id, caller, request.source),
+                    destination_path=await self.gateway.resolve(workspace_id, caller, request.destination),
                     overwrite=True,
                 ),
                 metadata=caller.metadata(),
@@ -133,7 +135,11 @@ class FilesystemService(Filesystem):
         workspace_id, caller = self._who(ctx)
         try:
             await self.gateway.files.Remove(
-                fpb.RemoveRequest(workspace_id=workspace_id, path=request.path, recursive=True),
+                fpb.RemoveRequest(
+                    workspace_id=workspace_id,
+                    path=await self.gateway.resolve(workspace_id, caller, request.path),
+                    recursive=True,
+                ),
                 metadata=caller.metadata(),
             )
         except grpc.aio.AioRpcError as exc:
@@ -152,7 +158,7 @@ class FilesystemService(Filesystem):
         if depth > _MAX_DEPTH:
             raise ConnectError(Code.INVALID_ARGUMENT, f"depth is at most {_MAX_DEPTH}, got {depth}")
         entries: list[efs.EntryInfo] = []
-        level = [request.path]
+        level = [await self.gateway.resolve(workspace_id, caller, request.path)]
         for _ in range(depth):
             below: list[str] = []
             for directory in level:

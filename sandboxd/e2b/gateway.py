@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import posixpath
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +25,13 @@ from sandboxd_protocol.v1 import (
     process_service_pb2_grpc,
     workspace_service_pb2_grpc,
 )
+from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 
 __all__ = ["Caller", "Gateway", "caller_from_headers", "connect_error", "http_status", "mapped_errors", "oneof"]
 
+# A workspace's working directory never changes; the cache is bounded and forgets removed ones.
+_WORKING_DIRS = 4096
+_WORKING_DIR_TTL_S = 300.0
 # The daemon's own bounds apply to each call; these only have to let the largest through.
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -133,6 +139,38 @@ class Gateway:
         self.workspaces = workspace_service_pb2_grpc.WorkspaceServiceStub(self.channel)
         self.processes = process_service_pb2_grpc.ProcessServiceStub(self.channel)
         self.files = file_service_pb2_grpc.FileServiceStub(self.channel)
+        self._working_dirs: dict[str, tuple[str, float]] = {}
+
+    async def resolve(self, workspace_id: str, caller: Caller, path: str) -> str:
+        """``path`` as envd means it: a relative one (``~`` too) is the workspace's working directory's.
+
+        sandboxd reads a relative path against ``/workspace``; envd against the user's home,
+        which E2B's base template makes the working directory. A workspace that cannot be read
+        leaves the path as it is: the call made with it then fails as it should.
+        """
+        if path.startswith("/"):
+            return path
+        if path == "~" or path.startswith("~/"):
+            path = path[2:]
+        base = await self._working_dir(workspace_id, caller)
+        return posixpath.normpath(posixpath.join(base, path)) if base else path
+
+    async def _working_dir(self, workspace_id: str, caller: Caller) -> str:
+        now = time.monotonic()
+        known = self._working_dirs.get(workspace_id)
+        if known is not None and now - known[1] < _WORKING_DIR_TTL_S:
+            return known[0]
+        try:
+            got = await self.workspaces.GetWorkspace(
+                wpb.GetWorkspaceRequest(workspace_id=workspace_id), metadata=caller.metadata()
+            )
+        except grpc.aio.AioRpcError:
+            return ""
+        if len(self._working_dirs) >= _WORKING_DIRS:
+            self._working_dirs.pop(next(iter(self._working_dirs)))
+        self._working_dirs[workspace_id] = (got.workspace.spec.working_dir, now)
+        working_dir: str = got.workspace.spec.working_dir
+        return working_dir
 
     async def close(self) -> None:
         """Close the channel (calls in flight end with CANCELLED)."""

@@ -275,7 +275,7 @@ class ProcessService(Process):
         exec_request = ppb.ExecRequest(
             workspace_id=workspace_id,
             command=_command(config),
-            workdir=config.cwd or "",
+            workdir=await self.gateway.resolve(workspace_id, caller, config.cwd) if config.cwd else "",
             env=dict(config.envs),
             yield_after=_WINDOW,
             timeout=_duration(min(timeout_s, self.max_timeout_s)),

@@ -65,12 +65,13 @@ class _Refusing:
             raise ConnectError(Code.INVALID_ARGUMENT, f"the request message does not decode: {exc}") from None
 
 
-def create_app(gateway: Gateway, hub: ProcessHub, *, max_timeout_s: float) -> ASGIApp:
+def create_app(gateway: Gateway, hub: ProcessHub, *, base_image: str, max_timeout_s: float) -> ASGIApp:
     """The E2B plane as one ASGI app over ``gateway``.
 
     Args:
         gateway: sandboxd's services.
         hub: the pumps of the processes started through this app.
+        base_image: the image of E2B's ``base`` template (``images/e2b``).
         max_timeout_s: the daemon's longest command timeout.
     """
     options: dict[str, Any] = {
@@ -81,6 +82,7 @@ def create_app(gateway: Gateway, hub: ProcessHub, *, max_timeout_s: float) -> AS
     processes = ProcessASGIApplication(ProcessService(gateway, hub, max_timeout_s), **options)
     filesystem = FilesystemASGIApplication(FilesystemService(gateway), **options)
     rest = Starlette(routes=[*control_routes(gateway), *file_routes(gateway)])
+    rest.state.base_image = base_image
 
     async def route(scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -119,6 +121,7 @@ class E2BServer:
     Args:
         address: ``HOST:PORT`` (port 0 picks one; :attr:`address` then says which).
         socket_path: the daemon's Unix socket, which the plane calls.
+        base_image: the image of E2B's ``base`` template.
         max_timeout_s: the daemon's longest command timeout.
         certfile: PEM certificate for TLS (HTTP/2 by ALPN); None serves cleartext HTTP/1.1.
         keyfile: its key.
@@ -132,6 +135,7 @@ class E2BServer:
         address: str,
         socket_path: str,
         *,
+        base_image: str,
         max_timeout_s: float,
         certfile: str | None = None,
         keyfile: str | None = None,
@@ -153,7 +157,7 @@ class E2BServer:
             config.certfile = certfile
             config.keyfile = keyfile
         self._config = config
-        self._app = create_app(self.gateway, self.hub, max_timeout_s=max_timeout_s)
+        self._app = create_app(self.gateway, self.hub, base_image=base_image, max_timeout_s=max_timeout_s)
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 

@@ -141,7 +141,7 @@ class Watchers:
         watch = _Watch(
             workspace_id=workspace_id,
             caller=caller,
-            path=request.path or ".",
+            path=await self.gateway.resolve(workspace_id, caller, request.path),
             recursive=request.recursive,
             include_entry=request.include_entry,
         )

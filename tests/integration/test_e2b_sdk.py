@@ -36,7 +36,7 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module", params=["runc", pytest.param("runsc", marks=pytest.mark.runsc)])
 def e2b_daemon(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, default_image: str
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, e2b_image: str
 ) -> Iterator[DaemonThread]:
     """A daemon whose workspaces run under the parameter's runtime, with the E2B plane on."""
     runtime = request.param
@@ -80,7 +80,7 @@ def test_run_streams_output_and_returns_the_result(sbx: Sandbox) -> None:
         on_stderr=err.append,
     )
     assert result.exit_code == 0
-    assert result.stdout == "one\nhi\n/workspace\n"
+    assert result.stdout == "one\nhi\n/home/user\n"  # E2B's base template works in the user's home
     assert result.stderr == "two\n"
     assert "".join(out) == result.stdout
     assert "".join(err) == "two\n"
@@ -96,7 +96,7 @@ def test_a_failing_command_raises_with_its_exit_code_and_stderr(sbx: Sandbox) ->
 def test_cwd_and_user(sbx: Sandbox) -> None:
     sbx.files.make_dir("/tmp/place")
     assert sbx.commands.run("pwd", cwd="/tmp/place").stdout == "/tmp/place\n"
-    assert sbx.commands.run("id -un").stdout == "sandbox\n"
+    assert sbx.commands.run("id -un").stdout == "user\n"
     assert sbx.commands.run("id -u", user="root").stdout == "0\n"
 
 
@@ -294,8 +294,15 @@ def test_timeout_ends_the_sandbox_and_set_timeout_moves_it(e2b_env: str) -> None
         assert sandbox.is_running() is True
         sandbox.set_timeout(1)
         _wait(lambda: not sandbox.is_running())
-        with pytest.raises(SandboxNotFoundException):
-            Sandbox.get_info(sandbox.sandbox_id)
+
+        def gone() -> bool:  # not running may be its teardown under way: then it is gone
+            try:
+                Sandbox.get_info(sandbox.sandbox_id)
+            except SandboxNotFoundException:
+                return True
+            return False
+
+        _wait(gone)
     finally:
         sandbox.kill()
 
@@ -454,3 +461,14 @@ def test_connect_never_shortens_and_timeout_zero_ends_now(e2b_env: str) -> None:
         _wait(lambda: not sandbox.is_running(), 15)
     finally:
         sandbox.kill()
+
+
+def test_relative_paths_are_the_home_directorys_as_in_e2b(sbx: Sandbox) -> None:
+    written = sbx.files.write("notes/rel.txt", "relative")
+    assert written.path == "/home/user/notes/rel.txt"
+    assert sbx.commands.run("cat notes/rel.txt").stdout == "relative"
+    assert sbx.commands.run("pwd", cwd="notes").stdout == "/home/user/notes\n"
+    assert [e.path for e in sbx.files.list("notes")] == ["/home/user/notes/rel.txt"]
+    assert sbx.files.read("~/notes/rel.txt") == "relative"
+    assert sbx.files.rename("notes/rel.txt", "moved.txt").path == "/home/user/moved.txt"
+    assert sbx.commands.run("python -c 'print(6 * 7)'").stdout == "42\n"  # E2B's template has `python`

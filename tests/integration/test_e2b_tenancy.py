@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")
-def tenants(tmp_path_factory: pytest.TempPathFactory, default_image: str) -> Iterator[tuple[str, str, str]]:
+def tenants(tmp_path_factory: pytest.TempPathFactory, e2b_image: str) -> Iterator[tuple[str, str, str]]:
     """A daemon that requires tokens, with the E2B plane on: its URL and the keys of two tenants."""
     tmp = tmp_path_factory.mktemp("e2b-tenancy")
     tokens = tmp / "tokens.json"
@@ -222,7 +222,7 @@ _USE = textwrap.dedent(
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
-def test_the_domain_form_over_tls_and_http2(tmp_path: Path, default_image: str) -> None:
+def test_the_domain_form_over_tls_and_http2(tmp_path: Path, e2b_image: str) -> None:
     address = f"127.{secrets.randbelow(200) + 20}.{secrets.randbelow(250) + 1}.{secrets.randbelow(250) + 1}"
     certs = certificates(tmp_path, names=("*.sbx.test", "api.sbx.test"))
     tokens = tmp_path / "tokens.json"
