@@ -240,6 +240,10 @@ class Entry:
     """Modification time, seconds since the epoch."""
     target: str = ""
     """A symlink's target, else empty."""
+    owner: str = ""
+    """The owner's name in the image, else its uid (empty from an agent before names)."""
+    group: str = ""
+    """The group's name in the image, else its gid."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -289,6 +289,10 @@ class FileInfo:
     mode: int
     modify_time: datetime.datetime
     link_target: str
+    owner: str = ""
+    """The owner's name in the workspace (as ``ls -l`` shows it), else its uid."""
+    group: str = ""
+    """The group's name in the workspace, else its gid."""
 
     @classmethod
     def from_proto(cls, message: fpb.FileInfo) -> FileInfo:
@@ -301,6 +305,8 @@ class FileInfo:
             mode=message.mode,
             modify_time=message.modify_time.ToDatetime(tzinfo=datetime.UTC),
             link_target=message.link_target,
+            owner=message.owner,
+            group=message.group,
         )
 
 

@@ -36,6 +36,8 @@ def _info(entry: Entry) -> fpb.FileInfo:
         mode=entry.mode,
         modify_time=modified,
         link_target=entry.target,
+        owner=entry.owner,
+        group=entry.group,
     )
 
 

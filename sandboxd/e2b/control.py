@@ -231,8 +231,15 @@ async def create(request: Request, gateway: Gateway, caller: Caller) -> Response
     # E2B resumes a paused sandbox on traffic only when asked to (autoResume.enabled).
     auto_resume = body.get("autoResume")
     spec.auto_resume = isinstance(auto_resume, dict) and auto_resume.get("enabled") is True
-    if body.get("allow_internet_access") is False:
+    # sandboxd's default is no network, E2B's is the internet: asking for it gets Docker's bridge.
+    internet = body.get("allow_internet_access")
+    if internet is True:
+        spec.network = wpb.NETWORK_POLICY_BRIDGE
+    elif internet is False:
         spec.network = wpb.NETWORK_POLICY_NONE
+    if body.get("network"):
+        # Egress rules are security settings: never accepted and then not applied.
+        raise _Refused(400, "the network options are not served by sandboxd's E2B API; use allow_internet_access")
     idempotency = request.headers.get("idempotency-key", "")
     try:
         created = await gateway.workspaces.CreateWorkspace(

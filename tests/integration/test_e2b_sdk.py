@@ -439,6 +439,8 @@ def test_envd_file_details_and_a_remove_of_nothing(sbx: Sandbox) -> None:
     sbx.files.write("/workspace/d/f.txt", "12345")
     info = sbx.files.get_info("/workspace/d/f.txt")
     assert (info.mode, info.permissions) == (0o644, "-rw-r--r--")
+    assert (info.owner, info.group) == ("user", "user")
+    assert (sbx.files.get_info("/etc/hostname").owner, sbx.files.get_info("/etc/hostname").group) == ("root", "root")
     directory = sbx.files.get_info("/workspace/d")
     assert (directory.type, directory.permissions) == (FileType.DIR, "drwxr-xr-x")
     sbx.commands.run("ln -s f.txt /workspace/d/link")

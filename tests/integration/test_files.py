@@ -298,6 +298,9 @@ class TestTreeOperations:
         assert {name: e.type for name, e in entries.items()} == {"a.txt": "file", "link": "symlink", "sub": "directory"}
         assert entries["a.txt"].size_bytes == 3
         assert entries["link"].link_target == "a.txt"
+        assert (entries["a.txt"].owner, entries["a.txt"].group) == ("sandbox", "sandbox")
+        root_owned = await client.stat(ws, "/etc/passwd")
+        assert (root_owned.owner, root_owned.group) == ("root", "root")
         assert (await client.stat(ws, "d/link", follow_symlinks=True)).type == "file"
         await workspace.exec("echo other > d/b.txt").wait(check=True)
         with pytest.raises(AlreadyExistsError):

@@ -64,9 +64,11 @@ type StatRequest struct {
 
 // Entry describes one path: stat's result, and each line of list's data.
 type Entry struct {
+	Group  string  `json:"group"`  // the group's name in the image, else its gid
 	Mode   int     `json:"mode"`   // permission and set-id bits
 	Mtime  float64 `json:"mtime"`  // modification time, seconds since the epoch
 	Name   string  `json:"name"`   // last component ("/" for the root)
+	Owner  string  `json:"owner"`  // the owner's name in the image, else its uid
 	Path   string  `json:"path"`   // as asked (list: joined to the directory)
 	Size   int64   `json:"size"`   // bytes
 	Target string  `json:"target"` // a symlink's target, else ""

@@ -382,11 +382,14 @@ func TestStatAndList(t *testing.T) {
 	lines := strings.Split(strings.TrimSuffix(string(r.data), "\n"), "\n")
 	var names []string
 	for _, line := range lines {
-		if !strings.HasPrefix(line, `{"mode":`) || !strings.Contains(line, `,"mtime":`) {
+		if !strings.HasPrefix(line, `{"group":`) || !strings.Contains(line, `,"mode":`) || !strings.Contains(line, `,"owner":`) {
 			t.Fatalf("an entry's keys are out of order: %s", line)
 		}
 		var e Entry
 		_ = json.Unmarshal([]byte(line), &e)
+		if os.Getuid() == 0 && (e.Owner != "root" || e.Group != "root") {
+			t.Fatalf("an entry made by root is %s:%s, not root:root", e.Owner, e.Group)
+		}
 		names = append(names, e.Name+":"+e.Type)
 	}
 	if strings.Join(names, " ") != "a:symlink b:file c:directory" {

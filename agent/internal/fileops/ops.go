@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"sandboxd/agent/internal/users"
 )
 
 // openRegular opens path for reading, refusing directories and special files. It opens
@@ -106,7 +108,7 @@ func fileType(mode os.FileMode) string {
 	return "other"
 }
 
-func describe(path, name string, follow bool) (Entry, error) {
+func describe(path, name string, follow bool, owners users.Names) (Entry, error) {
 	var info os.FileInfo
 	var err error
 	if follow {
@@ -131,6 +133,9 @@ func describe(path, name string, follow bool) (Entry, error) {
 		Mode:  int(info.Mode().Perm() | setBits(info)),
 		Mtime: float64(info.ModTime().UnixNano()) / 1e9,
 	}
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		entry.Owner, entry.Group = owners.User(st.Uid), owners.Group(st.Gid)
+	}
 	if info.Mode()&os.ModeSymlink != 0 {
 		if target, err := os.Readlink(path); err == nil {
 			entry.Target = target
@@ -140,7 +145,7 @@ func describe(path, name string, follow bool) (Entry, error) {
 }
 
 func opStat(req StatRequest, _ *out) (Entry, error) {
-	entry, err := describe(req.Path, "", req.Follow)
+	entry, err := describe(req.Path, "", req.Follow, users.NamesOf(""))
 	if err != nil {
 		return Entry{}, fromOS(err, req.Path)
 	}
@@ -161,8 +166,9 @@ func opList(req ListRequest, o *out) (ListResult, error) {
 	sort.Strings(names)
 	w := &dataWriter{o: o}
 	count := 0
+	owners := users.NamesOf("")
 	for _, name := range names {
-		entry, err := describe(filepath.Join(path, name), name, false)
+		entry, err := describe(filepath.Join(path, name), name, false, owners)
 		if err != nil {
 			continue // removed while listing
 		}

@@ -24,7 +24,7 @@ FILE_TYPE_SYMLINK: FileType
 FILE_TYPE_OTHER: FileType
 
 class FileInfo(_message.Message):
-    __slots__ = ("name", "path", "type", "size_bytes", "mode", "modify_time", "link_target")
+    __slots__ = ("name", "path", "type", "size_bytes", "mode", "modify_time", "link_target", "owner", "group")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,8 @@ class FileInfo(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     MODIFY_TIME_FIELD_NUMBER: _ClassVar[int]
     LINK_TARGET_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     type: FileType
@@ -39,7 +41,9 @@ class FileInfo(_message.Message):
     mode: int
     modify_time: _timestamp_pb2.Timestamp
     link_target: str
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., type: _Optional[_Union[FileType, str]] = ..., size_bytes: _Optional[int] = ..., mode: _Optional[int] = ..., modify_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., link_target: _Optional[str] = ...) -> None: ...
+    owner: str
+    group: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., type: _Optional[_Union[FileType, str]] = ..., size_bytes: _Optional[int] = ..., mode: _Optional[int] = ..., modify_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., link_target: _Optional[str] = ..., owner: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
 
 class ReadFileRequest(_message.Message):
     __slots__ = ("workspace_id", "path", "offset", "limit")
