@@ -336,7 +336,7 @@ async def list_sandboxes(request: Request, gateway: Gateway, caller: Caller) -> 
             w
             for w in response.workspaces
             if w.state in wanted
-            and (started_after is None or w.create_time.ToDatetime(tzinfo=datetime.UTC) > started_after)
+            and (started_after is None or w.create_time.ToDatetime(tzinfo=datetime.UTC) >= started_after)
         ]
         token = response.next_page_token
         if not token or len(found) > _MAX_LISTED:

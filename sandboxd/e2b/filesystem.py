@@ -152,25 +152,27 @@ class FilesystemService(Filesystem):
         return efs.RemoveResponse()
 
     async def list_dir(self, request: efs.ListDirRequest, ctx: Ctx, /) -> efs.ListDirResponse:
-        """A directory's entries, and theirs down to ``depth`` levels (1: the directory's own)."""
+        """A directory's entries, and theirs down to ``depth`` levels (1: the directory's own).
+
+        Depth first, each directory's entries by name, as envd walks them.
+        """
         workspace_id, caller = self._who(ctx)
         depth = request.depth or 1
         if depth > _MAX_DEPTH:
             raise ConnectError(Code.INVALID_ARGUMENT, f"depth is at most {_MAX_DEPTH}, got {depth}")
         entries: list[efs.EntryInfo] = []
-        level = [await self.gateway.resolve(workspace_id, caller, request.path)]
-        for _ in range(depth):
-            below: list[str] = []
-            for directory in level:
-                with mapped_errors():
-                    listed = await self.gateway.files.ListDir(
-                        fpb.ListDirRequest(workspace_id=workspace_id, path=directory), metadata=caller.metadata()
-                    )
-                for info in listed.entries:
-                    entries.append(entry_info(info))
-                    if info.type == fpb.FILE_TYPE_DIRECTORY:
-                        below.append(info.path)
+
+        async def walk(directory: str, levels: int) -> None:
+            with mapped_errors():
+                listed = await self.gateway.files.ListDir(
+                    fpb.ListDirRequest(workspace_id=workspace_id, path=directory), metadata=caller.metadata()
+                )
+            for info in listed.entries:
+                entries.append(entry_info(info))
                 if len(entries) > _MAX_ENTRIES:
                     raise ConnectError(Code.RESOURCE_EXHAUSTED, f"more than {_MAX_ENTRIES} entries; ask for less depth")
-            level = below
+                if info.type == fpb.FILE_TYPE_DIRECTORY and levels > 1:
+                    await walk(info.path, levels - 1)
+
+        await walk(await self.gateway.resolve(workspace_id, caller, request.path), depth)
         return efs.ListDirResponse(entries=entries)

@@ -189,8 +189,13 @@ def test_files_write_read_and_list(sbx: Sandbox) -> None:
     names = {(e.name, e.type) for e in sbx.files.list("/workspace/dir")}
     assert names == {("notes.txt", FileType.FILE), ("blob.bin", FileType.FILE)}
     sbx.files.make_dir("/workspace/dir/sub/deeper")
-    deep = {e.path for e in sbx.files.list("/workspace/dir", depth=3)}
-    assert "/workspace/dir/sub/deeper" in deep
+    deep = [e.path for e in sbx.files.list("/workspace/dir", depth=3)]
+    assert deep == [  # depth first, by name at each level, as envd walks
+        "/workspace/dir/blob.bin",
+        "/workspace/dir/notes.txt",
+        "/workspace/dir/sub",
+        "/workspace/dir/sub/deeper",
+    ]
     assert sbx.commands.run("cat /workspace/dir/notes.txt").stdout == "first line\n"
 
 
@@ -427,9 +432,9 @@ def test_list_is_newest_first_filters_before_paging_and_pages_by_token(e2b_env: 
         oldest_first = Sandbox.list(query=SandboxQuery(metadata=suite), order="asc").next_items()
         assert [s.sandbox_id for s in oldest_first] == [s.sandbox_id for s in made]
         assert [s.state for s in oldest_first] == [SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.RUNNING]
-        after = Sandbox.get_info(made[1].sandbox_id).started_at
+        after = Sandbox.get_info(made[1].sandbox_id).started_at  # "started after" includes the instant itself
         later = Sandbox.list(query=SandboxQuery(metadata=suite, started_after=after)).next_items()
-        assert [s.sandbox_id for s in later] == [made[2].sandbox_id]
+        assert [s.sandbox_id for s in later] == [made[2].sandbox_id, made[1].sandbox_id]
     finally:
         for sandbox in made:
             sandbox.kill()
