@@ -32,6 +32,7 @@ from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from google.protobuf import duration_pb2
 from sandboxd_protocol.v1 import process_service_pb2 as ppb
+from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 
 from .envd.process import process_pb as epb
 from .envd.process.process_connect import Process
@@ -129,6 +130,16 @@ class _Pump:
         data = epb.ProcessEvent.DataEvent(output=oneof("pty" if self.tty else which, chunk))
         return epb.ProcessEvent(event=oneof("data", data))
 
+    async def _gone(self, gateway: Gateway, caller: Caller) -> bool:
+        """Whether the process's workspace is no more (it was killed under the command)."""
+        try:
+            await gateway.workspaces.GetWorkspace(
+                wpb.GetWorkspaceRequest(workspace_id=self.workspace_id), metadata=caller.metadata()
+            )
+        except grpc.aio.AioRpcError as exc:
+            return exc.code() == grpc.StatusCode.NOT_FOUND
+        return False
+
     async def run(self, gateway: Gateway, caller: Caller, stream: AsyncIterator[ppb.ExecResponse]) -> None:
         """Read the Exec stream, then Input polls, to the exit; hand each event to the followers."""
         ended: epb.ProcessEvent | ConnectError | None = None
@@ -142,6 +153,10 @@ class _Pump:
                         await self._give(_KEEPALIVE)
                     elif kind == "exited":
                         ended = _end(response.exited)
+                        if response.exited.stop_reason == ppb.STOP_REASON_FAILED and await self._gone(gateway, caller):
+                            # envd's stream breaks when its sandbox is killed; the SDK then asks
+                            # /health, hears it is gone, and says so (SandboxNotRunningException).
+                            ended = ConnectError(Code.UNAVAILABLE, "the sandbox's stream ended before its command did")
                 if ended is None:
                     stream = gateway.processes.Input(
                         ppb.InputRequest(process_id=self.process_id, yield_after=_WINDOW), metadata=caller.metadata()

@@ -200,8 +200,11 @@ class WorkspaceManager:
         return info
 
     async def get(self, workspace_id: str) -> Workspace:
-        """Return a workspace; WorkspaceNotFoundError when there is none."""
+        """Return a workspace; WorkspaceNotFoundError when there is none (or it is being removed)."""
         check_workspace_id(workspace_id)
+        if (record := self.records.get(workspace_id)) is not None and record.removing:
+            msg = f"workspace {workspace_id!r} not found"  # its teardown has begun: gone to callers
+            raise WorkspaceNotFoundError(msg)
         workspace = self.records.describe(owned(await self.backend.inspect_container(workspace_id), current_tenant()))
         self.touch(workspace_id)
         return workspace

@@ -479,3 +479,13 @@ def test_relative_paths_are_the_home_directorys_as_in_e2b(sbx: Sandbox) -> None:
     assert sbx.files.read("~/notes/rel.txt") == "relative"
     assert sbx.files.rename("notes/rel.txt", "moved.txt").path == "/home/user/moved.txt"
     assert sbx.commands.run("python -c 'print(6 * 7)'").stdout == "42\n"  # E2B's template has `python`
+
+
+def test_a_command_whose_sandbox_is_killed_says_the_sandbox_is_gone(e2b_env: str) -> None:
+    from e2b import SandboxNotRunningException
+
+    sandbox = Sandbox.create()
+    handle = sandbox.commands.run("sleep 60", background=True)
+    assert sandbox.kill() is True
+    with pytest.raises(SandboxNotRunningException, match="killed or reached its end of life"):
+        handle.wait()
