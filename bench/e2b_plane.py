@@ -8,7 +8,11 @@ runtime given, creates one sandbox with the unmodified ``e2b`` SDK (sync), and t
             the daemon's Exec over its Unix socket, then streams start, end);
   grpc      SandboxClient.exec(same workspace, "true").wait() (the daemon's Exec);
   docker    docker-py exec_run(["true"]) in a container of the same image.
-The E2B plane's own cost is the difference of the first two medians.
+The E2B plane's own cost is the difference of the first two medians. Each sample comes
+``--pace`` seconds after the previous one (0.3 s by default, as an agent's calls do): a
+workspace's agent keeps a login shell started for the next command, and a call that comes
+before it is ready pays for starting one, so back-to-back samples would favour whichever side
+happens to follow a docker-py sample.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ def _median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
 
-def measure(runtime: str, runs: int) -> None:
+def measure(runtime: str, runs: int, pace_s: float) -> None:
     port = _free_port()
     env = {"SANDBOXD_E2B_ADDRESS": f"127.0.0.1:{port}", "SANDBOXD_DEFAULT_RUNTIME": runtime}
     with private_daemon_process(env=env) as (socket_path, _pid):
@@ -84,6 +88,7 @@ def measure(runtime: str, runs: int) -> None:
             for turn in range(runs):
                 order = names[turn % 3 :] + names[: turn % 3]
                 for name in order:
+                    time.sleep(pace_s)
                     started = time.perf_counter()
                     sides[name]()
                     samples[name].append(time.perf_counter() - started)
@@ -94,7 +99,10 @@ def measure(runtime: str, runs: int) -> None:
             container.remove(force=True)
             engine.close()
     hour = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"{hour}; runtime {runtime}; commands.run('true') round trip, {runs} runs a side, interleaved")
+    print(
+        f"{hour}; runtime {runtime}; commands.run('true') round trip, {runs} runs a side, interleaved, "
+        f"{pace_s:g} s apart"
+    )
     for name, taken in samples.items():
         ordered = sorted(taken)
         p90 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
@@ -108,9 +116,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--runtime", action="append", choices=["runc", "runsc"])
+    parser.add_argument("--pace", type=float, default=0.3, help="seconds between samples")
     opts = parser.parse_args()
     for runtime in opts.runtime or ["runc"]:
-        measure(runtime, opts.runs)
+        measure(runtime, opts.runs, opts.pace)
     return 0
 
 
