@@ -66,6 +66,18 @@ def recipe_digest(name: str = "base") -> str:
     return digest.hexdigest()
 
 
+async def _build(backend: Backend, recipe: str, ref: str, *, base: str, progress: Progress) -> None:
+    """Build recipe ``recipe`` (``images/RECIPE``) FROM ``base`` as ``ref``, labelled with its digest."""
+    with importlib.resources.as_file(importlib.resources.files("sandboxd_images") / recipe) as context:
+        await backend.build_image(
+            Path(context),
+            ref,
+            build_args={"BASE_IMAGE": base},
+            labels={RECIPE_LABEL: recipe_digest(recipe)},
+            on_line=lambda line: progress(f"  {line}"),
+        )
+
+
 async def ensure_default_image(
     backend: Backend, ref: str, *, route: ImageRoute, progress: Progress, force: bool = False
 ) -> str:
@@ -89,14 +101,7 @@ async def ensure_default_image(
         return ref
     progress(f"building workspace image {ref} (recipe {digest[:12]}); this takes a minute or two the first time")
     base = await ensure_base_image(backend, route=route, progress=progress)
-    with importlib.resources.as_file(importlib.resources.files("sandboxd_images") / "base") as context:
-        await backend.build_image(
-            Path(context),
-            ref,
-            build_args={"BASE_IMAGE": base},
-            labels={RECIPE_LABEL: digest},
-            on_line=lambda line: progress(f"  {line}"),
-        )
+    await _build(backend, "base", ref, base=base, progress=progress)
     progress(f"workspace image {ref} is ready")
     log.info("image.built", image=ref, base=base, recipe=digest[:12])
     return ref
@@ -125,14 +130,7 @@ async def ensure_egress_image(backend: Backend, *, route: ImageRoute, progress: 
         return ref
     progress(f"building the egress proxy image {ref} (Debian's squid); this takes a minute the first time")
     base = await ensure_base_image(backend, route=route, progress=progress)
-    with importlib.resources.as_file(importlib.resources.files("sandboxd_images") / EGRESS_RECIPE) as context:
-        await backend.build_image(
-            Path(context),
-            ref,
-            build_args={"BASE_IMAGE": base},
-            labels={RECIPE_LABEL: recipe_digest(EGRESS_RECIPE)},
-            on_line=lambda line: progress(f"  {line}"),
-        )
+    await _build(backend, EGRESS_RECIPE, ref, base=base, progress=progress)
     progress(f"egress proxy image {ref} is ready")
     log.info("image.built", image=ref, base=base)
     return ref
@@ -163,14 +161,7 @@ async def ensure_e2b_image(backend: Backend, default_image: str, *, route: Image
         return ref
     base = await ensure_default_image(backend, default_image, route=route, progress=progress)
     progress(f"building E2B's base template image {ref} from {base}")
-    with importlib.resources.as_file(importlib.resources.files("sandboxd_images") / E2B_RECIPE) as context:
-        await backend.build_image(
-            Path(context),
-            ref,
-            build_args={"BASE_IMAGE": base},
-            labels={RECIPE_LABEL: recipe_digest(E2B_RECIPE)},
-            on_line=lambda line: progress(f"  {line}"),
-        )
+    await _build(backend, E2B_RECIPE, ref, base=base, progress=progress)
     log.info("image.built", image=ref, base=base)
     return ref
 
