@@ -7,6 +7,7 @@ found, 507 no space.
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 import tarfile
 import tempfile
@@ -32,6 +33,8 @@ __all__ = ["MAX_UPLOAD_BYTES", "file_routes"]
 MAX_UPLOAD_BYTES = 1024 * 1024 * 1024
 _SPOOL_MEMORY = 1024 * 1024
 _FORM_SLACK = 64 * 1024  # a form's boundaries and part headers around the file
+# Uploads spooled at once (each to 1 GiB of the daemon's disk); more wait their turn.
+_SPOOLING = asyncio.Semaphore(4)
 _CHUNK = 256 * 1024
 
 
@@ -96,13 +99,28 @@ async def _spool(chunks: AsyncIterator[bytes], *, gzipped: bool) -> IO[bytes]:
     spooled: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=_SPOOL_MEMORY)  # noqa: SIM115 - returned
     inflate = zlib.decompressobj(wbits=31) if gzipped else None
     size = 0
-    async for chunk in chunks:
-        data = inflate.decompress(chunk, MAX_UPLOAD_BYTES + 1 - size) if inflate is not None else chunk
+
+    def keep(data: bytes) -> None:
+        nonlocal size
         size += len(data)
         if size > MAX_UPLOAD_BYTES:
             spooled.close()
             raise _TooLarge
         spooled.write(data)
+
+    async for chunk in chunks:
+        if inflate is None:
+            keep(chunk)
+            continue
+        # Inflated a piece at a time, the loop turning between pieces: a small body that inflates
+        # to a gigabyte neither stalls other requests nor passes the bound unseen.
+        pending = chunk
+        while pending:
+            keep(inflate.decompress(pending, _CHUNK))
+            pending = inflate.unconsumed_tail
+            await asyncio.sleep(0)
+    if inflate is not None:
+        keep(inflate.flush())
     spooled.seek(0)
     return spooled
 
@@ -142,6 +160,16 @@ async def upload(request: Request, gateway: Gateway) -> Response:
     path = request.query_params.get("path", "")
     if not sandbox:
         return _error(400, "the E2b-Sandbox-Id header is required")
+    try:
+        # Who asks, and for which of their sandboxes, before a byte of the body is read.
+        await gateway.workspaces.GetWorkspace(wpb.GetWorkspaceRequest(workspace_id=sandbox), metadata=caller.metadata())
+    except grpc.aio.AioRpcError as exc:
+        return _rpc_error(exc)
+    async with _SPOOLING:
+        return await _receive(request, gateway, sandbox, caller, path)
+
+
+async def _receive(request: Request, gateway: Gateway, sandbox: str, caller: Caller, path: str) -> Response:
     written = []
     try:
         if request.headers.get("content-type", "").startswith("multipart/form-data"):

@@ -163,14 +163,22 @@ class _Pump:
                     )
         except grpc.aio.AioRpcError as exc:
             ended = _failed(exc.details() or exc.code().name)
-        finally:
-            self.end = ended or _failed("the stream ended")
+        except asyncio.CancelledError:
+            # The daemon is stopping: each follower hears so now, where its queue has room.
+            self.end = _failed("the daemon is stopping")
             for queue in list(self.followers):
                 with contextlib.suppress(asyncio.QueueFull):
-                    # A follower that is behind gets its end when it has room; one that left never.
                     queue.put_nowait(self.end)
                     queue.put_nowait(None)
             self.followers.clear()
+            raise
+        self.end = ended or _failed("the stream ended")
+        # A follower that is behind gets its end once it has read what came before (it is waited
+        # for, as for its output); one that leaves meanwhile empties its queue, which frees this.
+        for queue in list(self.followers):
+            await queue.put(self.end)
+            await queue.put(None)
+        self.followers.clear()
 
 
 class ProcessHub:

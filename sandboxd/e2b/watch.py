@@ -15,6 +15,7 @@ watcher nobody has asked for events for 10 minutes is dropped.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import posixpath
 import secrets
@@ -126,7 +127,10 @@ class Watchers:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self._watches: dict[str, _Watch] = {}
-        self._streams = 0
+        # Streams and watches being started, by sandbox: counted as soon as asked for, so that
+        # calls at once cannot all pass the bound before any of them is counted.
+        self._starting: collections.Counter[str] = collections.Counter()
+        self._streams: collections.Counter[str] = collections.Counter()
 
     def _room(self, workspace_id: str) -> None:
         now = time.monotonic()
@@ -134,7 +138,9 @@ class Watchers:
             if now - watch.asked > _FORGOTTEN_S:
                 del self._watches[watch_id]
         mine = sum(1 for w in self._watches.values() if w.workspace_id == workspace_id)
-        if mine >= _PER_SANDBOX or len(self._watches) + self._streams >= _IN_ALL:
+        mine += self._streams[workspace_id] + self._starting[workspace_id]
+        in_all = len(self._watches) + self._streams.total() + self._starting.total()
+        if mine >= _PER_SANDBOX or in_all >= _IN_ALL:
             raise ConnectError(Code.RESOURCE_EXHAUSTED, "too many directory watches; stop one first")
 
     async def _start(self, workspace_id: str, caller: Caller, request: Any) -> _Watch:
@@ -151,7 +157,13 @@ class Watchers:
     async def create(self, workspace_id: str, caller: Caller, request: efs.CreateWatcherRequest) -> str:
         """Start a polled watch; its id."""
         self._room(workspace_id)
-        watch = await self._start(workspace_id, caller, request)
+        self._starting[workspace_id] += 1
+        try:
+            watch = await self._start(workspace_id, caller, request)
+        finally:
+            self._starting[workspace_id] -= 1
+            if not self._starting[workspace_id]:
+                del self._starting[workspace_id]
         watch_id = f"w-{secrets.token_hex(8)}"
         self._watches[watch_id] = watch
         return watch_id
@@ -178,7 +190,7 @@ class Watchers:
     ) -> AsyncIterator[efs.WatchDirResponse]:
         """``start``, then each change as it is seen, with a keepalive now and then."""
         self._room(workspace_id)
-        self._streams += 1
+        self._streams[workspace_id] += 1
         try:
             watch = await self._start(workspace_id, caller, request)
             yield efs.WatchDirResponse(event=oneof("start", efs.WatchDirResponse.StartEvent()))
@@ -192,4 +204,6 @@ class Watchers:
                     yield efs.WatchDirResponse(event=oneof("keepalive", efs.WatchDirResponse.KeepAlive()))
                     quiet_since = time.monotonic()
         finally:
-            self._streams -= 1
+            self._streams[workspace_id] -= 1
+            if not self._streams[workspace_id]:
+                del self._streams[workspace_id]

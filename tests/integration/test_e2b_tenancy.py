@@ -147,12 +147,19 @@ def test_bad_requests_get_e2b_errors_not_traces(plane: tuple[str, str, str]) -> 
     def chunked():  # type: ignore[no-untyped-def]
         yield b"--b\r\nContent-Disposition: form-data; name=file; filename=f\r\n\r\nx\r\n--b--\r\n"
 
-    unbounded = httpx.post(
-        f"{url}/files",
-        content=chunked(),
-        headers={"e2b-sandbox-id": "ws-000000000000", "content-type": "multipart/form-data; boundary=b"},
-    )
-    assert (unbounded.status_code, unbounded.json()["code"]) == (411, 411)
+    form = {"content-type": "multipart/form-data; boundary=b"}
+    keyless = httpx.post(f"{url}/files", content=chunked(), headers={"e2b-sandbox-id": "ws-000000000000", **form})
+    assert (keyless.status_code, keyless.json()["code"]) == (401, 401)  # who asks comes first
+    sandbox = Sandbox.create(api_key=key_a)
+    try:
+        unbounded = httpx.post(
+            f"{url}/files",
+            content=chunked(),
+            headers={"e2b-sandbox-id": sandbox.sandbox_id, "x-access-token": key_a, **form},
+        )
+        assert (unbounded.status_code, unbounded.json()["code"]) == (411, 411)
+    finally:
+        sandbox.kill()
     metrics = httpx.get(f"{url}/sandboxes/ws-nope/metrics", headers=headers)
     assert (metrics.status_code, metrics.json()["code"]) == (501, 501)
     # envd without a sandbox id, and with an Authorization header that is not Basic.
@@ -271,3 +278,73 @@ def test_the_domain_form_over_tls_and_http2(tmp_path: Path, e2b_image: str) -> N
         assert used.stdout == "over-tls\ntls file\nTrue\nHTTP/2\n"
     finally:
         thread.stop()
+
+
+def test_an_upload_is_refused_before_its_body_is_read(plane: tuple[str, str, str]) -> None:
+    import socket
+    import urllib.parse
+
+    url, key_a, key_b = plane
+    sandbox = Sandbox.create(api_key=key_a)
+    try:
+        address = urllib.parse.urlsplit(url)
+        for token in ("bogus", key_b):  # no tenant, and another tenant
+            with socket.create_connection((address.hostname, address.port), timeout=20) as raw:
+                raw.sendall(
+                    (
+                        f"POST /files?path=/workspace/x HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {sandbox.sandbox_id}\r\n"
+                        f"X-Access-Token: {token}\r\nContent-Type: application/octet-stream\r\n"
+                        "Content-Length: 1000000000\r\n\r\n"
+                    ).encode()
+                )
+                answer = raw.recv(4096).decode()  # answered with not one byte of the promised body sent
+            assert answer.split("\r\n")[0] in ("HTTP/1.1 401 ", "HTTP/1.1 404 "), answer[:200]
+        assert sandbox.files.exists("/workspace/x") is False
+    finally:
+        sandbox.kill()
+
+
+def test_a_gzip_upload_inflates_whole_and_bounded(plane: tuple[str, str, str]) -> None:
+    _, key_a, _ = plane
+    sandbox = Sandbox.create(api_key=key_a)
+    try:
+        text = "".join(f"line {n}\n" for n in range(600_000))  # 6.6 MB that gzip makes small
+        sandbox.files.write("/workspace/big.txt", text, gzip=True)
+        assert sandbox.commands.run("wc -c < /workspace/big.txt").stdout.strip() == str(len(text))
+        assert sandbox.commands.run("tail -n 1 /workspace/big.txt").stdout == "line 599999\n"
+    finally:
+        sandbox.kill()
+
+
+def test_watchers_of_a_sandbox_are_bounded_even_asked_for_at_once(plane: tuple[str, str, str]) -> None:
+    import asyncio
+
+    url, key_a, _ = plane
+    sandbox = Sandbox.create(api_key=key_a)
+    try:
+        headers = {"e2b-sandbox-id": sandbox.sandbox_id, "x-access-token": key_a}
+
+        async def create_all() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                return await asyncio.gather(
+                    *(
+                        client.post("/filesystem.Filesystem/CreateWatcher", headers=headers, json={"path": "/tmp"})
+                        for _ in range(24)
+                    )
+                )
+
+        answers = asyncio.run(create_all())
+        made = [a for a in answers if a.status_code == 200]
+        refused = [a for a in answers if a.status_code != 200]
+        assert len(made) == 16
+        assert {a.json()["code"] for a in refused} == {"resource_exhausted"}
+        # A stream counts as a watcher of its sandbox too.
+        message = b'{"path": "/tmp"}'
+        stream = httpx.post(
+            f"{url}/filesystem.Filesystem/WatchDir",
+            content=b"\0" + len(message).to_bytes(4, "big") + message,
+            headers={**headers, "content-type": "application/connect+json", "connect-protocol-version": "1"},
+        )
+        assert _frames(stream.content)[-1][1]["error"]["code"] == "resource_exhausted"  # type: ignore[index]
+    finally:
+        sandbox.kill()
