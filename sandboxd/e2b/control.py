@@ -257,11 +257,7 @@ async def create(request: Request, gateway: Gateway, caller: Caller) -> Response
 
 async def _get(gateway: Gateway, caller: Caller, sandbox_id: str) -> wpb.Workspace:
     with _missing_is_404(f"sandbox {sandbox_id}"):
-        response = await gateway.workspaces.GetWorkspace(
-            wpb.GetWorkspaceRequest(workspace_id=sandbox_id), metadata=caller.metadata()
-        )
-    workspace: wpb.Workspace = response.workspace
-    return workspace
+        return await gateway.workspace(sandbox_id, caller)
 
 
 async def get_info(request: Request, gateway: Gateway, caller: Caller) -> Response:

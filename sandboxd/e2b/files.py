@@ -162,7 +162,7 @@ async def upload(request: Request, gateway: Gateway) -> Response:
         return _error(400, "the E2b-Sandbox-Id header is required")
     try:
         # Who asks, and for which of their sandboxes, before a byte of the body is read.
-        await gateway.workspaces.GetWorkspace(wpb.GetWorkspaceRequest(workspace_id=sandbox), metadata=caller.metadata())
+        await gateway.workspace(sandbox, caller)
     except grpc.aio.AioRpcError as exc:
         return _rpc_error(exc)
     async with _SPOOLING:
@@ -215,14 +215,12 @@ async def health(request: Request, gateway: Gateway) -> Response:
     if not sandbox:
         return Response(status_code=204)  # the plane itself answers
     try:
-        got = await gateway.workspaces.GetWorkspace(
-            wpb.GetWorkspaceRequest(workspace_id=sandbox), metadata=caller.metadata()
-        )
+        workspace = await gateway.workspace(sandbox, caller)
     except grpc.aio.AioRpcError as exc:
         if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
             return _error(502, f"the sandbox {sandbox} was not found")
         return _rpc_error(exc)
-    if got.workspace.state != wpb.WORKSPACE_STATE_RUNNING:
+    if workspace.state != wpb.WORKSPACE_STATE_RUNNING:
         return _error(502, f"the sandbox {sandbox} was not found running")
     return Response(status_code=204)
 

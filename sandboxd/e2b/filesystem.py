@@ -15,7 +15,6 @@ import grpc
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from sandboxd_protocol.v1 import file_service_pb2 as fpb
-from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 
 from .entries import entry_info
 from .envd.filesystem import filesystem_pb as efs
@@ -146,9 +145,7 @@ class FilesystemService(Filesystem):
             if exc.code() != grpc.StatusCode.NOT_FOUND:
                 raise connect_error(exc) from None
             with mapped_errors():  # the sandbox's own NOT_FOUND stands; the path's does not
-                await self.gateway.workspaces.GetWorkspace(
-                    wpb.GetWorkspaceRequest(workspace_id=workspace_id), metadata=caller.metadata()
-                )
+                await self.gateway.workspace(workspace_id, caller)
         return efs.RemoveResponse()
 
     async def list_dir(self, request: efs.ListDirRequest, ctx: Ctx, /) -> efs.ListDirResponse:

@@ -155,22 +155,29 @@ class Gateway:
         base = await self._working_dir(workspace_id, caller)
         return posixpath.normpath(posixpath.join(base, path)) if base else path
 
+    async def workspace(self, workspace_id: str, caller: Caller) -> wpb.Workspace:
+        """The workspace as ``caller`` may see it (``GetWorkspace``); its working directory is kept.
+
+        Raises:
+            grpc.aio.AioRpcError: sandboxd's refusal (NOT_FOUND for another tenant's too).
+        """
+        got = await self.workspaces.GetWorkspace(
+            wpb.GetWorkspaceRequest(workspace_id=workspace_id), metadata=caller.metadata()
+        )
+        if workspace_id not in self._working_dirs and len(self._working_dirs) >= _WORKING_DIRS:
+            self._working_dirs.pop(next(iter(self._working_dirs)))
+        self._working_dirs[workspace_id] = (got.workspace.spec.working_dir, time.monotonic())
+        workspace: wpb.Workspace = got.workspace
+        return workspace
+
     async def _working_dir(self, workspace_id: str, caller: Caller) -> str:
-        now = time.monotonic()
         known = self._working_dirs.get(workspace_id)
-        if known is not None and now - known[1] < _WORKING_DIR_TTL_S:
+        if known is not None and time.monotonic() - known[1] < _WORKING_DIR_TTL_S:
             return known[0]
         try:
-            got = await self.workspaces.GetWorkspace(
-                wpb.GetWorkspaceRequest(workspace_id=workspace_id), metadata=caller.metadata()
-            )
+            return (await self.workspace(workspace_id, caller)).spec.working_dir
         except grpc.aio.AioRpcError:
             return ""
-        if len(self._working_dirs) >= _WORKING_DIRS:
-            self._working_dirs.pop(next(iter(self._working_dirs)))
-        self._working_dirs[workspace_id] = (got.workspace.spec.working_dir, now)
-        working_dir: str = got.workspace.spec.working_dir
-        return working_dir
 
     async def close(self) -> None:
         """Close the channel (calls in flight end with CANCELLED)."""

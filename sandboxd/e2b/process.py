@@ -32,7 +32,6 @@ from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from google.protobuf import duration_pb2
 from sandboxd_protocol.v1 import process_service_pb2 as ppb
-from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 
 from .envd.process import process_pb as epb
 from .envd.process.process_connect import Process
@@ -133,9 +132,7 @@ class _Pump:
     async def _gone(self, gateway: Gateway, caller: Caller) -> bool:
         """Whether the process's workspace is no more (it was killed under the command)."""
         try:
-            await gateway.workspaces.GetWorkspace(
-                wpb.GetWorkspaceRequest(workspace_id=self.workspace_id), metadata=caller.metadata()
-            )
+            await gateway.workspace(self.workspace_id, caller)
         except grpc.aio.AioRpcError as exc:
             return exc.code() == grpc.StatusCode.NOT_FOUND
         return False
@@ -242,25 +239,30 @@ class ProcessService(Process):
         self.hub = hub
         self.max_timeout_s = max_timeout_s
 
-    async def _find(self, ctx: Ctx, selector: epb.ProcessSelector | None) -> _Pump | str:
-        """The pump, or the sandboxd process id, of the process ``selector`` names in the sandbox.
-
-        Raises:
-            ConnectError: NOT_FOUND when the sandbox has no running process of that pid or tag.
-        """
+    async def _running(self, ctx: Ctx) -> list[tuple[ppb.ProcessInfo, _Pump | None]]:
+        """The sandbox's running processes, each with its pump if it was started here."""
         workspace_id = sandbox_id(ctx)
         caller = caller_from_headers(ctx.request_headers)
         with mapped_errors():
             listed = await self.gateway.processes.ListProcesses(
                 ppb.ListProcessesRequest(workspace_id=workspace_id), metadata=caller.metadata()
             )
+        return [
+            (info, self.hub.get(info.process_id))
+            for info in listed.processes
+            if info.state == ppb.PROCESS_STATE_RUNNING
+        ]
+
+    async def _find(self, ctx: Ctx, selector: epb.ProcessSelector | None) -> _Pump | str:
+        """The pump, or the sandboxd process id, of the process ``selector`` names in the sandbox.
+
+        Raises:
+            ConnectError: NOT_FOUND when the sandbox has no running process of that pid or tag.
+        """
         chosen = selector.selector if selector is not None else None
         if chosen is None:
             raise ConnectError(Code.INVALID_ARGUMENT, "the process selector names no pid or tag")
-        for info in listed.processes:
-            if info.state != ppb.PROCESS_STATE_RUNNING:
-                continue
-            pump = self.hub.get(info.process_id)
+        for info, pump in await self._running(ctx):
             if chosen.field == "pid" and info.pid == chosen.value:
                 return pump or info.process_id
             if chosen.field == "tag" and pump is not None and pump.tag == chosen.value:
@@ -269,17 +271,8 @@ class ProcessService(Process):
 
     async def list(self, request: epb.ListRequest, ctx: Ctx, /) -> epb.ListResponse:
         """The sandbox's running processes."""
-        workspace_id = sandbox_id(ctx)
-        caller = caller_from_headers(ctx.request_headers)
-        with mapped_errors():
-            listed = await self.gateway.processes.ListProcesses(
-                ppb.ListProcessesRequest(workspace_id=workspace_id), metadata=caller.metadata()
-            )
         infos = []
-        for info in listed.processes:
-            if info.state != ppb.PROCESS_STATE_RUNNING:
-                continue
-            pump = self.hub.get(info.process_id)
+        for info, pump in await self._running(ctx):
             config = (
                 pump.config if pump is not None else epb.ProcessConfig(cmd="/bin/bash", args=["-l", "-c", info.command])
             )

@@ -102,10 +102,10 @@ class ProcessSession:
             background=self._background,
         )
         self.shutting_down = False
+        """Set when the daemon stops: departing streams then leave their commands alone."""
         self.stdin_closed = spec.stdin_closed and not spec.tty
         """Its stdin pipe was closed (at start, or by an Input): more input has nowhere to go. (A
         terminal's close is an end-of-file character: the terminal takes input still.)"""
-        """Set when the daemon stops: departing streams then leave their commands alone."""
         self.yield_now = False
         """Set as the daemon's drain ends: a call streaming this command yields at once."""
 
