@@ -171,6 +171,13 @@ class Snapshot:
     size_bytes: int
     spec: WorkspaceSpec
     """The source's resolved spec: what a fork takes for the fields it leaves unset."""
+    memory_bytes: int = 0
+    """Bytes of its processes' memory as the runtime saved them; 0: files only."""
+
+    @property
+    def include_memory(self) -> bool:
+        """Whether a fork starts with the source's processes running."""
+        return self.memory_bytes > 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

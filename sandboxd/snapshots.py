@@ -23,12 +23,21 @@ from collections.abc import Mapping
 
 import structlog
 
-from .backend.base import Backend, ImageInfo
-from .errors import AlreadyExistsError, InvalidSpecError, NotFoundError, QuotaExceededError
-from .models import Snapshot
+from .backend.base import Backend, ContainerInfo, ImageInfo
+from .errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidSpecError,
+    NotFoundError,
+    QuotaExceededError,
+)
+from .models import Snapshot, WorkspaceSpec
 from .tenancy import current_tenant
 from .workspaces import (
     LABEL_SNAPSHOT,
+    LABEL_SNAPSHOT_CONTAINER,
+    LABEL_SNAPSHOT_MEMORY,
+    LABEL_SNAPSHOT_OF,
     LABEL_SPEC,
     LABEL_TENANT,
     WorkspaceManager,
@@ -41,8 +50,6 @@ __all__ = ["LABEL_SNAPSHOT", "SnapshotStore", "check_snapshot_name"]
 
 log = structlog.get_logger(__name__)
 
-LABEL_SNAPSHOT_OF = "sandboxd.snapshot_of"
-"""On a snapshot's image: the workspace it was taken of."""
 LABEL_SNAPSHOT_LABELS = "sandboxd.snapshot_labels"
 """On a snapshot's image: the caller's labels, as JSON (the image also carries its source's)."""
 LABEL_SNAPSHOT_TIME = "sandboxd.snapshot_time"
@@ -99,14 +106,19 @@ class SnapshotStore:
             lock = self._locks[tenant] = asyncio.Lock()
         return lock
 
-    async def take(self, workspace_id: str, name: str, labels: Mapping[str, str]) -> Snapshot:
+    async def take(
+        self, workspace_id: str, name: str, labels: Mapping[str, str], *, include_memory: bool = False
+    ) -> Snapshot:
         """Capture a workspace's files as the caller's snapshot ``name`` (it goes on running).
+
+        With ``include_memory``, its processes and their memory too (:meth:`_with_memory`).
 
         Raises:
             InvalidSpecError: a bad name or labels.
             WorkspaceNotFoundError: no such workspace of the caller's.
             AlreadyExistsError: the caller has a snapshot of that name.
             QuotaExceededError: the caller has ``tenant_max_snapshots`` already.
+            FailedPreconditionError: ``include_memory`` and the workspace cannot be kept so.
         """
         check_snapshot_name(name)
         check_labels(labels, "labels")
@@ -128,27 +140,82 @@ class SnapshotStore:
             # A capped /workspace's archive is about its cap; a sparse file's is its whole length,
             # which must not become an image as big as the file says it is.
             bound = 2 * spec.limits.disk_bytes + SNAPSHOT_SLACK_BYTES if spec.limits.disk_bytes else 0
-            image = await self.backend.snapshot_container(
-                workspace_id,
-                ref,
-                {
-                    LABEL_TENANT: tenant,
-                    LABEL_SNAPSHOT: name,
-                    LABEL_SNAPSHOT_OF: workspace_id,
-                    LABEL_SNAPSHOT_LABELS: json.dumps(dict(labels), sort_keys=True),
-                    LABEL_SPEC: spec_to_json(spec),
-                    LABEL_SNAPSHOT_TIME: datetime.datetime.now(datetime.UTC).isoformat(),
-                },
-                max_workspace_bytes=min(
-                    bound or self.manager.settings.max_snapshot_bytes, self.manager.settings.max_snapshot_bytes
-                ),
-                # The commit freezes the container: its agent is told, as for a pause, so that a
-                # command's timeout falling in that moment does not kill it at the thaw.
-                frozen=self.manager.bridge.freezer(info),
-            )
+            marks = {
+                LABEL_TENANT: tenant,
+                LABEL_SNAPSHOT: name,
+                LABEL_SNAPSHOT_OF: workspace_id,
+                LABEL_SNAPSHOT_LABELS: json.dumps(dict(labels), sort_keys=True),
+                LABEL_SPEC: spec_to_json(spec),
+                LABEL_SNAPSHOT_TIME: datetime.datetime.now(datetime.UTC).isoformat(),
+            }
+            limit = min(bound or self.manager.settings.max_snapshot_bytes, self.manager.settings.max_snapshot_bytes)
+            if include_memory:
+                image = await self._with_memory(info, spec, ref, marks, limit)
+            else:
+                image = await self.backend.snapshot_container(
+                    workspace_id,
+                    ref,
+                    marks,
+                    max_workspace_bytes=limit,
+                    # The commit freezes the container: its agent is told, as for a pause, so that a
+                    # command's timeout falling in that moment does not kill it at the thaw.
+                    frozen=self.manager.bridge.freezer(info),
+                )
         self.manager.touch(workspace_id)
         log.info("snapshot.taken", snapshot=name, workspace_id=workspace_id, size_bytes=image.size_bytes)
         return self._snapshot(image)
+
+    async def _with_memory(
+        self, info: ContainerInfo, spec: WorkspaceSpec, ref: str, marks: Mapping[str, str], limit: int
+    ) -> ImageInfo:
+        """Checkpoint the workspace's processes, then commit its files, as one moment of it.
+
+        The agent lets go of the host (the runtime cannot save a socket bound or connected to
+        it) and the workspace is paused: the runtime saves its memory, and the commit and the
+        copy of /workspace see the files as the memory left them. Then it runs on, and its
+        agent listens again. The checkpoint is kept under the image's tag; a failure keeps
+        neither.
+
+        Raises:
+            FailedPreconditionError: the workspace cannot be kept with its memory (its
+                runtime, a paused workspace, a capped /workspace, an open forward, a socket
+                bound on the host...).
+        """
+        workspace_id = info.workspace_id
+        if info.runtime != "runsc":
+            msg = (
+                f"workspace {workspace_id!r} runs under {info.runtime or 'runc'}: memory snapshots need gVisor "
+                "(runtime runsc); runc's checkpoints need CRIU, which does not work on this kernel "
+                "(docs/snapshots.md). Snapshot its files only, or create it with runtime runsc"
+            )
+            raise FailedPreconditionError(msg)
+        if info.paused:
+            msg = f"workspace {workspace_id!r} is paused: resume it to snapshot its memory"
+            raise FailedPreconditionError(msg)
+        if spec.limits.disk_bytes:
+            msg = (
+                f"workspace {workspace_id!r} has a capped /workspace (a tmpfs the engine fills only after a "
+                "start), which a restored fork cannot be given in time: snapshot its files only"
+            )
+            raise FailedPreconditionError(msg)
+        key = ref.rpartition(":")[2]
+        link = self.manager.bridge.context_for(info).link
+        async with link.let_go():
+            await self.backend.pause_container(workspace_id)
+            try:
+                memory = await self.backend.checkpoint_container(workspace_id, key)
+                try:
+                    return await self.backend.snapshot_container(
+                        workspace_id,
+                        ref,
+                        {**marks, LABEL_SNAPSHOT_MEMORY: str(memory), LABEL_SNAPSHOT_CONTAINER: info.container_id},
+                        max_workspace_bytes=limit,
+                    )
+                except BaseException:
+                    await asyncio.shield(self.backend.remove_checkpoint(key))
+                    raise
+            finally:
+                await asyncio.shield(self.backend.resume_container(workspace_id))
 
     async def find(self, name: str) -> ImageInfo:
         """The caller's snapshot ``name`` as its image.
@@ -187,6 +254,8 @@ class SnapshotStore:
         image = await self.find(name)
         async with self._lock(current_tenant()):
             await self.backend.remove_image(image.ref, prune=True)
+            if image.labels.get(LABEL_SNAPSHOT_MEMORY):
+                await self.backend.remove_checkpoint(image.ref.rpartition(":")[2])
         await self.backend.remove_unused_images()
         log.info("snapshot.deleted", snapshot=name)
 
@@ -207,7 +276,15 @@ class SnapshotStore:
             labels=labels if isinstance(labels, dict) else {},
             size_bytes=image.size_bytes,
             spec=spec_from_json(image.labels[LABEL_SPEC]),
+            memory_bytes=_int(image.labels.get(LABEL_SNAPSHOT_MEMORY, "")),
         )
+
+
+def _int(text: str) -> int:
+    try:
+        return max(0, int(text))
+    except ValueError:
+        return 0
 
 
 def _order(snapshot: Snapshot) -> tuple[datetime.datetime, str]:

@@ -199,6 +199,13 @@ class SnapshotInfo:
     """The image its source was created from."""
     user: str
     working_dir: str
+    memory_bytes: int = 0
+    """Bytes of the processes' memory it holds (``include_memory``); 0: files only."""
+
+    @property
+    def include_memory(self) -> bool:
+        """Whether a fork of it starts with its source's processes running."""
+        return self.memory_bytes > 0
 
     @classmethod
     def from_proto(cls, message: wpb.Snapshot) -> SnapshotInfo:
@@ -212,6 +219,7 @@ class SnapshotInfo:
             image=message.spec.image,
             user=message.spec.security.user,
             working_dir=message.spec.working_dir,
+            memory_bytes=message.memory_bytes,
         )
 
 
@@ -632,16 +640,28 @@ class SandboxClient:
 
     # -- snapshots -------------------------------------------------------------------------------
     async def snapshot_workspace(
-        self, workspace_id: str, name: str, *, labels: Mapping[str, str] | None = None
+        self,
+        workspace_id: str,
+        name: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        include_memory: bool = False,
     ) -> SnapshotInfo:
         """Capture a workspace's files (/workspace and its changed root filesystem) as ``name``.
+
+        With ``include_memory``, its running processes too (their memory, /tmp, its process
+        sessions): a fork starts with them running, its sessions under ids of their own.
 
         Raises:
             InvalidArgumentError: a bad name (1-63 letters, digits, '.', '_', '-').
             AlreadyExistsError: you have a snapshot of that name.
             ResourceExhaustedError: your snapshot quota is used up.
+            FailedPreconditionError: ``include_memory`` and the workspace cannot be kept so
+                (not under gVisor, paused, a port forward open, a socket bound on a host directory).
         """
-        request = wpb.SnapshotWorkspaceRequest(workspace_id=workspace_id, name=name, labels=dict(labels or {}))
+        request = wpb.SnapshotWorkspaceRequest(
+            workspace_id=workspace_id, name=name, labels=dict(labels or {}), include_memory=include_memory
+        )
         response = await self._unary(lambda: self._workspaces.SnapshotWorkspace(request))
         return SnapshotInfo.from_proto(response.snapshot)
 
@@ -1083,9 +1103,13 @@ class Workspace:
         self.info = await self.client.resume_workspace(self.workspace_id)
         return self.info
 
-    async def snapshot(self, name: str, *, labels: Mapping[str, str] | None = None) -> SnapshotInfo:
+    async def snapshot(
+        self, name: str, *, labels: Mapping[str, str] | None = None, include_memory: bool = False
+    ) -> SnapshotInfo:
         """See :meth:`SandboxClient.snapshot_workspace`."""
-        return await self.client.snapshot_workspace(self.workspace_id, name, labels=labels)
+        return await self.client.snapshot_workspace(
+            self.workspace_id, name, labels=labels, include_memory=include_memory
+        )
 
     async def refresh(self) -> WorkspaceInfo:
         """Fetch the current state."""

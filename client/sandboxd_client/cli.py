@@ -118,6 +118,9 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
     snapshot.add_argument("workspace")
     snapshot.add_argument("name")
     snapshot.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="add a label")
+    snapshot.add_argument(
+        "--memory", action="store_true", help="keep its running processes too (gVisor): forks start with them"
+    )
     snapshots = commands.add_parser("snapshots", help="list snapshots")
     snapshots.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="filter by label")
     snapshots.add_argument("-q", "--quiet", action="store_true", help="print names only")
@@ -294,7 +297,9 @@ async def _run(opts: argparse.Namespace) -> int:
                 print(workspace_id)
             return 0
         if opts.command == "snapshot":
-            taken = await client.snapshot_workspace(opts.workspace, opts.name, labels=_pairs(opts.label, "--label"))
+            taken = await client.snapshot_workspace(
+                opts.workspace, opts.name, labels=_pairs(opts.label, "--label"), include_memory=opts.memory
+            )
             print(taken.name)
             return 0
         if opts.command == "snapshots":

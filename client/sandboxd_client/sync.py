@@ -82,10 +82,12 @@ class SyncSandboxClient:
         return self._run(self._client.resume_workspace(workspace_id))
 
     def snapshot_workspace(
-        self, workspace_id: str, name: str, *, labels: Mapping[str, str] | None = None
+        self, workspace_id: str, name: str, *, labels: Mapping[str, str] | None = None, include_memory: bool = False
     ) -> SnapshotInfo:
         """See :meth:`SandboxClient.snapshot_workspace`."""
-        return self._run(self._client.snapshot_workspace(workspace_id, name, labels=labels))
+        return self._run(
+            self._client.snapshot_workspace(workspace_id, name, labels=labels, include_memory=include_memory)
+        )
 
     def get_snapshot(self, name: str) -> SnapshotInfo:
         """See :meth:`SandboxClient.get_snapshot`."""
@@ -189,9 +191,11 @@ class SyncWorkspace:
         self.info = self.client.resume_workspace(self.workspace_id)
         return self.info
 
-    def snapshot(self, name: str, *, labels: Mapping[str, str] | None = None) -> SnapshotInfo:
+    def snapshot(
+        self, name: str, *, labels: Mapping[str, str] | None = None, include_memory: bool = False
+    ) -> SnapshotInfo:
         """See :meth:`SandboxClient.snapshot_workspace`."""
-        return self.client.snapshot_workspace(self.workspace_id, name, labels=labels)
+        return self.client.snapshot_workspace(self.workspace_id, name, labels=labels, include_memory=include_memory)
 
     def delete(self) -> None:
         """Remove the workspace and its volume."""

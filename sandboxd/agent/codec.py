@@ -71,6 +71,7 @@ class Kind:
     FILE_END = b"E"
     FILE_ACK = b"A"
     FREEZE = b"Z"
+    RENAME = b"R"
     CONNECT = b"N"
     WELCOME = b"w"
     STARTED = b"s"

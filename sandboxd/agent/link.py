@@ -24,18 +24,18 @@ import contextlib
 import contextvars
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
 from typing import Any
 
 import structlog
 
-from ..backend.base import Backend, ExecStream
-from ..errors import DockerUnavailableError, SandboxdError
+from ..backend.base import RELISTEN_SIGNAL, Backend, ExecStream
+from ..errors import DockerUnavailableError, FailedPreconditionError, SandboxdError
 from .codec import PROTOCOL_VERSION, FileReply, FrameDecoder, Kind, encode, json_object, text_field
 from .errors import AgentBehindEngine, AgentLost, ProtocolError
 from .messages import Welcome
 from .paths import AGENT_PATH
-from .routes import ForwardedConnection, Route, forward, run_file_operation
+from .routes import ForwardedConnection, ForwardRoute, Route, forward, run_file_operation
 
 __all__ = ["AgentLink"]
 
@@ -50,6 +50,8 @@ BRIDGE_CHECK_S = 2.0
 """Silence on a link with calls waiting after which the engine is asked if the bridge still runs."""
 FREEZE_TIMEOUT_S = 5.0
 """How long the agent may take to answer a freeze (it answers at once unless it is stuck)."""
+LETTING_GO_S = 5.0
+"""How long an agent may take to close its connection once it said it lets go for a checkpoint."""
 LISTEN_WAIT_S = 10.0
 """How long a direct connection waits for a starting agent's socket to appear (the bridge waits as long)."""
 
@@ -108,6 +110,9 @@ class AgentLink:
         self._heard_at = 0.0
         self._freeze_lock = asyncio.Lock()
         self._frozen_answer: asyncio.Future[bool] | None = None
+        self._renames: set[asyncio.Task[None]] = set()
+        self._available = asyncio.Event()
+        self._available.set()  # cleared while the agent has let go for a checkpoint
         self.on_welcome: Callable[[Welcome], None] | None = None
         """Told of every new connection's welcome (the daemon adopts sessions from it)."""
 
@@ -122,6 +127,7 @@ class AgentLink:
         Raises:
             AgentLost: the agent does not answer, or speaks another protocol.
         """
+        await self._available.wait()
         async with self._connect_lock:
             if self._stream is not None and self.welcome is not None:
                 return self.welcome
@@ -135,14 +141,23 @@ class AgentLink:
         if not self.socket_path or self.runtime not in self.host_sockets:
             return None
         began = time.monotonic()
+        kicked = False
         while (stream := await self.backend.open_socket(self.socket_path, self.container_id)) is None:
             # The agent's socket gets its name only once it listens (agent_linux.go listenAtOnce;
             # under gVisor a bound socket's host file refuses until its listen is forwarded). So
             # a socket not there yet is worth the wait (a workspace just created: its agent is
             # starting), and one there that refuses is no agent of ours: the bridge's to try.
             waited = time.monotonic() - began
-            if _present(self.socket_path) or waited > LISTEN_WAIT_S:
+            if _present(self.socket_path):
                 return None
+            if waited > LISTEN_WAIT_S:
+                if kicked:
+                    return None
+                # An agent that let go for a checkpoint whose daemon died before saying it was
+                # taken: it listens again when told (it would after a minute on its own).
+                kicked, began = True, time.monotonic()
+                with contextlib.suppress(SandboxdError):
+                    await self.backend.signal_container(self.container_id, RELISTEN_SIGNAL)
             await asyncio.sleep(0.005 if waited < 0.1 else 0.05)
         return stream
 
@@ -377,6 +392,74 @@ class AgentLink:
             except (OSError, ConnectionError) as exc:
                 msg = f"workspace {self.workspace_id!r}'s agent connection broke: {exc}"
                 raise AgentLost(msg) from None
+
+    def rename(self, channel: int, process_id: str, daemon_state: Mapping[str, Any]) -> None:
+        """Tell the agent a session's new process id and daemon state (a restored copy's: PROTOCOL.md, ``R``).
+
+        Sent in the background: until it is through, the agent names the session as before,
+        and a daemon that starts meanwhile renames it again.
+        """
+
+        async def send() -> None:
+            try:
+                await self.send(Kind.RENAME, channel, {"process_id": process_id, "daemon_state": dict(daemon_state)})
+            except SandboxdError as exc:
+                log.warning("agent.rename_failed", workspace_id=self.workspace_id, channel=channel, error=exc.message)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._renames.add(task)
+        task.add_done_callback(self._renames.discard)
+
+    @contextlib.asynccontextmanager
+    async def let_go(self) -> AsyncIterator[None]:
+        """Have the agent let go of the host for a checkpoint, inside the block; it listens again after.
+
+        The agent stops its sessions' timers, stops listening and closes the connection (a socket
+        bound or connected to the host cannot be saved: PROTOCOL.md, ``Z``); until the block
+        ends, nothing connects (calls wait). After it, the container is signalled to listen
+        again and the link connects as usual (its welcome, frozen, has the timers restarted).
+
+        Raises:
+            FailedPreconditionError: the agent predates checkpoints, or a port forward is open
+                (its connection would be cut).
+            AgentLost: the agent cannot be reached, or did not let go in time.
+        """
+        welcome = await self.connect()
+        if "checkpoint" not in welcome.features:
+            msg = (
+                f"workspace {self.workspace_id!r} runs an agent without checkpoints (made by an older sandboxd): "
+                "recreate it to snapshot its memory"
+            )
+            raise FailedPreconditionError(msg)
+        if any(isinstance(route, ForwardRoute) for route in self._routes.values()):
+            msg = (
+                f"workspace {self.workspace_id!r} has a port forward open, whose connection a memory snapshot "
+                "would cut: close it first"
+            )
+            raise FailedPreconditionError(msg)
+        async with self._connect_lock:
+            self._available.clear()
+        try:
+            async with self._freeze_lock:
+                self._frozen_answer = answer = asyncio.get_running_loop().create_future()
+                try:
+                    await self.send(Kind.FREEZE, 0, {"frozen": True, "checkpoint": True})
+                    async with asyncio.timeout(FREEZE_TIMEOUT_S):
+                        await answer
+                    reader = self._reader
+                    if reader is not None:
+                        async with asyncio.timeout(LETTING_GO_S):
+                            await asyncio.shield(reader)
+                except TimeoutError:
+                    msg = f"workspace {self.workspace_id!r}'s agent did not let go for a checkpoint in time"
+                    raise AgentLost(msg) from None
+                finally:
+                    self._frozen_answer = None
+            yield
+        finally:
+            with contextlib.suppress(SandboxdError):
+                await asyncio.shield(self.backend.signal_container(self.container_id, RELISTEN_SIGNAL))
+            self._available.set()
 
     async def freeze(self, frozen: bool) -> None:
         """Stop (``frozen``) or restart every timeout and kill grace of the agent's sessions.

@@ -321,7 +321,7 @@ class _FileRoute:
         del welcome  # a file operation does not outlive its connection
 
 
-class _ForwardRoute:
+class ForwardRoute:
     """One forwarded connection's channel: the server's bytes queued for the call, the input window."""
 
     def __init__(self) -> None:
@@ -385,7 +385,7 @@ class ForwardedConnection:
     what it sent.
     """
 
-    def __init__(self, link: Frames, channel: int, route: _ForwardRoute) -> None:
+    def __init__(self, link: Frames, channel: int, route: ForwardRoute) -> None:
         """Wrap an open channel (:func:`forward` makes them)."""
         self._link, self._channel, self._route = link, channel, route
         self._taken = self._acked = 0
@@ -526,7 +526,7 @@ async def forward(link: Frames, port: int) -> AsyncGenerator[ForwardedConnection
     if "forward" not in welcome.features:
         msg = f"workspace {link.workspace_id!r}'s agent cannot forward ports: delete the workspace and create it again"
         raise FailedPreconditionError(msg)
-    route = _ForwardRoute()
+    route = ForwardRoute()
     channel = link.register(route)
     try:
         await link.send(Kind.CONNECT, channel, {"port": port})

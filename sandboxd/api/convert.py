@@ -230,6 +230,8 @@ def snapshot_to_proto(snapshot: Snapshot) -> wpb.Snapshot:
         labels=dict(snapshot.labels),
         size_bytes=snapshot.size_bytes,
         spec=_spec_to_proto(snapshot.spec),
+        include_memory=snapshot.include_memory,
+        memory_bytes=snapshot.memory_bytes,
     )
 
 

@@ -81,8 +81,10 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
     async def SnapshotWorkspace(
         self, request: wpb.SnapshotWorkspaceRequest, context: Context
     ) -> wpb.SnapshotWorkspaceResponse:
-        """Capture a workspace's files as a named snapshot."""
-        snapshot = await self.snapshots.take(request.workspace_id, request.name, dict(request.labels))
+        """Capture a workspace's files (and with ``include_memory`` its running processes) as a named snapshot."""
+        snapshot = await self.snapshots.take(
+            request.workspace_id, request.name, dict(request.labels), include_memory=request.include_memory
+        )
         return wpb.SnapshotWorkspaceResponse(snapshot=convert.snapshot_to_proto(snapshot))
 
     async def GetSnapshot(self, request: wpb.GetSnapshotRequest, context: Context) -> wpb.GetSnapshotResponse:

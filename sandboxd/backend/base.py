@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -45,6 +46,11 @@ LABEL_SNAPSHOT_PART = "sandboxd.snapshot_part"
 daemon dies then, which a start removes); such an image is no workspace's image."""
 
 
+RELISTEN_SIGNAL = signal.SIGUSR1
+"""What tells a workspace's agent that let go of its socket for a checkpoint to listen again: sent
+once the checkpoint is taken, and to a container restored from one (agent/PROTOCOL.md, ``Z``)."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ContainerSpec:
     """A fully resolved workspace container: every default already applied."""
@@ -77,6 +83,9 @@ class ContainerSpec:
     seed_workspace: bool = False
     """Start /workspace with the image's /workspace even when it is capped (a snapshot's fork): a
     plain volume is filled so by the engine, a capped one is not."""
+    checkpoint: str = ""
+    """Start the container restored from this checkpoint (:meth:`Backend.checkpoint_container`): its
+    processes go on where they were; its image must be the one committed with it."""
     dns_options: Sequence[str] = ()
     """resolv.conf options of the container (an allowlist workspace's fail fast: nothing resolves there)."""
     private_dirs: Sequence[str] = ()
@@ -315,6 +324,26 @@ class Backend(Protocol):
             WorkspaceNotFoundError: no such container.
             QuotaExceededError: /workspace is over ``max_workspace_bytes``.
         """
+        ...
+
+    async def checkpoint_container(self, workspace_id: str, key: str) -> int:
+        """Save the running container's processes and memory as checkpoint ``key``; return its size in bytes.
+
+        The container runs on. The checkpoint is kept until :meth:`remove_checkpoint`; a
+        container created with ``ContainerSpec.checkpoint = key`` starts from it.
+
+        Raises:
+            WorkspaceNotFoundError: no such container.
+            FailedPreconditionError: the engine or runtime cannot (its reason named).
+        """
+        ...
+
+    async def remove_checkpoint(self, key: str) -> None:
+        """Remove checkpoint ``key``; nothing when there is none."""
+        ...
+
+    async def signal_container(self, container: str, signum: int) -> None:
+        """Send ``signum`` to the container's main process (the engine's init passes it on)."""
         ...
 
     async def remove_unused_images(self) -> list[str]:

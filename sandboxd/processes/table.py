@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import dataclasses
 import datetime
 import re
 import secrets
@@ -252,12 +253,17 @@ class ProcessTable:
             self._remember_evicted(session.process_id, f"was evicted: {why}", session.context.tenant)
             await session.close(why)
 
-    def adopt(self, context: ExecContext, welcome: Welcome) -> builtins.list[str]:
+    def adopt(
+        self, context: ExecContext, welcome: Welcome, origin: tuple[str, str] | None = None
+    ) -> builtins.list[str]:
         """Take over the sessions a workspace's agent kept while no daemon was connected.
 
         Each comes back with its process id, its exit status if it has one, and its output
         from the exact byte callers had taken. Sessions this table follows already, and
-        those of another workspace or container, are left alone.
+        those of another workspace or container, are left alone, but for those of
+        ``origin`` (``(workspace_id, container_id)``: the source of a workspace restored from a
+        memory snapshot), which become this workspace's under new process ids; the agent is
+        told their new names (``Kind.RENAME``), so it gives them so from then on.
 
         Returns:
             The process ids adopted.
@@ -265,6 +271,10 @@ class ProcessTable:
         adopted = []
         for state in welcome.sessions:
             saved = state.daemon_state
+            if origin is not None and (saved.get("workspace_id"), saved.get("container_id")) == origin:
+                saved = {**saved, "workspace_id": context.workspace_id, "container_id": context.container_id}
+                state = dataclasses.replace(state, process_id=f"p-{secrets.token_hex(6)}", daemon_state=saved)
+                context.link.rename(state.channel, state.process_id, saved)
             if not _PROCESS_ID_RE.fullmatch(state.process_id) or state.process_id in self._sessions:
                 continue
             if saved.get("workspace_id") != context.workspace_id or saved.get("container_id") != context.container_id:

@@ -38,6 +38,7 @@ from .specs import (
     AGENT_SOCKET_NAME,
     FALLBACK_USER,
     LABEL_AGENT,
+    LABEL_RESTORED_FROM,
     LABEL_SPEC,
     LABEL_TENANT,
     check_workspace_id,
@@ -163,7 +164,9 @@ class Bridge:
             capabilities=spec.security.added_capabilities,
             root_capabilities=spec.security.root_capabilities,
         )
-        link.on_welcome = functools.partial(self._adopt_sessions, context)
+        source, _, source_container = info.labels.get(LABEL_RESTORED_FROM, "").partition(" ")
+        origin = (source, source_container) if source and source_container else None
+        link.on_welcome = functools.partial(self._adopt_sessions, context, origin)
         record.context = context
         return context
 
@@ -187,15 +190,18 @@ class Bridge:
             return {**proxy_env(), **spec.env}
         return dict(spec.env)
 
-    def _adopt_sessions(self, context: ExecContext, welcome: Welcome) -> None:
+    def _adopt_sessions(self, context: ExecContext, origin: tuple[str, str] | None, welcome: Welcome) -> None:
         """Every new connection: take over the sessions the agent holds that this daemon does not follow.
+
+        ``origin``: the source of a workspace restored from a memory snapshot, whose sessions
+        become this one's (:meth:`ProcessTable.adopt`).
 
         An agent still frozen in a workspace that is not paused (it was resumed while no daemon
         was connected, or a thaw was lost) has its timers restarted.
         """
         if welcome.frozen and not self.records.is_paused(context.workspace_id):
             self.in_background(self._restart_timers(context))
-        for process_id in self.processes.adopt(context, welcome):
+        for process_id in self.processes.adopt(context, welcome, origin):
             if self.audit is not None:
                 self.audit.event(
                     "process.adopted",

@@ -82,6 +82,15 @@ LABEL_SPEC = "sandboxd.spec"
 LABEL_TENANT = "sandboxd.tenant"
 LABEL_SNAPSHOT = "sandboxd.snapshot"
 """On a snapshot's image: its name; on a fork: the snapshot it was made from."""
+LABEL_SNAPSHOT_OF = "sandboxd.snapshot_of"
+"""On a snapshot's image: the workspace it was taken of."""
+LABEL_SNAPSHOT_MEMORY = "sandboxd.snapshot_memory"
+"""On a memory snapshot's image: the bytes of its checkpoint (whose key is the image's tag)."""
+LABEL_SNAPSHOT_CONTAINER = "sandboxd.snapshot_container"
+"""On a memory snapshot's image: the container it was taken of, whose id its sessions carry."""
+LABEL_RESTORED_FROM = "sandboxd.restored_from"
+"""On a fork restored with its snapshot's memory: ``WORKSPACE_ID CONTAINER_ID`` of the source, whose
+sessions it adopts under ids of its own."""
 LABEL_AGENT = "sandboxd.agent"
 """The agent version a workspace was created with; a workspace without it predates the agent."""
 LABEL_CREATE_REQUEST = "sandboxd.create_request"
@@ -329,6 +338,13 @@ def _disinherited(image: ImageInfo, labels: Mapping[str, str], snapshot: ImageIn
     return {key: "" for key in image.labels if key not in labels and foreign(key)}
 
 
+def restored_from(snapshot: ImageInfo | None) -> str:
+    """``WORKSPACE_ID CONTAINER_ID`` of a memory snapshot's source; empty for a files-only one (or none)."""
+    if snapshot is None or not snapshot.labels.get(LABEL_SNAPSHOT_MEMORY):
+        return ""
+    return f"{snapshot.labels.get(LABEL_SNAPSHOT_OF, '')} {snapshot.labels.get(LABEL_SNAPSHOT_CONTAINER, '')}"
+
+
 def container_spec(
     resolved: WorkspaceSpec,
     workspace_id: str,
@@ -369,6 +385,7 @@ def container_spec(
             LABEL_AGENT: agent.tag,
             **({LABEL_POOL: pool_class} if pool_class else {LABEL_TENANT: tenant}),
             **({LABEL_SNAPSHOT: snapshot.labels[LABEL_SNAPSHOT]} if snapshot is not None else {}),
+            **({LABEL_RESTORED_FROM: restored_from(snapshot)} if restored_from(snapshot) else {}),
             **request_labels(request),
         },
         memory_bytes=resolved.limits.memory_bytes,
@@ -387,6 +404,7 @@ def container_spec(
         agent_capabilities=tuple(sorted({*AGENT_CAPABILITIES, *resolved.security.root_capabilities})),
         private_dirs=(AGENT_SOCKET_DIR,),
         seed_workspace=snapshot is not None,
+        checkpoint=snapshot.ref.rpartition(":")[2] if restored_from(snapshot) and snapshot is not None else "",
         # On an allowlist's network no name resolves (Docker's resolver there answers none):
         # a tool that ignores HTTP_PROXY fails in a second rather than in forty.
         dns_options=("timeout:1", "attempts:1") if resolved.network is NetworkPolicy.ALLOWLIST else (),

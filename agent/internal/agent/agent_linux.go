@@ -63,6 +63,10 @@ type Agent struct {
 	serverStarting map[uint32]bool
 	conn           *conn
 	changed        chan struct{} // closed when the connection changes
+	// The listener, and whether it was let go for a checkpoint (letGo) until a SIGUSR1.
+	listener *net.UnixListener
+	away     bool
+	relisten chan os.Signal
 
 	reapMu   sync.Mutex
 	expected map[int]chan syscall.WaitStatus
@@ -84,9 +88,12 @@ func New(self string) *Agent {
 		servers:        map[uint32]*fileServer{},
 		serverStarting: map[uint32]bool{},
 		changed:        make(chan struct{}),
+		relisten:       make(chan os.Signal, 1),
 		expected:       map[int]chan syscall.WaitStatus{},
 		unowned:        map[int]reaped{},
 	}
+	// From the start: a SIGUSR1 (the daemon's word after a checkpoint) must never end the agent.
+	signal.Notify(a.relisten, syscall.SIGUSR1)
 	a.spawner = spawn.NewPool(self, func(pid int) { go func() { <-a.Expect(pid) }() })
 	a.spares = session.NewSpares(a)
 	return a
@@ -174,10 +181,38 @@ func (a *Agent) Serve() error {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return fmt.Errorf("socket directory: %w", err)
 	}
-	listener, err := listenAtOnce(SocketPath)
-	if err != nil {
-		return err
+	for {
+		listener, err := listenAtOnce(SocketPath)
+		if err != nil {
+			return err
+		}
+		a.mu.Lock()
+		a.listener, a.away = listener, false
+		a.mu.Unlock()
+		err = a.accept(listener)
+		a.mu.Lock()
+		away := a.away
+		a.mu.Unlock()
+		if !away {
+			return err
+		}
+		// Let go for a checkpoint: the daemon says when it is taken (and in a restored copy,
+		// when it runs) with a SIGUSR1. A daemon that died meanwhile cannot: listen again
+		// after a while all the same (a checkpoint still being taken then fails, and says why).
+		select {
+		case <-a.relisten:
+		case <-time.After(relistenAfter):
+			a.logf("no word after a checkpoint in %v: listening again", relistenAfter)
+		}
 	}
+}
+
+// relistenAfter is how long an agent that let go of its listener for a checkpoint waits for
+// the daemon's SIGUSR1 before it listens again on its own.
+const relistenAfter = 60 * time.Second
+
+// accept serves the connections of listener until it fails or is let go.
+func (a *Agent) accept(listener *net.UnixListener) error {
 	for {
 		raw, err := listener.AcceptUnix()
 		if err != nil {
@@ -188,6 +223,29 @@ func (a *Agent) Serve() error {
 			continue
 		}
 		a.adopt(newConn(raw, a))
+	}
+}
+
+// letGo closes the listener for a checkpoint (a socket bound on the host cannot be saved);
+// the connection c is closed once its last frame is sent. A SIGUSR1 sent before now is old
+// news: only one from now on makes the agent listen again.
+func (a *Agent) letGo(c *conn) {
+	for drained := false; !drained; {
+		select {
+		case <-a.relisten:
+		default:
+			drained = true
+		}
+	}
+	a.mu.Lock()
+	listener := a.listener
+	a.away = listener != nil
+	a.mu.Unlock()
+	if listener != nil {
+		listener.Close()
+		// Its name goes too: a daemon that comes meanwhile waits for it, rather than taking a
+		// refused connection for no agent at all.
+		_ = os.Remove(SocketPath)
 	}
 }
 

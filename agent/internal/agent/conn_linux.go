@@ -18,6 +18,8 @@ type conn struct {
 	closed bool
 	// greeted is set once the Welcome is queued: session frames wait for it.
 	greeted bool
+	// last is set once the queue's last frame is queued: the connection closes once it is sent.
+	last bool
 }
 
 func newConn(raw *net.UnixConn, a *Agent) *conn {
@@ -43,7 +45,7 @@ func (c *conn) enqueue(frame []byte) bool {
 }
 
 func (c *conn) enqueueLocked(frame []byte) bool {
-	if c.closed {
+	if c.closed || c.last {
 		return false
 	}
 	if c.queued+len(frame) > maxQueuedBytes {
@@ -63,6 +65,11 @@ func (c *conn) writeLoop() {
 	for {
 		c.mu.Lock()
 		for len(c.queue) == 0 && !c.closed {
+			if c.last {
+				c.mu.Unlock()
+				c.close()
+				return
+			}
 			c.ready.Wait()
 		}
 		if c.closed {
@@ -78,6 +85,14 @@ func (c *conn) writeLoop() {
 			return
 		}
 	}
+}
+
+// closeWhenSent closes the connection once what is queued is sent; nothing more is queued.
+func (c *conn) closeWhenSent() {
+	c.mu.Lock()
+	c.last = true
+	c.ready.Signal()
+	c.mu.Unlock()
 }
 
 func (c *conn) isClosed() bool {

@@ -80,8 +80,14 @@ func (a *Agent) dispatchControl(c *conn, f proto.Frame) {
 	}
 	// A paused workspace keeps no spare: made again once it runs.
 	a.spares.Freeze(msg.Frozen)
-	body, _ := json.Marshal(proto.FreezeMsg{Frozen: clock.Frozen()})
+	if msg.Frozen && msg.Checkpoint {
+		a.letGo(c) // before the answer: once the daemon has it, nothing listens
+	}
+	body, _ := json.Marshal(proto.FreezeMsg{Frozen: clock.Frozen(), Checkpoint: msg.Frozen && msg.Checkpoint})
 	c.enqueue(proto.Encode(proto.Frozen, 0, body))
+	if msg.Frozen && msg.Checkpoint {
+		c.closeWhenSent()
+	}
 }
 
 // startSession opens a session on a Start frame's channel and runs its command.
@@ -129,6 +135,11 @@ func (a *Agent) dispatchSession(c *conn, f proto.Frame) {
 		var msg proto.KillMsg
 		if err = decode(f.Payload, &msg); err == nil {
 			go s.Kill(msg)
+		}
+	case proto.Rename:
+		var msg proto.RenameMsg
+		if err = decode(f.Payload, &msg); err == nil {
+			s.Rename(msg)
 		}
 	case proto.Window:
 		var msg proto.WindowMsg

@@ -35,6 +35,7 @@ const (
 	FileEnd    byte = 'E'
 	FileAck    byte = 'A'
 	Freeze     byte = 'Z'
+	Rename     byte = 'R'
 	Connect    byte = 'N'
 )
 

@@ -18,7 +18,7 @@ type WelcomeMsg struct {
 }
 
 // Features are what this agent does beyond protocol 1 as first released (PROTOCOL.md).
-var Features = []string{FeatureTail, FeatureFreeze, FeatureForward, FeatureResume, FeatureInputTaken}
+var Features = []string{FeatureTail, FeatureFreeze, FeatureForward, FeatureResume, FeatureInputTaken, FeatureCheckpoint}
 
 // FeatureTail: a Pull may ask for the end of the held output (Tail answers it).
 const FeatureTail = "tail"
@@ -36,6 +36,12 @@ const FeatureResume = "resume"
 // more than a window ahead, so nothing past MaxPendingInput is dropped.
 const FeatureInputTaken = "input_taken"
 
+// FeatureCheckpoint: a Freeze may ask the agent to let go of the host (Checkpoint): it stops
+// listening and closes the connection once Frozen is sent, so that the runtime can save the
+// sandbox's memory, and listens again on SIGUSR1; Rename gives a restored copy's sessions
+// their own ids.
+const FeatureCheckpoint = "checkpoint"
+
 // FeatureForward: Connect opens a TCP connection to a port on the workspace's loopback.
 const FeatureForward = "forward"
 
@@ -49,6 +55,16 @@ type ConnectMsg struct {
 // Frozen echoes it once applied (agent -> daemon).
 type FreezeMsg struct {
 	Frozen bool `json:"frozen"`
+	// Checkpoint (with Frozen): once Frozen is sent, stop listening and close the connection
+	// (a socket bound or connected to the host cannot be saved), until SIGUSR1.
+	Checkpoint bool `json:"checkpoint,omitempty"`
+}
+
+// RenameMsg gives a session a new process id and daemon state (daemon -> agent): a copy of
+// the workspace restored from a checkpoint has sessions of its own.
+type RenameMsg struct {
+	ProcessID   string          `json:"process_id"`
+	DaemonState json.RawMessage `json:"daemon_state,omitempty"`
 }
 
 // SessionState describes a session the agent holds, for a daemon that (re)connects.

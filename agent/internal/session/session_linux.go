@@ -281,5 +281,15 @@ func (s *Session) State() proto.SessionState {
 	}
 }
 
+// Rename gives the session the process id and daemon state of a copy of the workspace
+// restored from a checkpoint (PROTOCOL.md, R). Its processes keep their marker: it is how
+// the agent finds them, never shown.
+func (s *Session) Rename(msg proto.RenameMsg) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ProcessID = msg.ProcessID
+	s.spec.DaemonState = msg.DaemonState
+}
+
 // Done is closed once the command's end (or its failure to start) is reported.
 func (s *Session) Done() <-chan struct{} { return s.done }

@@ -255,7 +255,7 @@ class ResumeWorkspaceResponse(_message.Message):
     def __init__(self, workspace: _Optional[_Union[Workspace, _Mapping]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("name", "source_workspace_id", "create_time", "labels", "size_bytes", "spec")
+    __slots__ = ("name", "source_workspace_id", "create_time", "labels", "size_bytes", "spec", "include_memory", "memory_bytes")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -269,16 +269,20 @@ class Snapshot(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     source_workspace_id: str
     create_time: _timestamp_pb2.Timestamp
     labels: _containers.ScalarMap[str, str]
     size_bytes: int
     spec: WorkspaceSpec
-    def __init__(self, name: _Optional[str] = ..., source_workspace_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., size_bytes: _Optional[int] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ...) -> None: ...
+    include_memory: bool
+    memory_bytes: int
+    def __init__(self, name: _Optional[str] = ..., source_workspace_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., size_bytes: _Optional[int] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., include_memory: _Optional[bool] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class SnapshotWorkspaceRequest(_message.Message):
-    __slots__ = ("workspace_id", "name", "labels")
+    __slots__ = ("workspace_id", "name", "labels", "include_memory")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -289,10 +293,12 @@ class SnapshotWorkspaceRequest(_message.Message):
     WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_MEMORY_FIELD_NUMBER: _ClassVar[int]
     workspace_id: str
     name: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, workspace_id: _Optional[str] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    include_memory: bool
+    def __init__(self, workspace_id: _Optional[str] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., include_memory: _Optional[bool] = ...) -> None: ...
 
 class SnapshotWorkspaceResponse(_message.Message):
     __slots__ = ("snapshot",)

@@ -22,10 +22,10 @@ from ...errors import (
     WorkspaceNotFoundError,
 )
 from ..base import LABEL_POOL, ContainerInfo, ContainerSpec
+from .checkpoints import CheckpointsMixin
 from .claims import LABEL_CLAIM_TIME, PROVISIONAL_SUFFIX
 from .client import LABEL_INSTANCE, LABEL_MANAGED, LABEL_WORKSPACE, WORKSPACE_MOUNT, _parse_time
 from .errors import EngineErrorKind, kind_of, translate
-from .images import ImagesMixin
 
 HOSTNAME = "sandbox"
 """Every workspace's host name: the same for a claimed pool member as for a fresh container."""
@@ -50,7 +50,7 @@ def _volume_options(spec: ContainerSpec) -> dict[str, str] | None:
     return {"type": "tmpfs", "device": "tmpfs", "o": f"size={spec.disk_bytes},mode=1777"}
 
 
-class ContainersMixin(ImagesMixin):
+class ContainersMixin(CheckpointsMixin):
     """The lifecycle of workspace containers and their volumes."""
 
     def _info(self, attrs: Mapping[str, Any]) -> ContainerInfo:
@@ -227,6 +227,9 @@ class ContainersMixin(ImagesMixin):
             # created with its network disabled takes no interface from a network it joins).
         )
         self._provisional_ids[spec.workspace_id] = created["Id"]
+        if spec.checkpoint:
+            await self._start_restored(created["Id"], spec.checkpoint)
+            return  # its /workspace is the image's, as at the checkpoint
         await self._call(api.start, created["Id"])
         if spec.disk_bytes and spec.seed_workspace:
             await self._seed_workspace(created["Id"], spec.image)

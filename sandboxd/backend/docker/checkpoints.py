@@ -1,0 +1,192 @@
+"""Checkpoints: a running container's processes and memory saved by its runtime, and containers restored from them.
+
+The engine's checkpoint API (Docker Engine with ``experimental`` on) asks the runtime to save
+the container: gVisor's ``runsc checkpoint`` writes one file, ``checkpoint.img``, of the
+sandbox's whole kernel state (its processes, their memory, its own tmpfs such as /tmp).
+The engine keeps checkpoints in the container's own directory, and restores a container only
+from its own (a start with a checkpoint directory of the caller's is refused: "custom
+checkpointdir is not supported"). So a checkpoint is moved, as soon as it is written, into
+this instance's store in the engine's data root (one rename: the same filesystem), and a
+container restored from it is given a hard link to it in its own directory just before its
+start. Its bytes are never read by the daemon, whatever their size. docs/snapshots.md says
+what was found on the way, and what does not work (runc's CRIU on this kernel).
+
+This needs the daemon on the engine's host, as root, where it sees the engine's data root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+import docker.errors
+import structlog
+
+from ...errors import BackendError, FailedPreconditionError, WorkspaceNotFoundError
+from ..base import RELISTEN_SIGNAL
+from .images import ImagesMixin
+
+log = structlog.get_logger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.img"
+"""The one file runsc writes (runsc/cmd/checkpoint.go)."""
+CHECKPOINT_NAME = "sandboxd"
+"""The name of a restored container's checkpoint in its own directory."""
+_HOST_SOCKET_RETRIES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+"""Waits between attempts while the agent's connection is still being closed inside the sandbox."""
+
+
+class CheckpointsMixin(ImagesMixin):
+    """Checkpoints of running containers (gVisor's), kept in the engine's data root."""
+
+    _data_root: Path | None = None
+
+    async def _checkpoint_store(self) -> Path:
+        """This instance's checkpoint directory in the engine's data root (made if missing).
+
+        Raises:
+            FailedPreconditionError: the engine's data root is not this machine's to write in.
+        """
+        if self._data_root is None:
+            info = await self._call(self._api().info, idempotent=True)
+            if not info.get("ExperimentalBuild"):
+                msg = (
+                    "memory snapshots need the Docker engine's checkpoints, an experimental feature: set "
+                    '"experimental": true in /etc/docker/daemon.json and restart the engine '
+                    "(docs/snapshots.md)"
+                )
+                raise FailedPreconditionError(msg)
+            self._data_root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
+        store = self._data_root / "sandboxd-checkpoints" / self.instance
+        try:
+            await asyncio.to_thread(store.mkdir, mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            msg = (
+                f"memory snapshots need the daemon on the engine's host as root: it cannot write in the "
+                f"engine's data root {self._data_root} ({exc.strerror or exc})"
+            )
+            raise FailedPreconditionError(msg) from exc
+        return store
+
+    async def checkpoint_container(self, workspace_id: str, key: str) -> int:
+        """Save the running container's processes and memory as checkpoint ``key`` (it runs on); return its bytes.
+
+        Raises:
+            WorkspaceNotFoundError: no such container.
+            FailedPreconditionError: the runtime cannot save it (what it holds is named).
+        """
+        store = await self._checkpoint_store()
+        api = self._api()
+        try:
+            attrs = await self._call(api.inspect_container, self._ref(workspace_id), idempotent=True)
+        except docker.errors.NotFound as exc:
+            msg = f"workspace {workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg) from exc
+        container_id = attrs["Id"]
+        name = f"sandboxd-{key[:16]}"
+        url = api._url("/containers/{0}/checkpoints", container_id)
+
+        def create() -> None:
+            response = api._post_json(url, data={"CheckpointID": name, "Exit": False})
+            api._raise_for_status(response)
+
+        for delay in (*_HOST_SOCKET_RETRIES, None):
+            try:
+                await self._call(create)
+                break
+            except BackendError as exc:
+                # The agent closes its end as soon as it has answered: a moment later, it is gone.
+                if "bound host socket" in exc.message and delay is not None:
+                    await asyncio.sleep(delay)
+                    continue
+                raise FailedPreconditionError(_checkpoint_refusal(workspace_id, exc.message)) from exc
+        made = self._data_root_path("containers", container_id, "checkpoints", name)
+        target = store / key
+        try:
+            await asyncio.to_thread(_replace_dir, made, target)
+            size = (target / CHECKPOINT_FILE).stat().st_size
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(shutil.rmtree, made, True)
+            msg = f"the checkpoint of workspace {workspace_id!r} could not be kept: {exc}"
+            raise BackendError(msg) from exc
+        return size
+
+    def _data_root_path(self, *parts: str) -> Path:
+        assert self._data_root is not None
+        return self._data_root.joinpath(*parts)
+
+    async def remove_checkpoint(self, key: str) -> None:
+        """Remove checkpoint ``key`` (containers restored from it keep running)."""
+        store = await self._checkpoint_store()
+        await asyncio.to_thread(shutil.rmtree, store / key, True)
+
+    async def checkpoint_exists(self, key: str) -> bool:
+        """Whether checkpoint ``key`` is kept."""
+        store = await self._checkpoint_store()
+        return (store / key / CHECKPOINT_FILE).exists()
+
+    async def _start_restored(self, container_id: str, key: str) -> None:
+        """Start the created container from checkpoint ``key``, then tell its agent to listen again."""
+        store = await self._checkpoint_store()
+        source = store / key / CHECKPOINT_FILE
+        own = self._data_root_path("containers", container_id, "checkpoints", CHECKPOINT_NAME)
+
+        def place() -> None:
+            own.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.link(source, own / CHECKPOINT_FILE)
+
+        try:
+            await asyncio.to_thread(place)
+        except FileNotFoundError as exc:
+            msg = "the snapshot's memory is gone (its snapshot was deleted meanwhile)"
+            raise FailedPreconditionError(msg) from exc
+        api = self._api()
+
+        def start() -> None:
+            url = api._url("/containers/{0}/start", container_id)
+            api._raise_for_status(api._post(url, params={"checkpoint": CHECKPOINT_NAME}))
+
+        try:
+            await self._call(start)
+        finally:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(shutil.rmtree, own, True)
+        await self.signal_container(container_id, RELISTEN_SIGNAL)
+
+    async def signal_container(self, container: str, signum: int) -> None:
+        """Send ``signum`` to the container's main process (the engine's init hands it to the agent).
+
+        Raises:
+            WorkspaceNotFoundError: no such container.
+        """
+        try:
+            await self._call(self._api().kill, container, signal=int(signum))
+        except docker.errors.NotFound as exc:
+            msg = f"container {container!r} not found"
+            raise WorkspaceNotFoundError(msg) from exc
+
+
+def _replace_dir(source: Path, target: Path) -> None:
+    if target.exists():
+        shutil.rmtree(target)
+    os.rename(source, target)
+
+
+def _checkpoint_refusal(workspace_id: str, said: str) -> str:
+    """What a caller is told of a checkpoint the runtime refused, from the runtime's own words."""
+    if "bound host socket" in said:
+        return (
+            f"workspace {workspace_id!r} cannot be snapshotted with its memory: one of its processes has a Unix "
+            "socket bound in a directory shared with the host (such as /workspace), which gVisor cannot save; "
+            f"close it, or snapshot its files only (the runtime said: {said})"
+        )
+    if "criu" in said.lower():
+        return (
+            f"workspace {workspace_id!r} cannot be snapshotted with its memory: runc's checkpoints need CRIU, "
+            f"which does not work with this kernel (docs/snapshots.md; the runtime said: {said})"
+        )
+    return f"workspace {workspace_id!r} cannot be snapshotted with its memory: the runtime said: {said}"
