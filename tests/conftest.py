@@ -381,6 +381,26 @@ def runsc_available() -> bool:
     return False
 
 
+@pytest.fixture(scope="session")
+def checkpoints_available(runsc_available: bool) -> bool:
+    """Whether memory snapshots can be taken: gVisor, and the engine's checkpoints on (experimental).
+
+    CI (``SANDBOXD_REQUIRE_RUNSC=1``) insists on both (``scripts/enable-checkpoints``).
+    """
+    import docker
+
+    client = docker.from_env()
+    try:
+        on = bool(client.info().get("ExperimentalBuild"))
+    finally:
+        client.close()
+    if runsc_available and on:
+        return True
+    if os.environ.get("SANDBOXD_REQUIRE_RUNSC") == "1":
+        pytest.fail("the engine's checkpoints are off; run scripts/enable-checkpoints (as root)")
+    return False
+
+
 @pytest.fixture
 def runtime() -> str:
     """The OCI runtime of the ``workspace`` fixture (parametrised for ``RUNTIME_SUITES``)."""

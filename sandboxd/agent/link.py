@@ -141,23 +141,14 @@ class AgentLink:
         if not self.socket_path or self.runtime not in self.host_sockets:
             return None
         began = time.monotonic()
-        kicked = False
         while (stream := await self.backend.open_socket(self.socket_path, self.container_id)) is None:
             # The agent's socket gets its name only once it listens (agent_linux.go listenAtOnce;
             # under gVisor a bound socket's host file refuses until its listen is forwarded). So
             # a socket not there yet is worth the wait (a workspace just created: its agent is
             # starting), and one there that refuses is no agent of ours: the bridge's to try.
             waited = time.monotonic() - began
-            if _present(self.socket_path):
+            if _present(self.socket_path) or waited > LISTEN_WAIT_S:
                 return None
-            if waited > LISTEN_WAIT_S:
-                if kicked:
-                    return None
-                # An agent that let go for a checkpoint whose daemon died before saying it was
-                # taken: it listens again when told (it would after a minute on its own).
-                kicked, began = True, time.monotonic()
-                with contextlib.suppress(SandboxdError):
-                    await self.backend.signal_container(self.container_id, RELISTEN_SIGNAL)
             await asyncio.sleep(0.005 if waited < 0.1 else 0.05)
         return stream
 
@@ -192,6 +183,19 @@ class AgentLink:
         return straight
 
     async def _open(self) -> Welcome:
+        try:
+            return await self._open_once()
+        except AgentLost:
+            if self.runtime != "runsc" or not self.socket_path or _present(self.socket_path):
+                raise
+        # No socket where a gVisor agent listens (the bridge waited for it): an agent that let go
+        # for a checkpoint whose daemon died before saying it was taken. Told, it listens again.
+        log.info("agent.relisten_asked", workspace_id=self.workspace_id)
+        with contextlib.suppress(SandboxdError):
+            await self.backend.signal_container(self.container_id, RELISTEN_SIGNAL)
+        return await self._open_once()
+
+    async def _open_once(self) -> Welcome:
         stream = await self._direct()
         transport = "socket"
         if stream is None:

@@ -27,7 +27,7 @@ import structlog
 
 from ...errors import BackendError, FailedPreconditionError, WorkspaceNotFoundError
 from ..base import RELISTEN_SIGNAL
-from .images import ImagesMixin
+from .images import SNAPSHOT_REPOSITORY, ImagesMixin
 
 log = structlog.get_logger(__name__)
 
@@ -114,6 +114,37 @@ class CheckpointsMixin(ImagesMixin):
             msg = f"the checkpoint of workspace {workspace_id!r} could not be kept: {exc}"
             raise BackendError(msg) from exc
         return size
+
+    async def _sweep_checkpoints(self, container_ids: list[str]) -> list[str]:
+        """Remove what a daemon stopped in the middle of a memory snapshot left; return what went.
+
+        Checkpoints in the store that no snapshot's image holds, and the engine's own copy of
+        one in a container of this instance (``containers``), not yet moved to the store.
+        Nothing when the engine's data root is not this machine's.
+        """
+        info = await self._call(self._api().info, idempotent=True)
+        root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
+        store = root / "sandboxd-checkpoints" / self.instance
+
+        def leftovers() -> list[Path]:
+            found = [entry for entry in store.iterdir()] if store.is_dir() else []
+            for container_id in container_ids:
+                own = root / "containers" / container_id / "checkpoints"
+                with contextlib.suppress(OSError):
+                    found += [entry for entry in own.iterdir() if entry.name.startswith("sandboxd-")]
+            return found
+
+        try:
+            candidates = await asyncio.to_thread(leftovers)
+        except OSError:
+            return []
+        removed = []
+        for entry in candidates:
+            if entry.parent == store and await self.image_info(f"{SNAPSHOT_REPOSITORY}:{entry.name}") is not None:
+                continue
+            await asyncio.to_thread(shutil.rmtree, entry, True)
+            removed.append(str(entry))
+        return removed
 
     def _data_root_path(self, *parts: str) -> Path:
         assert self._data_root is not None

@@ -383,6 +383,7 @@ class ContainersMixin(CheckpointsMixin):
                     await self._call(api.remove_volume, volume["Name"], force=True)
                     removed.append(volume["Name"])
         await self._load_claims(again=True)
+        removed += await self._sweep_checkpoints([summary["Id"] for summary in containers])
         return removed + await self.remove_unused_images()
 
     async def remove_container(self, workspace_id: str) -> bool:
