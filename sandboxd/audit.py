@@ -35,6 +35,7 @@ STATE_CHANGING = frozenset(
         "ResumeWorkspace",
         "SetWorkspaceLifetime",
         "SnapshotWorkspace",
+        "RestoreWorkspace",
         "DeleteSnapshot",
         "Exec",
         "Input",

@@ -174,6 +174,10 @@ class Settings:
     """Largest /workspace a snapshot takes, as an archive, in bytes (a capped workspace's bound is
     about twice its cap): a sparse file counts at its full length."""
 
+    snapshot_sweep_s: float = 60.0
+    """How often what a snapshot cut short left (a daemon killed mid-snapshot: the engine finishes
+    its commit or checkpoint after the next daemon's start) is looked for and removed, in seconds."""
+
     tenant_max_snapshots: int = 0
     """Most snapshots one tenant may keep; 0 means no limit."""
 

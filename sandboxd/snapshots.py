@@ -14,6 +14,7 @@ volume, so every fork has its own files.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -31,7 +32,7 @@ from .errors import (
     NotFoundError,
     QuotaExceededError,
 )
-from .models import Snapshot, WorkspaceSpec
+from .models import Snapshot, Workspace, WorkspaceSpec
 from .tenancy import current_tenant
 from .workspaces import (
     LABEL_SNAPSHOT,
@@ -128,7 +129,12 @@ class SnapshotStore:
         # One at a time per tenant (its quota counts what exists), and per workspace: a pause or
         # resume must not come between a commit's own freeze and thaw. In use meanwhile: the idle
         # reaper leaves it alone, and counts its TTL from the snapshot's end.
-        async with self.manager.in_use(workspace_id), self._lock(tenant), self.manager.id_lock(workspace_id):
+        async with (
+            self.manager.in_use(workspace_id),
+            self._lock(tenant),
+            self.manager.id_lock(workspace_id),
+            self.backend.snapshot_in_progress(),
+        ):
             if await self.backend.image_info(ref) is not None:
                 msg = f"snapshot {name!r} already exists"
                 raise AlreadyExistsError(msg)
@@ -216,6 +222,33 @@ class SnapshotStore:
                     raise
             finally:
                 await asyncio.shield(self.backend.resume_container(workspace_id))
+
+    async def restore(self, workspace_id: str, name: str) -> Workspace:
+        """Return a workspace to the caller's snapshot ``name``, keeping its id and its own spec.
+
+        Its container and volume go, and a new container of that id starts from the snapshot
+        (with its memory: restored running, the snapshot's sessions under new process ids).
+
+        Raises:
+            WorkspaceNotFoundError: no such workspace of the caller's.
+            NotFoundError: no such snapshot of the caller's.
+            FailedPreconditionError: a memory snapshot and a workspace it cannot be restored into.
+        """
+        image = await self.find(name)
+        info = await self.manager.owned_info(workspace_id)
+        spec = spec_from_json(info.labels[LABEL_SPEC])
+        if image.labels.get(LABEL_SNAPSHOT_MEMORY) and (info.runtime != "runsc" or spec.limits.disk_bytes):
+            msg = (
+                f"snapshot {name!r} holds processes, which only a workspace under runsc without a capped "
+                f"/workspace can be restored with: workspace {workspace_id!r} is not one"
+            )
+            raise FailedPreconditionError(msg)
+        await self.manager.delete(workspace_id)
+        workspace = await self.manager.create(
+            dataclasses.replace(spec, image=""), workspace_id=workspace_id, snapshot=image
+        )
+        log.info("snapshot.restored", snapshot=name, workspace_id=workspace_id)
+        return workspace
 
     async def find(self, name: str) -> ImageInfo:
         """The caller's snapshot ``name`` as its image.

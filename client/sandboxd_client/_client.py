@@ -639,6 +639,20 @@ class SandboxClient:
         return WorkspaceInfo.from_proto(response.workspace)
 
     # -- snapshots -------------------------------------------------------------------------------
+    async def restore_workspace(self, workspace_id: str, snapshot: str) -> WorkspaceInfo:
+        """Return a workspace to one of your snapshots, keeping its id (a new container, its own spec).
+
+        Its commands end; a memory snapshot's processes come back running, under new process ids.
+
+        Raises:
+            NotFoundError: no such workspace, or no such snapshot.
+            FailedPreconditionError: a memory snapshot, and the workspace is not under runsc or
+                has a capped /workspace.
+        """
+        request = wpb.RestoreWorkspaceRequest(workspace_id=workspace_id, snapshot=snapshot)
+        response = await self._unary(lambda: self._workspaces.RestoreWorkspace(request))
+        return WorkspaceInfo.from_proto(response.workspace)
+
     async def snapshot_workspace(
         self,
         workspace_id: str,
@@ -1110,6 +1124,11 @@ class Workspace:
         return await self.client.snapshot_workspace(
             self.workspace_id, name, labels=labels, include_memory=include_memory
         )
+
+    async def restore(self, snapshot: str) -> WorkspaceInfo:
+        """See :meth:`SandboxClient.restore_workspace`."""
+        self.info = await self.client.restore_workspace(self.workspace_id, snapshot)
+        return self.info
 
     async def refresh(self) -> WorkspaceInfo:
         """Fetch the current state."""

@@ -121,6 +121,9 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
     snapshot.add_argument(
         "--memory", action="store_true", help="keep its running processes too (gVisor): forks start with them"
     )
+    restore = commands.add_parser("restore", help="return a workspace to a snapshot, keeping its id")
+    restore.add_argument("workspace")
+    restore.add_argument("snapshot")
     snapshots = commands.add_parser("snapshots", help="list snapshots")
     snapshots.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="filter by label")
     snapshots.add_argument("-q", "--quiet", action="store_true", help="print names only")
@@ -301,6 +304,9 @@ async def _run(opts: argparse.Namespace) -> int:
                 opts.workspace, opts.name, labels=_pairs(opts.label, "--label"), include_memory=opts.memory
             )
             print(taken.name)
+            return 0
+        if opts.command == "restore":
+            print((await client.restore_workspace(opts.workspace, opts.snapshot)).workspace_id)
             return 0
         if opts.command == "snapshots":
             _print_snapshots(await client.list_snapshots(_pairs(opts.label, "--label")), quiet=opts.quiet)

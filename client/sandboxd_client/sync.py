@@ -81,6 +81,10 @@ class SyncSandboxClient:
         """See :meth:`SandboxClient.resume_workspace`."""
         return self._run(self._client.resume_workspace(workspace_id))
 
+    def restore_workspace(self, workspace_id: str, snapshot: str) -> WorkspaceInfo:
+        """See :meth:`SandboxClient.restore_workspace`."""
+        return self._run(self._client.restore_workspace(workspace_id, snapshot))
+
     def snapshot_workspace(
         self, workspace_id: str, name: str, *, labels: Mapping[str, str] | None = None, include_memory: bool = False
     ) -> SnapshotInfo:
@@ -189,6 +193,11 @@ class SyncWorkspace:
     def resume(self) -> WorkspaceInfo:
         """See :meth:`SandboxClient.resume_workspace`."""
         self.info = self.client.resume_workspace(self.workspace_id)
+        return self.info
+
+    def restore(self, snapshot: str) -> WorkspaceInfo:
+        """See :meth:`SandboxClient.restore_workspace`."""
+        self.info = self.client.restore_workspace(self.workspace_id, snapshot)
         return self.info
 
     def snapshot(

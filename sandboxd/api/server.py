@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import stat
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -177,11 +178,16 @@ async def _reap_forever(workspaces: WorkspaceManager, audit: AuditLog, lease: In
 
     Only while the daemon holds its instance's lease: without it, they may be another's.
     """
+    swept_at = time.monotonic()
     while True:
         await asyncio.sleep(REAP_INTERVAL_S)
         if not lease.held:
             continue
         try:
+            if time.monotonic() - swept_at >= workspaces.settings.snapshot_sweep_s:
+                swept_at = time.monotonic()
+                if swept := await workspaces.backend.sweep_snapshot_debris():
+                    log.warning("snapshot.debris_removed", names=swept)
             await workspaces.reap_idle(audit)
         except SandboxdError as exc:
             log.warning("workspace.reap_failed", error=exc.message)

@@ -87,6 +87,13 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
         )
         return wpb.SnapshotWorkspaceResponse(snapshot=convert.snapshot_to_proto(snapshot))
 
+    async def RestoreWorkspace(
+        self, request: wpb.RestoreWorkspaceRequest, context: Context
+    ) -> wpb.RestoreWorkspaceResponse:
+        """Return a workspace to one of the caller's snapshots, keeping its id."""
+        workspace = await self.snapshots.restore(request.workspace_id, request.snapshot)
+        return wpb.RestoreWorkspaceResponse(workspace=convert.workspace_to_proto(workspace))
+
     async def GetSnapshot(self, request: wpb.GetSnapshotRequest, context: Context) -> wpb.GetSnapshotResponse:
         """Return one of the caller's snapshots."""
         return wpb.GetSnapshotResponse(snapshot=convert.snapshot_to_proto(await self.snapshots.get(request.name)))

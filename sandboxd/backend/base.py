@@ -9,6 +9,7 @@ layer above.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import signal
@@ -335,6 +336,17 @@ class Backend(Protocol):
         Raises:
             WorkspaceNotFoundError: no such container.
             FailedPreconditionError: the engine or runtime cannot (its reason named).
+        """
+        ...
+
+    def snapshot_in_progress(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Held while a snapshot is being made: :meth:`sweep_snapshot_debris` leaves its parts alone."""
+        ...
+
+    async def sweep_snapshot_debris(self) -> list[str]:
+        """Remove what snapshots cut short left (parts, checkpoints no snapshot holds); return what went.
+
+        Nothing while a snapshot of this daemon's is in progress.
         """
         ...
 

@@ -365,3 +365,28 @@ async def test_the_commit_freeze_counts_toward_no_command_timeout(own) -> None: 
     finally:
         await ws.delete()
         await client.delete_snapshot("frozen")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_rollback_returns_the_files_and_keeps_the_id(own, runtime: str, request: pytest.FixtureRequest) -> None:
+    """RestoreWorkspace to a files-only snapshot: its files as they were, the same id, its commands ended."""
+    skip_without(runtime, request)
+    client, _instance = own
+    workspace = await client.create_workspace(runtime=runtime, env={"MINE": "yes"})
+    await workspace.exec("echo one > /workspace/a && echo root > /var/tmp/r").wait(check=True)
+    await workspace.snapshot("point")
+    await workspace.exec("echo two > /workspace/a && rm /var/tmp/r && touch /workspace/new").wait(check=True)
+    running = (await workspace.exec("sleep 600", yield_after_s=0.1).wait()).process_id
+    restored = await workspace.restore("point")
+    assert (restored.workspace_id, restored.env, restored.runtime) == (workspace.workspace_id, {"MINE": "yes"}, runtime)
+    seen = await workspace.exec("cat /workspace/a /var/tmp/r; ls /workspace").wait()
+    assert seen.stdout == "one\nroot\na\n", seen
+    assert running not in {p.process_id for p in await client.list_processes(workspace.workspace_id)}
+    with pytest.raises(NotFoundError):
+        await workspace.restore("no-such")
+    other = await client.create_workspace(runtime=runtime)
+    await other.restore("point")  # any workspace of the caller's can be returned to it
+    assert (await other.exec("cat /workspace/a").wait()).stdout == "one\n"
+    for each in (other, workspace):
+        await each.delete()
+    await client.delete_snapshot("point")

@@ -300,6 +300,20 @@ class SnapshotWorkspaceRequest(_message.Message):
     include_memory: bool
     def __init__(self, workspace_id: _Optional[str] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., include_memory: _Optional[bool] = ...) -> None: ...
 
+class RestoreWorkspaceRequest(_message.Message):
+    __slots__ = ("workspace_id", "snapshot")
+    WORKSPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    workspace_id: str
+    snapshot: str
+    def __init__(self, workspace_id: _Optional[str] = ..., snapshot: _Optional[str] = ...) -> None: ...
+
+class RestoreWorkspaceResponse(_message.Message):
+    __slots__ = ("workspace",)
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
+    workspace: Workspace
+    def __init__(self, workspace: _Optional[_Union[Workspace, _Mapping]] = ...) -> None: ...
+
 class SnapshotWorkspaceResponse(_message.Message):
     __slots__ = ("snapshot",)
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]

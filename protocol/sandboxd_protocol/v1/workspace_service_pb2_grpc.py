@@ -76,6 +76,11 @@ class WorkspaceServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceResponse.FromString,
                 _registered_method=True)
+        self.RestoreWorkspace = channel.unary_unary(
+                '/sandboxd.v1.WorkspaceService/RestoreWorkspace',
+                request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.RestoreWorkspaceRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.RestoreWorkspaceResponse.FromString,
+                _registered_method=True)
         self.GetSnapshot = channel.unary_unary(
                 '/sandboxd.v1.WorkspaceService/GetSnapshot',
                 request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.GetSnapshotRequest.SerializeToString,
@@ -166,6 +171,17 @@ class WorkspaceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RestoreWorkspace(self, request, context):
+        """RestoreWorkspace returns a workspace to one of the caller's snapshots, keeping its id: its
+        container and /workspace are replaced by the snapshot's (with include_memory, its processes
+        running as they were, its sessions under new process ids); its spec stays its own. Its
+        commands and sessions end. FAILED_PRECONDITION when a memory snapshot cannot be restored
+        into it (not under runsc, or a capped /workspace).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetSnapshot(self, request, context):
         """GetSnapshot returns one of the caller's snapshots, or NOT_FOUND.
         """
@@ -237,6 +253,11 @@ def add_WorkspaceServiceServicer_to_server(servicer, server):
                     servicer.SnapshotWorkspace,
                     request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceResponse.SerializeToString,
+            ),
+            'RestoreWorkspace': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreWorkspace,
+                    request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.RestoreWorkspaceRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.RestoreWorkspaceResponse.SerializeToString,
             ),
             'GetSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSnapshot,
@@ -477,6 +498,33 @@ class WorkspaceService:
             '/sandboxd.v1.WorkspaceService/SnapshotWorkspace',
             sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceRequest.SerializeToString,
             sandboxd_dot_v1_dot_workspace__service__pb2.SnapshotWorkspaceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sandboxd.v1.WorkspaceService/RestoreWorkspace',
+            sandboxd_dot_v1_dot_workspace__service__pb2.RestoreWorkspaceRequest.SerializeToString,
+            sandboxd_dot_v1_dot_workspace__service__pb2.RestoreWorkspaceResponse.FromString,
             options,
             channel_credentials,
             insecure,

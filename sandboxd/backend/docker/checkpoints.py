@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import docker.errors
@@ -27,6 +28,7 @@ import structlog
 
 from ...errors import BackendError, FailedPreconditionError, WorkspaceNotFoundError
 from ..base import RELISTEN_SIGNAL
+from .client import LABEL_INSTANCE, LABEL_MANAGED
 from .images import SNAPSHOT_REPOSITORY, ImagesMixin
 
 log = structlog.get_logger(__name__)
@@ -43,6 +45,27 @@ class CheckpointsMixin(ImagesMixin):
     """Checkpoints of running containers (gVisor's), kept in the engine's data root."""
 
     _data_root: Path | None = None
+    _snapshots_in_progress = 0
+
+    @contextlib.asynccontextmanager
+    async def snapshot_in_progress(self) -> AsyncIterator[None]:
+        """Held while a snapshot is made: the debris sweep leaves its parts alone (see Backend)."""
+        self._snapshots_in_progress += 1
+        try:
+            yield
+        finally:
+            self._snapshots_in_progress -= 1
+
+    async def sweep_snapshot_debris(self) -> list[str]:
+        """Remove what snapshots cut short left, unless one is being made (see Backend)."""
+        if self._snapshots_in_progress:
+            return []
+        selector = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
+        containers = await self._call(self._api().containers, all=True, filters=selector, idempotent=True)
+        removed = await self._sweep_checkpoints([summary["Id"] for summary in containers])
+        if self._snapshots_in_progress:
+            return removed
+        return removed + await self.remove_unused_images()
 
     async def _checkpoint_store(self) -> Path:
         """This instance's checkpoint directory in the engine's data root (made if missing).
