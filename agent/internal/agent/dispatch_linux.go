@@ -5,6 +5,7 @@ package agent
 import (
 	"encoding/json"
 	"fmt"
+	"syscall"
 
 	"sandboxd/agent/internal/clock"
 	"sandboxd/agent/internal/proto"
@@ -75,6 +76,9 @@ func (a *Agent) dispatchControl(c *conn, f proto.Frame) {
 	}
 	if msg.Frozen {
 		clock.Freeze()
+		// What the workspace wrote reaches the host's files before it is frozen: gVisor keeps a
+		// file's written pages in the sandbox until a sync, and a snapshot reads them from the host.
+		syscall.Sync()
 	} else {
 		clock.Thaw()
 	}

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import docker.errors
@@ -22,6 +24,7 @@ from ...errors import (
     WorkspaceNotFoundError,
 )
 from ..base import LABEL_POOL, ContainerInfo, ContainerSpec
+from . import layers
 from .checkpoints import CheckpointsMixin
 from .claims import LABEL_CLAIM_TIME, PROVISIONAL_SUFFIX
 from .client import LABEL_INSTANCE, LABEL_MANAGED, LABEL_WORKSPACE, WORKSPACE_MOUNT, _parse_time
@@ -85,9 +88,15 @@ class ContainersMixin(CheckpointsMixin):
         labels = {**spec.labels, LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance}
         labels[LABEL_WORKSPACE] = spec.workspace_id
         await self._clear_the_way(spec.workspace_id, name)
-        host_config = self._host_config(spec, self._mounts(spec, name, labels))
+        # A fork's /workspace is its snapshot's: copied on this host from the image's own layer
+        # where the daemon sees it (a native copy), else by the engine as it creates the container
+        # (which reads the image through its storage driver: through FUSE here, file by file).
+        seed = await self._workspace_layer(spec) if spec.seed_workspace and not spec.disk_bytes else None
+        host_config = self._host_config(spec, self._mounts(spec, name, labels, no_copy=seed is not None))
         await self._create_volume(spec, name, labels)
         try:
+            if seed is not None:
+                await self._copy_into_volume(seed, name)
             await self._create_and_start(spec, labels, host_config)
         except docker.errors.ImageNotFound as exc:
             await self.remove_container(spec.workspace_id)
@@ -136,8 +145,13 @@ class ContainersMixin(CheckpointsMixin):
             await self._call(api.remove_volume, name, force=True, idempotent=True)
         await self._remove_private_volumes(workspace_id)
 
-    def _mounts(self, spec: ContainerSpec, name: str, labels: Mapping[str, str]) -> list[Mount]:
-        """The container's mounts: its /workspace volume ``name``, the agent's, and its private dirs."""
+    def _mounts(
+        self, spec: ContainerSpec, name: str, labels: Mapping[str, str], *, no_copy: bool = False
+    ) -> list[Mount]:
+        """The container's mounts: its /workspace volume ``name``, the agent's, and its private dirs.
+
+        ``no_copy``: the engine copies nothing of the image's /workspace into the volume (the daemon did).
+        """
         options = _volume_options(spec)
         # The volume is made first (_create_volume). Should it be gone by the container's create (a
         # demand class let go, a sweep of leftovers), the engine makes it again from the mount: so
@@ -150,6 +164,7 @@ class ContainersMixin(CheckpointsMixin):
                 type="volume",
                 labels=dict(labels),
                 driver_config=DriverConfig("local", options) if options else None,
+                no_copy=no_copy,
             )
         ]
         if spec.agent_volume:
@@ -171,6 +186,52 @@ class ContainersMixin(CheckpointsMixin):
                 )
             )
         return mounts
+
+    async def _workspace_layer(self, spec: ContainerSpec) -> Path | None:
+        """The image's /workspace in its top layer, where this process can read it; None otherwise.
+
+        A snapshot's image has all of /workspace in its last layer (layers.py, or the second
+        commit of ``_snapshot_by_commit``).
+        """
+        try:
+            attrs = await self._call(self._api().inspect_image, spec.image, idempotent=True)
+        except (docker.errors.NotFound, docker.errors.ImageNotFound):
+            return None
+        driver = attrs.get("GraphDriver") or {}
+        upper = (driver.get("Data") or {}).get("UpperDir") if driver.get("Name") in layers.UPPER_DRIVERS else None
+        if not upper:
+            return None
+        workspace = Path(upper) / layers.WORKSPACE
+        readable = await asyncio.to_thread(lambda: workspace.is_dir() and os.access(workspace, os.R_OK | os.X_OK))
+        return workspace if readable else None
+
+    async def _copy_into_volume(self, source: Path, volume: str) -> None:
+        """Copy ``source`` (an image layer's /workspace) into the new volume, as the engine would: ``cp -a``.
+
+        Raises:
+            BackendError: the copy failed (the volume is not this host's to write in, a disk full).
+        """
+        mountpoint = (await self._call(self._api().inspect_volume, volume, idempotent=True)).get("Mountpoint", "")
+        process = await asyncio.create_subprocess_exec(
+            "cp",
+            "-a",
+            "--reflink=auto",
+            "--",
+            f"{source}/.",
+            f"{mountpoint}/",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, said = await process.communicate()
+        if process.returncode != 0:
+            msg = (
+                f"the snapshot's /workspace could not be copied into the fork's: {said.decode(errors='replace')[:500]}"
+            )
+            raise BackendError(msg)
+        # The volume's root takes the image's directory's owner and mode, as the engine's copy gives it.
+        stat = await asyncio.to_thread(source.stat)
+        await asyncio.to_thread(os.chown, mountpoint, stat.st_uid, stat.st_gid)
+        await asyncio.to_thread(os.chmod, mountpoint, stat.st_mode & 0o7777)
 
     def _host_config(self, spec: ContainerSpec, mounts: list[Mount]) -> dict[str, Any]:
         """The container's host configuration: limits, capabilities, network, runtime, mounts."""

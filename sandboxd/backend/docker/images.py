@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import os
+import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,8 +27,9 @@ from ...errors import (
     WorkspaceNotFoundError,
 )
 from ..base import LABEL_SNAPSHOT_PART, ImageInfo
+from . import layers
 from .claims import ClaimsMixin
-from .client import LABEL_INSTANCE, LABEL_MANAGED, WORKSPACE_MOUNT, _parse_time
+from .client import LABEL_INSTANCE, LABEL_MANAGED, LABEL_WORKSPACE, WORKSPACE_MOUNT, _parse_time
 from .errors import EngineErrorKind, kind_of, reason
 
 SNAPSHOT_REPOSITORY = "sandboxd/snapshot"
@@ -192,6 +195,101 @@ class ImagesMixin(ClaimsMixin):
         api = self._api()
         await self._load_claims()
         name = self._ref(workspace_id)
+        try:
+            attrs = await self._call(api.inspect_container, name, idempotent=True)
+        except docker.errors.NotFound as exc:
+            msg = f"workspace {workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg) from exc
+        upper = layers.readable_upper(attrs)
+        volume = next(
+            (m.get("Source", "") for m in attrs.get("Mounts") or [] if m.get("Destination") == WORKSPACE_MOUNT), ""
+        )
+        if upper is not None and volume and os.access(volume, os.R_OK | os.X_OK):
+            return await self._snapshot_by_layer(
+                attrs, str(upper), volume, ref, labels, max_workspace_bytes=max_workspace_bytes, frozen=frozen
+            )
+        return await self._snapshot_by_commit(
+            workspace_id, name, ref, labels, max_workspace_bytes=max_workspace_bytes, frozen=frozen
+        )
+
+    async def _snapshot_by_layer(
+        self,
+        attrs: Mapping[str, Any],
+        upper: str,
+        volume: str,
+        ref: str,
+        labels: Mapping[str, str],
+        *,
+        max_workspace_bytes: int,
+        frozen: Callable[[bool], Awaitable[None]] | None,
+    ) -> ImageInfo:
+        """Make image ``ref`` of one layer written from the container's upper directory and its volume (layers.py).
+
+        The container stands paused while its upper directory is read (what changed in its root
+        filesystem: a moment, as it is only what changed), unless it is paused already;
+        /workspace is read while it runs, as ``_copy_workspace`` streams it.
+        """
+        api = self._api()
+        workspace_id = attrs["Config"]["Labels"].get(LABEL_WORKSPACE, "")
+        base = await self._call(api.inspect_image, attrs["Image"], idempotent=True)
+        spool_dir = Path(str((await self._call(api.info, idempotent=True)).get("DockerRootDir"))) / "sandboxd-spool"
+        await asyncio.to_thread(spool_dir.mkdir, mode=0o700, exist_ok=True)
+        paused = bool((attrs.get("State") or {}).get("Paused"))
+        with tempfile.TemporaryFile(dir=spool_dir) as spool:
+            writer = layers.LayerWriter(spool, 0)
+            if frozen is not None:
+                await frozen(True)
+            try:
+                if not paused:
+                    await self._call(api.pause, attrs["Id"])
+                try:
+                    await asyncio.to_thread(writer.add_upper, upper)
+                finally:
+                    if not paused:
+                        await asyncio.shield(self._call(api.unpause, attrs["Id"]))
+            finally:
+                if frozen is not None:
+                    await asyncio.shield(frozen(False))
+            try:
+                await asyncio.to_thread(writer.add_workspace, volume, max_workspace_bytes)
+                diff_id, size = await asyncio.to_thread(writer.close)
+            except layers.TooBig:
+                msg = (
+                    f"workspace {workspace_id!r}'s /workspace is over {max_workspace_bytes} bytes as an archive "
+                    "(a sparse file counts at its full length): too big to snapshot"
+                )
+                raise QuotaExceededError(msg) from None
+            config = layers.image_config(base, attrs, labels, diff_id)
+            archive = layers.load_archive(spool, size, config, len(base["RootFS"]["Layers"]), ref)
+
+            def load() -> None:
+                for said in api.load_image(archive):
+                    if isinstance(said, dict) and said.get("error"):
+                        msg = f"the engine did not take the snapshot's layer: {said['error']}"
+                        raise BackendError(msg)
+
+            await self._call(load)
+        info = await self.image_info(ref)
+        if info is None:
+            msg = f"the snapshot image {ref} vanished as it was made"
+            raise BackendError(msg)
+        return info
+
+    async def _snapshot_by_commit(
+        self,
+        workspace_id: str,
+        name: str,
+        ref: str,
+        labels: Mapping[str, str],
+        *,
+        max_workspace_bytes: int,
+        frozen: Callable[[bool], Awaitable[None]] | None,
+    ) -> ImageInfo:
+        """Make image ``ref`` with ``docker commit``, then /workspace copied into a second commit.
+
+        Where the daemon cannot read the container's layer (a remote engine, a daemon not root).
+        """
+        api = self._api()
         if frozen is not None:
             await frozen(True)
         try:
