@@ -26,6 +26,9 @@ What is compared, the two sides' samples taken in turns (which goes first altern
   fork -> first exec
       sandboxd: CreateWorkspace(from_snapshot) + Exec("true"), the 1,000 files copied into the
       fork's volume; docker-py: containers.run of the committed image + exec_run("true").
+  20 forks at once
+      the wall time of 20 of those at once (sandboxd: 20 creates and execs in one gather;
+      docker-py: 20 threads), once a side; the issue's bound is against one fork's median.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ async def until_full(client: SandboxClient) -> float:
 async def run(socket_path: str, runs: int, runtime: str) -> dict[str, Any]:
     engine = docker.from_env()
     options = {**DOCKER_OPTIONS, "runtime": runtime}
-    results: dict[str, Any] = {key: ([], []) for key in ("claim", "refill", "burst", "resume", "snapshot", "fork")}
+    results: dict[str, Any] = {
+        key: ([], []) for key in ("claim", "refill", "burst", "resume", "snapshot", "fork", "forks20")
+    }
     results["kinds"] = []
 
     def raw_create() -> Any:
@@ -164,6 +169,32 @@ async def run(socket_path: str, runs: int, runtime: str) -> dict[str, Any]:
                         results["fork"][1].append(time.perf_counter() - began)
                         await asyncio.to_thread(forked.remove, force=True, v=True)
                         await asyncio.to_thread(engine.images.remove, image.id, force=True)
+            # 20 forks of one snapshot at once, each side once.
+            await live.snapshot("bench-many")
+            image = await asyncio.to_thread(container.commit, "sandboxd-bench/commit:many")
+
+            async def one_fork() -> Any:
+                fork = await client.create_workspace(from_snapshot="bench-many")
+                await fork.exec("true").wait(check=True)
+                return fork
+
+            def one_raw() -> Any:
+                forked = engine.containers.run(image.id, **options)
+                assert forked.exec_run(["true"]).exit_code == 0
+                return forked
+
+            began = time.perf_counter()
+            forks = await asyncio.gather(*(one_fork() for _ in range(20)))
+            results["forks20"][0].append(time.perf_counter() - began)
+            began = time.perf_counter()
+            raws = await asyncio.gather(*(asyncio.to_thread(one_raw) for _ in range(20)))
+            results["forks20"][1].append(time.perf_counter() - began)
+            for fork in forks:
+                await fork.delete()
+            for forked in raws:
+                await asyncio.to_thread(forked.remove, force=True, v=True)
+            await client.delete_snapshot("bench-many")
+            await asyncio.to_thread(engine.images.remove, image.id, force=True)
             await live.delete()
             await asyncio.to_thread(container.remove, force=True, v=True)
     finally:
@@ -194,11 +225,14 @@ def main() -> int:
             ("resume -> first exec", "resume", "unpause + exec_run"),
             ("snapshot, 1,000 files", "snapshot", "commit"),
             ("fork -> first exec", "fork", "containers.run + exec_run"),
+            ("20 forks at once (wall)", "forks20", ""),
         )
         for name, key, _ in rows:
             ours, theirs = results[key]
             ratio = statistics.median(ours) / statistics.median(theirs)
             print(f"{name:30}{summary(ours):>38}   {summary(theirs):>38}   {ratio:5.2f}x")
+        one = statistics.median(results["fork"][0])
+        print(f"(20 forks at once: {results['forks20'][0][0] / one:.2f}x one fork's median)")
         claims, misses = results["kinds"]
         print(f"(refill's right side: sandboxd's own cold create; back-to-back: {claims} claims, {misses} misses)")
         print()

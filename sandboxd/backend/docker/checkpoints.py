@@ -167,6 +167,8 @@ class CheckpointsMixin(ImagesMixin):
                 continue
             await asyncio.to_thread(shutil.rmtree, entry, True)
             removed.append(str(entry))
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(store.rmdir)  # empty: the instance keeps none
         return removed
 
     def _data_root_path(self, *parts: str) -> Path:
@@ -177,6 +179,8 @@ class CheckpointsMixin(ImagesMixin):
         """Remove checkpoint ``key`` (containers restored from it keep running)."""
         store = await self._checkpoint_store()
         await asyncio.to_thread(shutil.rmtree, store / key, True)
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(store.rmdir)  # the instance's last: nothing of it is left
 
     async def checkpoint_exists(self, key: str) -> bool:
         """Whether checkpoint ``key`` is kept."""
@@ -225,6 +229,7 @@ class CheckpointsMixin(ImagesMixin):
 
 
 def _replace_dir(source: Path, target: Path) -> None:
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # a removal of the last may have taken it
     if target.exists():
         shutil.rmtree(target)
     os.rename(source, target)
