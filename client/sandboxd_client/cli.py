@@ -838,7 +838,7 @@ def _print_snapshots(infos: Sequence[SnapshotInfo], *, quiet: bool) -> None:
         for info in infos:
             print(info.name)
         return
-    rows: list[Sequence[str]] = [("SNAPSHOT", "SOURCE", "IMAGE", "SIZE", "CREATED")]
+    rows: list[Sequence[str]] = [("SNAPSHOT", "SOURCE", "IMAGE", "SIZE", "MEMORY", "CREATED")]
     for info in infos:
         rows.append(
             (
@@ -846,6 +846,7 @@ def _print_snapshots(infos: Sequence[SnapshotInfo], *, quiet: bool) -> None:
                 info.source_workspace_id,
                 info.image,
                 f"{info.size_bytes / 1024**2:.1f}MiB",
+                f"{info.memory_bytes / 1024**2:.1f}MiB" if info.include_memory else "-",
                 info.create_time.strftime("%Y-%m-%d %H:%M:%S"),
             )
         )

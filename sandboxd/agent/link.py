@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import contextvars
 import os
+import posixpath
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
 from typing import Any
@@ -50,6 +51,8 @@ BRIDGE_CHECK_S = 2.0
 """Silence on a link with calls waiting after which the engine is asked if the bridge still runs."""
 FREEZE_TIMEOUT_S = 5.0
 """How long the agent may take to answer a freeze (it answers at once unless it is stuck)."""
+AWAY_MARK = "agent.away"
+"""Beside the agent's socket while it has let go of it for a checkpoint (PROTOCOL.md, Checkpoints)."""
 LETTING_GO_S = 5.0
 """How long an agent may take to close its connection once it said it lets go for a checkpoint."""
 LISTEN_WAIT_S = 10.0
@@ -186,10 +189,11 @@ class AgentLink:
         try:
             return await self._open_once()
         except AgentLost:
-            if self.runtime != "runsc" or not self.socket_path or _present(self.socket_path):
+            if not self.socket_path or not _present(posixpath.join(posixpath.dirname(self.socket_path), AWAY_MARK)):
                 raise
-        # No socket where a gVisor agent listens (the bridge waited for it): an agent that let go
-        # for a checkpoint whose daemon died before saying it was taken. Told, it listens again.
+        # An agent that let go for a checkpoint (its mark says so) whose daemon died before saying
+        # it was taken. Told, it listens again. Never without the mark: an agent still starting
+        # (a container restarting) could be ended by the signal before it is ready for it.
         log.info("agent.relisten_asked", workspace_id=self.workspace_id)
         with contextlib.suppress(SandboxdError):
             await self.backend.signal_container(self.container_id, RELISTEN_SIGNAL)

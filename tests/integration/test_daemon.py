@@ -296,8 +296,17 @@ class TestCli:
         name = f"cli-{workspace_id}"
         assert self._ctl(daemon, "snapshot", workspace_id, name, "--label", "by=cli", check=True).stdout == f"{name}\n"
         rows = self._ctl(daemon, "snapshots", "--label", "by=cli", check=True).stdout.splitlines()
-        assert rows[0].split() == ["SNAPSHOT", "SOURCE", "IMAGE", "SIZE", "CREATED"]
+        assert rows[0].split() == ["SNAPSHOT", "SOURCE", "IMAGE", "SIZE", "MEMORY", "CREATED"]
         assert rows[1].split()[:3] == [name, workspace_id, "sandboxd/base:bookworm"]
+        assert rows[1].split()[4] == "-"  # files only
+        # `restore` returns the workspace to it in place and prints its id.
+        self._ctl(daemon, "exec", workspace_id, "--", "sh", "-c", "echo changed > /workspace/k", check=True)
+        assert self._ctl(daemon, "restore", workspace_id, name, check=True).stdout == f"{workspace_id}\n"
+        assert self._ctl(daemon, "exec", workspace_id, "--", "cat", "/workspace/k").stdout == "kept\n"
+        # A runc workspace's memory cannot be kept: one line says why.
+        refused = self._ctl(daemon, "snapshot", "--memory", workspace_id, f"{name}-memory")
+        assert refused.returncode == 1 and "memory snapshots need gVisor" in refused.stderr, refused
+        assert refused.stderr.count("\n") == 1
         fork = self._ctl(daemon, "fork", name, check=True).stdout.strip()
         try:
             assert self._ctl(daemon, "exec", fork, "--", "cat", "/workspace/k").stdout == "kept\n"

@@ -82,6 +82,8 @@ async def test_forks_go_on_running_each_with_its_own_state(own, docker_client: d
     await start_ready(source, HTTP_SERVER, ready="Serving HTTP")
     counter, shown = await exec_until(source, COUNTER, "\n20\n")
     await source.exec("echo kept > /tmp/state").wait(check=True)
+    # A terminal session nobody reads at the moment: its terminal is the agent's, inside the sandbox.
+    terminal = await start_ready(source, "stty -echo; echo ready; exec cat", ready="ready", tty=True)
     # What the counter's callers took so far: a fork's output goes on from the next byte.
     taken = (await client.input(counter, yield_after_s=0.05).wait()).stdout
     last = int((shown + taken).split()[-1])
@@ -119,6 +121,16 @@ async def test_forks_go_on_running_each_with_its_own_state(own, docker_client: d
         async with fork.forward(8124) as address:
             assert await asyncio.to_thread(http_get, address, "who") == f"fork {number}\n".encode()
         assert (await fork.exec("cat /tmp/state").wait()).stdout == "kept\n"
+        (cat,) = [p.process_id for p in processes if p.command.endswith("exec cat")]
+        assert cat != terminal
+        echoed = ""
+        handle = client.input(cat, f"tty {number}\n", yield_after_s=0.5)
+        for _ in range(40):
+            echoed += (await handle.wait()).stdout
+            if f"tty {number}" in echoed:
+                break
+            handle = client.input(cat, yield_after_s=0.5)
+        assert f"tty {number}" in echoed, echoed
     # Every workspace has process ids of its own.
     sets = list(ids.values())
     assert all(not (a & b) for i, a in enumerate(sets) for b in sets[i + 1 :]), ids

@@ -181,11 +181,13 @@ func (a *Agent) Serve() error {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return fmt.Errorf("socket directory: %w", err)
 	}
+	_ = os.Remove(awayPath()) // an agent that died away (its container restarted): this one is not
 	for {
 		listener, err := listenAtOnce(SocketPath)
 		if err != nil {
 			return err
 		}
+		_ = os.Remove(awayPath())
 		a.mu.Lock()
 		a.listener, a.away = listener, false
 		a.mu.Unlock()
@@ -244,10 +246,17 @@ func (a *Agent) letGo(c *conn) {
 	if listener != nil {
 		listener.Close()
 		// Its name goes too: a daemon that comes meanwhile waits for it, rather than taking a
-		// refused connection for no agent at all.
+		// refused connection for no agent at all. And a mark says why: only an agent that let go
+		// is told to listen again (a signal must never reach an agent that is still starting).
 		_ = os.Remove(SocketPath)
+		if mark, err := os.OpenFile(awayPath(), os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+			mark.Close()
+		}
 	}
 }
+
+// awayPath marks, beside the socket, an agent that let go of it for a checkpoint.
+func awayPath() string { return filepath.Join(filepath.Dir(SocketPath), "agent.away") }
 
 // listenAtOnce listens on path, where the name appears only once the socket listens: it
 // listens under a name of its own beside path, then renames it into place. Under gVisor

@@ -44,6 +44,9 @@ func TestACheckpointLetsGoOfTheHostUntilSIGUSR1(t *testing.T) {
 	if _, err := os.Lstat(SocketPath); !os.IsNotExist(err) {
 		t.Fatalf("the socket's name is still there: %v", err)
 	}
+	if _, err := os.Lstat(awayPath()); err != nil {
+		t.Fatalf("no mark says the agent let go: %v", err)
+	}
 	time.Sleep(300 * time.Millisecond) // a listen that came back on its own would be there by now
 	if conn, err := net.Dial("unix", SocketPath); err == nil {
 		conn.Close()
@@ -52,6 +55,9 @@ func TestACheckpointLetsGoOfTheHostUntilSIGUSR1(t *testing.T) {
 
 	syscall.Kill(os.Getpid(), syscall.SIGUSR1)
 	d, welcome := connect(t)
+	if _, err := os.Lstat(awayPath()); !os.IsNotExist(err) {
+		t.Fatalf("the mark is still there once the agent listens: %v", err)
+	}
 	if !welcome.Frozen {
 		t.Fatal("the welcome after a checkpoint does not say the agent is frozen")
 	}

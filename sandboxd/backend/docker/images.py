@@ -243,6 +243,9 @@ class ImagesMixin(ClaimsMixin):
                 if not paused:
                     await self._call(api.pause, attrs["Id"])
                 try:
+                    merged = ((attrs.get("GraphDriver") or {}).get("Data") or {}).get("MergedDir")
+                    if merged:
+                        await asyncio.to_thread(layers.sync_mount, merged)
                     await asyncio.to_thread(writer.add_upper, upper)
                 finally:
                     if not paused:

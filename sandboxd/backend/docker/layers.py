@@ -18,6 +18,7 @@ Everything here but :func:`load_archive` is plain file work, run off the event l
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import hashlib
 import io
@@ -220,6 +221,23 @@ def load_archive(layer: IO[bytes], size: int, config: bytes, base_layers: int, t
     for name, payload in ((config_name, config), ("manifest.json", manifest)):
         yield header(name, len(payload)) + payload + padding(len(payload))
     yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
+
+def sync_mount(path: str) -> None:
+    """Flush the mount at ``path`` (the container's merged root) to its upper directory.
+
+    What its processes wrote may be held in the host's page cache of the FUSE mount:
+    fuse-overlayfs writes it to the upper directory only when the kernel writes it back, and a
+    file gVisor's gofer keeps open is never closed to flush it.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if libc.syncfs(descriptor) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error), path)
+    finally:
+        os.close(descriptor)
 
 
 def readable_upper(container: Mapping[str, Any]) -> Path | None:
