@@ -390,3 +390,29 @@ async def test_a_rollback_returns_the_files_and_keeps_the_id(own, runtime: str, 
     for each in (other, workspace):
         await each.delete()
     await client.delete_snapshot("point")
+
+
+async def test_a_workspace_swapping_files_for_links_to_the_hosts_gets_nothing_of_the_host(own, tmp_path: Path) -> None:
+    """/workspace is read on the host while it runs: links swapped in meanwhile are archived as links."""
+    client, _instance = own
+    secret = tmp_path / "host-secret"
+    secret.write_text("HOST-ONLY-7f3a\n")
+    secret_dir = tmp_path / "host-dir"
+    secret_dir.mkdir()
+    (secret_dir / "inside").write_text("HOST-ONLY-7f3a\n")
+    workspace = await client.create_workspace()
+    swapper = (
+        "cd /workspace; mkdir -p d; echo ready; while :; do "
+        f"echo mine > f.tmp; mv -f f.tmp f; ln -sfn {secret} l.tmp; mv -Tf l.tmp f; "
+        f"mkdir -p d.tmp; echo mine > d.tmp/inside; rm -rf d; mv d.tmp d; ln -sfn {secret_dir} d.tmp; "
+        "rm -rf d; mv -T d.tmp d; done"
+    )
+    await start_ready(workspace, swapper, ready="ready")
+    for index in range(8):
+        await workspace.snapshot(f"race-{index}")
+        fork = await client.create_workspace(from_snapshot=f"race-{index}")
+        seen = await fork.exec("cat /workspace/f /workspace/d/inside 2>/dev/null; grep -rs HOST-ONLY /workspace").wait()
+        assert "HOST-ONLY" not in seen.stdout, (index, seen)
+        await fork.delete()
+        await client.delete_snapshot(f"race-{index}")
+    await workspace.delete()

@@ -99,3 +99,60 @@ def test_the_load_archive_names_the_base_layers_and_carries_the_new_one() -> Non
     assert manifest["RepoTags"] == ["sandboxd/snapshot:t"]
     assert manifest["Layers"] == ["base0/layer.tar", "base1/layer.tar", "new/layer.tar"]
     assert json.loads(members[manifest["Config"]]) == document
+
+
+def test_links_fifos_and_sockets_in_the_workspace_are_never_followed(tmp_path: Path) -> None:
+    """A link to a host file is archived as the link; a FIFO as a FIFO (no read that hangs); a socket not at all."""
+    import socket
+
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    os.symlink("/etc/passwd", volume / "passwd")
+    os.symlink("/", volume / "root")
+    os.mkfifo(volume / "fifo")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(volume / "sock"))
+    out = io.BytesIO()
+    writer = layers.LayerWriter(out, 0)
+    writer.add_workspace(str(volume), 0)
+    writer.close()
+    listener.close()
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as archive:
+        members = {m.name: m for m in archive.getmembers()}
+    assert sorted(members) == ["workspace", "workspace/fifo", "workspace/passwd", "workspace/root"]
+    assert members["workspace/passwd"].issym() and members["workspace/passwd"].linkname == "/etc/passwd"
+    assert members["workspace/root"].issym() and members["workspace/fifo"].isfifo()
+    assert all(m.size == 0 for m in members.values())
+
+
+def test_a_file_that_shrinks_while_it_is_read_ends_in_zeros() -> None:
+    """The header's length is what is written: the archive stays well formed."""
+    padded = layers._Padded(io.BytesIO(b"abc"))
+    assert padded.read(5) == b"abc\0\0"
+    assert padded.read(4) == b"\0\0\0\0"
+
+
+def test_a_file_swapped_for_a_link_after_it_was_listed_is_not_followed(tmp_path: Path) -> None:
+    """The race a running workspace can make: a file looked at, then swapped for a link to a host file."""
+    secret = tmp_path / "secret"
+    secret.write_text("HOST-ONLY\n")
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "f").write_text("mine\n")
+    out = io.BytesIO()
+    writer = layers.LayerWriter(out, 0)
+    looked = writer._archive.gettarinfo
+
+    def swap_after(*args, **kwargs):  # type: ignore[no-untyped-def]
+        info = looked(*args, **kwargs)
+        if info is not None and info.name == "workspace/f" and (volume / "f").is_file():
+            (volume / "f").unlink()
+            os.symlink(secret, volume / "f")
+        return info
+
+    writer._archive.gettarinfo = swap_after  # type: ignore[method-assign]
+    writer.add_workspace(str(volume), 0)
+    writer.close()
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as archive:
+        contents = [archive.extractfile(m).read() for m in archive.getmembers() if m.isreg()]  # type: ignore[union-attr]
+    assert not any(b"HOST" in content for content in contents), contents

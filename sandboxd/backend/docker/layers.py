@@ -73,22 +73,65 @@ class _Hashing(io.RawIOBase):
         return len(view)
 
 
-def _opaque(path: str) -> bool:
+def _in(directory: int, name: str) -> str:
+    """A path to ``name`` in the open directory ``directory`` that no symbolic link above it can move.
+
+    The last component is never followed by the calls this module makes with it (``lstat``,
+    ``O_NOFOLLOW``, ``follow_symlinks=False``).
+    """
+    return f"/proc/self/fd/{directory}/{name}"
+
+
+def _opaque(directory: int, name: str) -> bool:
+    path = _in(directory, name)
     try:
         names = os.listxattr(path, follow_symlinks=False)
     except OSError:
         names = []
-    for name in _OVERLAY_OPAQUE_XATTRS:
-        if name in names:
+    for key in _OVERLAY_OPAQUE_XATTRS:
+        if key in names:
             with contextlib.suppress(OSError):
-                if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                if os.getxattr(path, key, follow_symlinks=False) == b"y":
                     return True
-    return os.path.lexists(os.path.join(path, OPAQUE)) or os.path.lexists(os.path.join(path, ".wh..opq"))
+    return any(os.path.lexists(os.path.join(path, mark)) for mark in _OVERLAY_OWN)
 
 
-def _add(archive: tarfile.TarFile, path: str, name: str) -> None:
-    """Add one entry (not what a directory holds) with its extended attributes, as ``docker commit`` keeps them."""
-    info = archive.gettarinfo(path, arcname=name)
+class _Padded(io.RawIOBase):
+    """A file read for exactly the length its header said: a file that shrank meanwhile ends in zeros."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self.raw = raw
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return self.raw.read()
+        chunks, got = [], 0
+        while got < size:
+            data = self.raw.read(size - got)
+            if not data:
+                chunks.append(bytes(size - got))
+                break
+            chunks.append(data)
+            got += len(data)
+        return b"".join(chunks)
+
+
+def _add(archive: tarfile.TarFile, directory: int, name: str, entry: str) -> None:
+    """Add one entry (not what a directory holds) with its extended attributes, as ``docker commit`` keeps them.
+
+    Its metadata is read without following it; a regular file is opened ``O_NOFOLLOW`` and its
+    header taken from the descriptor, so that a workspace swapping it for a symbolic link
+    meanwhile (/workspace is read while it runs) gets no file of the host's into the archive:
+    it is archived as what it was when opened, or not at all.
+    """
+    path = _in(directory, name)
+    try:
+        info = archive.gettarinfo(path, arcname=entry)
+    except FileNotFoundError:
+        return  # removed meanwhile
     if info is None:
         return  # a socket: no archive holds one (nor does a commit)
     xattrs = {}
@@ -97,37 +140,55 @@ def _add(archive: tarfile.TarFile, path: str, name: str) -> None:
             if key.startswith(("security.", "user.")) and not key.startswith("user.fuseoverlayfs"):
                 value = os.getxattr(path, key, follow_symlinks=False)
                 xattrs[f"SCHILY.xattr.{key}"] = value.decode("utf-8", "surrogateescape")
-    if xattrs:
-        info.pax_headers = {**info.pax_headers, **xattrs}
-    if info.isreg():
-        with open(path, "rb") as data:
-            archive.addfile(info, data)
-    else:
+    if not info.isreg() or info.islnk():
+        if xattrs:
+            info.pax_headers = {**info.pax_headers, **xattrs}
         archive.addfile(info)
+        return
+    try:
+        descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+    except OSError:
+        return  # swapped for a link, a FIFO or nothing meanwhile: not a file of this moment
+    with os.fdopen(descriptor, "rb") as data:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return
+        opened = archive.gettarinfo(arcname=entry, fileobj=data)
+        if opened.islnk():
+            archive.addfile(opened)  # a hard link to an entry already archived
+            return
+        if xattrs:
+            opened.pax_headers = {**opened.pax_headers, **xattrs}
+        archive.addfile(opened, _Padded(data))
 
 
 def _walk(archive: tarfile.TarFile, root: str, prefix: str, *, upper: bool, skip_top: frozenset[str]) -> None:
-    """Archive what is under ``root`` as ``prefix/...``; an overlay upper directory's whiteouts as ``.wh.`` entries."""
-    for directory, dirs, files in os.walk(root):
+    """Archive what is under ``root`` as ``prefix/...``; an overlay upper directory's whiteouts as ``.wh.`` entries.
+
+    Directories are walked by descriptor (``os.fwalk``, never following a link, checking that
+    what it opens is what it listed), so nothing a workspace moves meanwhile takes the walk
+    out of ``root``.
+    """
+    for directory, dirs, files, descriptor in os.fwalk(root, follow_symlinks=False):
         dirs.sort()
         relative = os.path.relpath(directory, root)
         if relative == ".":
             dirs[:] = [d for d in dirs if d not in skip_top]
             files = [f for f in files if f not in skip_top]
         for name in sorted(dirs + files):
-            path = os.path.join(directory, name)
             entry = os.path.normpath(os.path.join(prefix, relative, name))
             if upper and name in _OVERLAY_OWN:
                 continue
-            mode = os.lstat(path).st_mode
-            if upper and stat.S_ISCHR(mode) and os.lstat(path).st_rdev == 0:
+            try:
+                found = os.stat(name, dir_fd=descriptor, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if upper and stat.S_ISCHR(found.st_mode) and found.st_rdev == 0:
                 # The overlay's whiteout: the file is deleted in this layer.
                 archive.addfile(tarfile.TarInfo(os.path.join(os.path.dirname(entry), WHITEOUT + name)))
                 continue
-            _add(archive, path, entry)
-            if upper and stat.S_ISDIR(mode) and _opaque(path):
+            _add(archive, descriptor, name, entry)
+            if upper and stat.S_ISDIR(found.st_mode) and _opaque(descriptor, name):
                 archive.addfile(tarfile.TarInfo(os.path.join(entry, OPAQUE)))
-        # Symbolic links to directories are entries, never followed (os.walk does not follow them).
 
 
 class LayerWriter:
@@ -150,7 +211,11 @@ class LayerWriter:
     def add_workspace(self, volume: str, limit: int) -> None:
         """The volume ``volume`` (a host directory) as /workspace, as it is; at most ``limit`` bytes more."""
         self._hashing.limit = self._hashing.size + limit if limit else 0
-        _add(self._archive, volume, WORKSPACE)
+        parent = os.open(os.path.dirname(volume), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            _add(self._archive, parent, os.path.basename(volume), WORKSPACE)
+        finally:
+            os.close(parent)
         _walk(self._archive, volume, WORKSPACE, upper=False, skip_top=frozenset())
 
     def close(self) -> tuple[str, int]:
