@@ -215,7 +215,12 @@ class TestUploadSafety:
 
         with pytest.raises(ValueError, match="the archive's source broke"):
             await client.upload(workspace.workspace_id, "/workspace/up3", breaks())
-        assert await sh(workspace, "ls -A /workspace/up3 2>/dev/null | wc -l") == "0\n"
+        # The cancel reaches the agent after the caller has its error: the half-written file's
+        # removal follows it by a moment (its helper is told to go, and removes it as it goes).
+        deadline = time.monotonic() + 10
+        while await sh(workspace, "ls -A /workspace/up3 2>/dev/null | wc -l") != "0\n":
+            assert time.monotonic() < deadline, await sh(workspace, "ls -A /workspace/up3")
+            await asyncio.sleep(0.1)
         await client.upload(workspace.workspace_id, "/workspace/up3", _chunks(archive))
         assert await sh(workspace, "cat /workspace/up3/second") == "2"
 

@@ -268,6 +268,8 @@ func extractFile(archive *tar.Reader, header *tar.Header, target string, mode os
 	if err != nil {
 		return 0, fromOS(err, target)
 	}
+	stage(f.Name()) // a helper ended meanwhile (its upload cancelled) removes it
+	defer stage("")
 	n, err := io.Copy(f, archive)
 	if cerr := f.Close(); err == nil {
 		err = cerr
