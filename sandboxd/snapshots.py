@@ -14,11 +14,13 @@ volume, so every fork has its own files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import hashlib
 import json
 import re
+import time
 import weakref
 from collections.abc import Mapping
 
@@ -31,6 +33,7 @@ from .errors import (
     InvalidSpecError,
     NotFoundError,
     QuotaExceededError,
+    SandboxdError,
 )
 from .models import Snapshot, Workspace, WorkspaceSpec
 from .tenancy import current_tenant
@@ -163,6 +166,7 @@ class SnapshotStore:
                     ref,
                     marks,
                     max_workspace_bytes=limit,
+                    max_root_bytes=self.manager.settings.max_snapshot_bytes,
                     # The commit freezes the container: its agent is told, as for a pause, so that a
                     # command's timeout falling in that moment does not kill it at the thaw.
                     frozen=self.manager.bridge.freezer(info),
@@ -206,22 +210,61 @@ class SnapshotStore:
             raise FailedPreconditionError(msg)
         key = ref.rpartition(":")[2]
         link = self.manager.bridge.context_for(info).link
+        began = time.monotonic()
         async with link.let_go():
+            let_go = time.monotonic()
             await self.backend.pause_container(workspace_id)
             try:
-                memory = await self.backend.checkpoint_container(workspace_id, key)
-                try:
-                    return await self.backend.snapshot_container(
+                paused = time.monotonic()
+                # Both read the paused workspace, neither changes it: the runtime saves its memory
+                # while its files are read; the image is made once the checkpoint's size is known.
+                checkpoint = asyncio.ensure_future(self.backend.checkpoint_container(workspace_id, key))
+
+                async def size_label() -> Mapping[str, str]:
+                    return {LABEL_SNAPSHOT_MEMORY: str(await asyncio.shield(checkpoint))}
+
+                sized = asyncio.ensure_future(size_label())
+
+                files = asyncio.ensure_future(
+                    self.backend.snapshot_container(
                         workspace_id,
                         ref,
-                        {**marks, LABEL_SNAPSHOT_MEMORY: str(memory), LABEL_SNAPSHOT_CONTAINER: info.container_id},
+                        {**marks, LABEL_SNAPSHOT_CONTAINER: info.container_id},
                         max_workspace_bytes=limit,
+                        max_root_bytes=self.manager.settings.max_snapshot_bytes,
+                        later_labels=sized,
                     )
+                )
+                try:
+                    memory, image = await asyncio.gather(checkpoint, files)
                 except BaseException:
-                    await asyncio.shield(self.backend.remove_checkpoint(key))
+                    sized.cancel()
+                    await asyncio.shield(self._discard_parts(checkpoint, files, key, ref))
                     raise
+                taken = time.monotonic()
             finally:
                 await asyncio.shield(self.backend.resume_container(workspace_id))
+        log.info(
+            "snapshot.memory_taken",
+            workspace_id=workspace_id,
+            memory_bytes=memory,
+            let_go_s=round(let_go - began, 4),
+            pause_s=round(paused - let_go, 4),
+            checkpoint_and_files_s=round(taken - paused, 4),
+            total_s=round(time.monotonic() - began, 4),
+        )
+        return image
+
+    async def _discard_parts(
+        self, checkpoint: asyncio.Future[int], files: asyncio.Future[ImageInfo], key: str, ref: str
+    ) -> None:
+        """A memory snapshot that failed: neither its checkpoint nor its image is kept."""
+        for part in (checkpoint, files):
+            part.cancel()
+        await asyncio.gather(checkpoint, files, return_exceptions=True)
+        await self.backend.remove_checkpoint(key)
+        with contextlib.suppress(SandboxdError):
+            await self.backend.remove_image(ref, prune=True)
 
     async def restore(self, workspace_id: str, name: str) -> Workspace:
         """Return a workspace to the caller's snapshot ``name``, keeping its id and its own spec.
@@ -234,19 +277,31 @@ class SnapshotStore:
             NotFoundError: no such snapshot of the caller's.
             FailedPreconditionError: a memory snapshot and a workspace it cannot be restored into.
         """
-        image = await self.find(name)
-        info = await self.manager.owned_info(workspace_id)
-        spec = spec_from_json(info.labels[LABEL_SPEC])
-        if image.labels.get(LABEL_SNAPSHOT_MEMORY) and (info.runtime != "runsc" or spec.limits.disk_bytes):
-            msg = (
-                f"snapshot {name!r} holds processes, which only a workspace under runsc without a capped "
-                f"/workspace can be restored with: workspace {workspace_id!r} is not one"
-            )
-            raise FailedPreconditionError(msg)
-        await self.manager.delete(workspace_id)
-        workspace = await self.manager.create(
-            dataclasses.replace(spec, image=""), workspace_id=workspace_id, snapshot=image
-        )
+        # The tenant's snapshot lock: the snapshot cannot be deleted between the checks and the create.
+        async with self._lock(current_tenant()):
+            image = await self.find(name)
+            info = await self.manager.owned_info(workspace_id)
+            spec = spec_from_json(info.labels[LABEL_SPEC])
+            if image.labels.get(LABEL_SNAPSHOT_MEMORY):
+                if info.runtime != "runsc" or spec.limits.disk_bytes:
+                    msg = (
+                        f"snapshot {name!r} holds processes, which only a workspace under runsc without a capped "
+                        f"/workspace can be restored with: workspace {workspace_id!r} is not one"
+                    )
+                    raise FailedPreconditionError(msg)
+                if not await self.backend.checkpoint_exists(image.ref.rpartition(":")[2]):
+                    msg = f"snapshot {name!r}'s memory is gone from the engine's host: it cannot be restored"
+                    raise FailedPreconditionError(msg)
+            # Everything that can be checked is: the workspace goes only now. A create that fails
+            # after this (the engine refusing the container) leaves it gone, and says so.
+            await self.manager.delete(workspace_id)
+            try:
+                workspace = await self.manager.create(
+                    dataclasses.replace(spec, image=""), workspace_id=workspace_id, snapshot=image
+                )
+            except SandboxdError as exc:
+                exc.message = f"workspace {workspace_id!r} was removed to be restored, but: {exc.message}"
+                raise
         log.info("snapshot.restored", snapshot=name, workspace_id=workspace_id)
         return workspace
 

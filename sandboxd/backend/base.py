@@ -310,16 +310,19 @@ class Backend(Protocol):
         labels: Mapping[str, str],
         *,
         max_workspace_bytes: int,
+        max_root_bytes: int = 0,
         frozen: Callable[[bool], Awaitable[None]] | None = None,
+        later_labels: Awaitable[Mapping[str, str]] | None = None,
     ) -> ImageInfo:
-        """Make image ``ref`` (labelled ``labels``) of the container's files.
+        """Make image ``ref`` (labelled ``labels``, then ``later_labels`` once its files are read) of its files.
 
         Its changed root filesystem and its /workspace, which a container of the image starts with.
 
         The container goes on running (frozen for the moment its root filesystem is taken:
         ``frozen(True)`` is awaited just before, ``frozen(False)`` once it runs again);
         its files are streamed, never held whole, and at most ``max_workspace_bytes`` of them
-        (as an archive: a sparse file counts at its full length).
+        (as an archive: a sparse file counts at its full length), and ``max_root_bytes`` of its
+        root filesystem's changes where the backend reads them itself (0: no bound).
 
         Raises:
             WorkspaceNotFoundError: no such container.
@@ -352,6 +355,10 @@ class Backend(Protocol):
 
     async def remove_checkpoint(self, key: str) -> None:
         """Remove checkpoint ``key``; nothing when there is none."""
+        ...
+
+    async def checkpoint_exists(self, key: str) -> bool:
+        """Whether checkpoint ``key`` is kept."""
         ...
 
     async def signal_container(self, container: str, signum: int) -> None:

@@ -17,8 +17,15 @@ import secrets
 import structlog
 
 from ..backend.base import Backend, ImageInfo
-from ..errors import InvalidSpecError, QuotaExceededError, WorkspaceExistsError, WorkspaceNotFoundError, quoted
-from ..models import Workspace, WorkspaceSpec
+from ..errors import (
+    FailedPreconditionError,
+    InvalidSpecError,
+    QuotaExceededError,
+    WorkspaceExistsError,
+    WorkspaceNotFoundError,
+    quoted,
+)
+from ..models import Runtime, Workspace, WorkspaceSpec
 from ..secrets import SecretStore
 from ..settings import Settings
 from ..tenancy import current_tenant
@@ -28,6 +35,7 @@ from .provision import Provisioner
 from .records import Records, Teardown
 from .specs import (
     LABEL_CREATE_DIGEST,
+    LABEL_SNAPSHOT,
     LABEL_SPEC,
     LABEL_TENANT,
     check_request_id,
@@ -36,6 +44,7 @@ from .specs import (
     made_by,
     request_digest,
     resolve_spec,
+    restored_from,
     spec_from_json,
 )
 
@@ -187,7 +196,15 @@ class Creates:
                 msg = "spec.image must be empty when forking a snapshot: the snapshot is the image"
                 raise InvalidSpecError(msg)
             spec = inherit(spec, spec_from_json(snapshot.labels[LABEL_SPEC]), image=snapshot.ref)
-        return resolve_spec(spec, self.settings, self.secrets, tenant)
+        resolved = resolve_spec(spec, self.settings, self.secrets, tenant)
+        if restored_from(snapshot) and (resolved.runtime is not Runtime.RUNSC or resolved.limits.disk_bytes):
+            msg = (
+                f"snapshot {(snapshot.labels if snapshot else {}).get(LABEL_SNAPSHOT, '')!r} holds running processes, "
+                "which only a workspace under runtime runsc without a capped /workspace (disk_bytes) can be "
+                "restored into: leave runtime and disk_bytes unset (its source's)"
+            )
+            raise FailedPreconditionError(msg)
+        return resolved
 
     async def _id_for(self, tenant: str, workspace_id: str, request_id: str) -> tuple[str, bool]:
         """The id a create makes, and whether its request is known to have made (or be making) it.

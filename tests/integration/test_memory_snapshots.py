@@ -179,6 +179,18 @@ async def test_what_cannot_be_kept_is_refused_and_leaves_nothing(own, docker_cli
     with pytest.raises(FailedPreconditionError, match="paused"):
         await source.snapshot("no", include_memory=True)
     await source.resume()
+    # A fork or a restore that cannot take the processes is refused before anything is made or removed.
+    kept = await source.snapshot("kept", include_memory=True)
+    assert kept.include_memory
+    for asked in ({"runtime": "runc"}, {"disk_bytes": 64 * 1024 * 1024}):
+        with pytest.raises(FailedPreconditionError, match="running processes"):
+            await client.create_workspace(from_snapshot="kept", **asked)
+    plain = await client.create_workspace(runtime="runc")
+    with pytest.raises(FailedPreconditionError, match="runsc"):
+        await plain.restore("kept")
+    assert (await plain.exec("echo intact").wait()).stdout == "intact\n"
+    await plain.delete()
+    await client.delete_snapshot("kept")
     capped = await client.create_workspace(runtime="runsc", disk_bytes=64 * 1024 * 1024)
     with pytest.raises(FailedPreconditionError, match="capped"):
         await capped.snapshot("no", include_memory=True)
@@ -277,3 +289,20 @@ async def test_a_rollback_brings_back_the_processes_and_files_of_the_snapshot(ow
     await plain.delete()
     await source.delete()
     await client.delete_snapshot("good")
+
+
+async def test_forks_of_one_memory_snapshot_made_at_once_all_run(own) -> None:
+    """Four forks at once of one memory snapshot: each runs, with process ids of its own."""
+    client, _instance = own
+    source = await client.create_workspace(runtime="runsc")
+    await start_ready(source, REPL, ready="ready")
+    await source.snapshot("many", include_memory=True)
+    forks = await asyncio.gather(*(client.create_workspace(from_snapshot="many") for _ in range(4)))
+    ids = [{p.process_id for p in await client.list_processes(f.workspace_id)} for f in forks]
+    assert all(len(each) == 1 for each in ids), ids
+    assert len(set().union(*ids)) == 4
+    for fork in forks:
+        assert (await fork.exec("echo up").wait()).stdout == "up\n"
+        await fork.delete()
+    await source.delete()
+    await client.delete_snapshot("many")

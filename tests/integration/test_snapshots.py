@@ -416,3 +416,33 @@ async def test_a_workspace_swapping_files_for_links_to_the_hosts_gets_nothing_of
         await fork.delete()
         await client.delete_snapshot(f"race-{index}")
     await workspace.delete()
+
+
+async def test_root_filesystem_changes_are_bounded_and_churn_or_depth_break_nothing(tmp_path: Path) -> None:
+    """A sparse file in the root filesystem past SANDBOXD_MAX_SNAPSHOT_BYTES is RESOURCE_EXHAUSTED, fast, leaving
+    nothing; files coming and going during a snapshot, and a tree deeper than the host-side walk goes, are kept."""
+    thread = DaemonThread(make_settings(tmp_path, max_snapshot_bytes=64 * 1024**2)).start()
+    try:
+        async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+            ws = await client.create_workspace()
+            await ws.exec("truncate -s 1G /home/sandbox/sparse").wait(check=True)
+            began = time.monotonic()
+            with pytest.raises(ResourceExhaustedError, match="root filesystem"):
+                await ws.snapshot("sparse")
+            assert time.monotonic() - began < 30
+            assert await client.list_snapshots() == []
+            assert (await ws.exec("rm /home/sandbox/sparse && echo up").wait()).stdout == "up\n"  # thawed
+            churn = "cd /workspace; echo ready; while :; do for i in $(seq 50); do echo $i > t$i; done; rm -f t*; done"
+            await start_ready(ws, churn, ready="ready")
+            deep = "/workspace/" + "/".join(["d"] * 300)
+            await ws.exec(f"mkdir -p {deep} && echo bottom > {deep}/f").wait(check=True)
+            for index in range(4):
+                await ws.snapshot(f"churn-{index}")
+            fork = await client.create_workspace(from_snapshot="churn-3")
+            assert (await fork.exec(f"cat {deep}/f").wait()).stdout == "bottom\n"
+            for each in (fork, ws):
+                await each.delete()
+            for index in range(4):
+                await client.delete_snapshot(f"churn-{index}")
+    finally:
+        thread.stop()

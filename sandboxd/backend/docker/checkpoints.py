@@ -20,8 +20,10 @@ import asyncio
 import contextlib
 import os
 import shutil
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import ClassVar
 
 import docker.errors
 import structlog
@@ -46,6 +48,7 @@ class CheckpointsMixin(ImagesMixin):
 
     _data_root: Path | None = None
     _snapshots_in_progress = 0
+    _restore_locks: ClassVar[weakref.WeakValueDictionary[str, asyncio.Lock]] = weakref.WeakValueDictionary()
 
     @contextlib.asynccontextmanager
     async def snapshot_in_progress(self) -> AsyncIterator[None]:
@@ -208,8 +211,13 @@ class CheckpointsMixin(ImagesMixin):
             url = api._url("/containers/{0}/start", container_id)
             api._raise_for_status(api._post(url, params={"checkpoint": CHECKPOINT_NAME}))
 
+        # One start from a checkpoint at a time: containerd takes each start's copy of it as
+        # content of its own, and a second upload of the same bytes while the first is being
+        # committed fails ("content sha256:...: already exists").
+        lock = self._restore_locks.setdefault(key, asyncio.Lock())
         try:
-            await self._call(start)
+            async with lock:
+                await self._call(start)
         finally:
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(shutil.rmtree, own, True)

@@ -183,7 +183,9 @@ class ImagesMixin(ClaimsMixin):
         labels: Mapping[str, str],
         *,
         max_workspace_bytes: int,
+        max_root_bytes: int = 0,
         frozen: Callable[[bool], Awaitable[None]] | None = None,
+        later_labels: Awaitable[Mapping[str, str]] | None = None,
     ) -> ImageInfo:
         """Make image ``ref`` of the container's root filesystem and its /workspace (see Backend).
 
@@ -205,11 +207,26 @@ class ImagesMixin(ClaimsMixin):
             (m.get("Source", "") for m in attrs.get("Mounts") or [] if m.get("Destination") == WORKSPACE_MOUNT), ""
         )
         if upper is not None and volume and os.access(volume, os.R_OK | os.X_OK):
-            return await self._snapshot_by_layer(
-                attrs, str(upper), volume, ref, labels, max_workspace_bytes=max_workspace_bytes, frozen=frozen
-            )
+            with contextlib.suppress(layers.TooDeep):  # a tree too deep to walk: the engine commits it
+                return await self._snapshot_by_layer(
+                    attrs,
+                    str(upper),
+                    volume,
+                    ref,
+                    labels,
+                    max_workspace_bytes=max_workspace_bytes,
+                    max_root_bytes=max_root_bytes,
+                    frozen=frozen,
+                    later_labels=later_labels,
+                )
         return await self._snapshot_by_commit(
-            workspace_id, name, ref, labels, max_workspace_bytes=max_workspace_bytes, frozen=frozen
+            workspace_id,
+            name,
+            ref,
+            labels,
+            max_workspace_bytes=max_workspace_bytes,
+            frozen=frozen,
+            later_labels=later_labels,
         )
 
     async def _snapshot_by_layer(
@@ -221,7 +238,9 @@ class ImagesMixin(ClaimsMixin):
         labels: Mapping[str, str],
         *,
         max_workspace_bytes: int,
+        max_root_bytes: int,
         frozen: Callable[[bool], Awaitable[None]] | None,
+        later_labels: Awaitable[Mapping[str, str]] | None,
     ) -> ImageInfo:
         """Make image ``ref`` of one layer written from the container's upper directory and its volume (layers.py).
 
@@ -236,7 +255,9 @@ class ImagesMixin(ClaimsMixin):
         await asyncio.to_thread(spool_dir.mkdir, mode=0o700, exist_ok=True)
         paused = bool((attrs.get("State") or {}).get("Paused"))
         with tempfile.TemporaryFile(dir=spool_dir) as spool:
-            writer = layers.LayerWriter(spool, 0)
+            # What changed in the root filesystem is bounded too (a sparse file there counts at its
+            # full length, and the workspace stands frozen while it is read).
+            writer = layers.LayerWriter(spool, max_root_bytes)
             if frozen is not None:
                 await frozen(True)
             try:
@@ -246,7 +267,14 @@ class ImagesMixin(ClaimsMixin):
                     merged = ((attrs.get("GraphDriver") or {}).get("Data") or {}).get("MergedDir")
                     if merged:
                         await asyncio.to_thread(layers.sync_mount, merged)
-                    await asyncio.to_thread(writer.add_upper, upper)
+                    try:
+                        await asyncio.to_thread(writer.add_upper, upper)
+                    except layers.TooBig:
+                        msg = (
+                            f"workspace {workspace_id!r}'s root filesystem changes are over {max_root_bytes} bytes as "
+                            "an archive (a sparse file counts at its full length): too big to snapshot"
+                        )
+                        raise QuotaExceededError(msg) from None
                 finally:
                     if not paused:
                         await asyncio.shield(self._call(api.unpause, attrs["Id"]))
@@ -262,6 +290,8 @@ class ImagesMixin(ClaimsMixin):
                     "(a sparse file counts at its full length): too big to snapshot"
                 )
                 raise QuotaExceededError(msg) from None
+            if later_labels is not None:
+                labels = {**labels, **await later_labels}
             config = layers.image_config(base, attrs, labels, diff_id)
             archive = layers.load_archive(spool, size, config, len(base["RootFS"]["Layers"]), ref)
 
@@ -287,6 +317,7 @@ class ImagesMixin(ClaimsMixin):
         *,
         max_workspace_bytes: int,
         frozen: Callable[[bool], Awaitable[None]] | None,
+        later_labels: Awaitable[Mapping[str, str]] | None,
     ) -> ImageInfo:
         """Make image ``ref`` with ``docker commit``, then /workspace copied into a second commit.
 
@@ -318,7 +349,7 @@ class ImagesMixin(ClaimsMixin):
                 )
                 raise QuotaExceededError(msg)
             repository, _, tag = ref.rpartition(":")
-            final = {**labels, LABEL_SNAPSHOT_PART: ""}
+            final = {**labels, **(await later_labels if later_labels is not None else {}), LABEL_SNAPSHOT_PART: ""}
             await self._call(api.commit, holder["Id"], repository=repository, tag=tag, conf={"Labels": final})
         finally:
             if holder is not None:

@@ -62,7 +62,7 @@ class _Hashing(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        if self.over:
+        if self.over or self.out.closed:
             return len(view)  # the archive's own last writes, as it is dropped: they go nowhere
         self.size += len(view)
         if self.limit and self.size > self.limit:
@@ -161,34 +161,79 @@ def _add(archive: tarfile.TarFile, directory: int, name: str, entry: str) -> Non
         archive.addfile(opened, _Padded(data))
 
 
+MAX_DEPTH = 256
+"""Deepest directory the host-side walk descends to (it holds one descriptor a level); deeper trees
+are committed by the engine instead (:class:`TooDeep`)."""
+
+
+class TooDeep(Exception):
+    """A tree deeper than ``MAX_DEPTH``: this module does not archive it."""
+
+
 def _walk(archive: tarfile.TarFile, root: str, prefix: str, *, upper: bool, skip_top: frozenset[str]) -> None:
     """Archive what is under ``root`` as ``prefix/...``; an overlay upper directory's whiteouts as ``.wh.`` entries.
 
-    Directories are walked by descriptor (``os.fwalk``, never following a link, checking that
-    what it opens is what it listed), so nothing a workspace moves meanwhile takes the walk
-    out of ``root``.
+    Directories are walked by descriptor, each opened ``O_NOFOLLOW`` from its parent's, so that
+    nothing a workspace moves meanwhile (a directory swapped for a link) takes the walk out of
+    ``root``; without recursion, to ``MAX_DEPTH`` levels. An entry that vanishes meanwhile is
+    left out.
     """
-    for directory, dirs, files, descriptor in os.fwalk(root, follow_symlinks=False):
-        dirs.sort()
-        relative = os.path.relpath(directory, root)
-        if relative == ".":
-            dirs[:] = [d for d in dirs if d not in skip_top]
-            files = [f for f in files if f not in skip_top]
-        for name in sorted(dirs + files):
-            entry = os.path.normpath(os.path.join(prefix, relative, name))
-            if upper and name in _OVERLAY_OWN:
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    top = os.open(root, flags)
+    # Each frame: a directory's descriptor, its path in the archive, the subdirectories still to walk.
+    stack: list[tuple[int, str, list[str]]] = []
+    try:
+        pending = [(top, ".")]
+        while pending or stack:
+            if pending:
+                descriptor, relative = pending.pop()
+                if len(stack) >= MAX_DEPTH:
+                    os.close(descriptor)
+                    raise TooDeep
+                children = _archive_directory(archive, descriptor, relative, prefix, upper=upper, skip=skip_top)
+                stack.append((descriptor, relative, children))
+                skip_top = frozenset()
+            descriptor, relative, children = stack[-1]
+            if not children:
+                os.close(descriptor)
+                stack.pop()
                 continue
+            name = children.pop(0)
             try:
-                found = os.stat(name, dir_fd=descriptor, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if upper and stat.S_ISCHR(found.st_mode) and found.st_rdev == 0:
-                # The overlay's whiteout: the file is deleted in this layer.
-                archive.addfile(tarfile.TarInfo(os.path.join(os.path.dirname(entry), WHITEOUT + name)))
-                continue
-            _add(archive, descriptor, name, entry)
-            if upper and stat.S_ISDIR(found.st_mode) and _opaque(descriptor, name):
+                child = os.open(name, flags, dir_fd=descriptor)
+            except OSError:
+                continue  # gone, or no longer a directory (a link now): not walked into
+            pending.append((child, os.path.join(relative, name)))
+    finally:
+        for descriptor, _relative, _children in stack:
+            os.close(descriptor)
+
+
+def _archive_directory(
+    archive: tarfile.TarFile, descriptor: int, relative: str, prefix: str, *, upper: bool, skip: frozenset[str]
+) -> list[str]:
+    """Archive one directory's entries (not what its subdirectories hold); return its subdirectories' names."""
+    with os.scandir(descriptor) as listing:
+        names = sorted(entry.name for entry in listing if entry.name not in skip)
+    subdirectories = []
+    for name in names:
+        entry = os.path.normpath(os.path.join(prefix, relative, name))
+        if upper and name in _OVERLAY_OWN:
+            continue
+        try:
+            found = os.stat(name, dir_fd=descriptor, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if upper and stat.S_ISCHR(found.st_mode) and found.st_rdev == 0:
+            # The overlay's whiteout: the file is deleted in this layer.
+            archive.addfile(tarfile.TarInfo(os.path.join(os.path.dirname(entry), WHITEOUT + name)))
+            continue
+        _add(archive, descriptor, name, entry)
+        if stat.S_ISDIR(found.st_mode):
+            subdirectories.append(name)
+            if upper and _opaque(descriptor, name):
                 archive.addfile(tarfile.TarInfo(os.path.join(entry, OPAQUE)))
+    return subdirectories
 
 
 class LayerWriter:
