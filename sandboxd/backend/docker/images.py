@@ -10,11 +10,13 @@ import contextlib
 import datetime
 import os
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import docker.errors
+import structlog
 from docker.types import Mount
 
 from ...errors import (
@@ -33,6 +35,8 @@ from .client import LABEL_INSTANCE, LABEL_MANAGED, LABEL_WORKSPACE, WORKSPACE_MO
 from .errors import EngineErrorKind, kind_of, reason
 
 SNAPSHOT_REPOSITORY = "sandboxd/snapshot"
+
+log = structlog.get_logger(__name__)
 
 
 class ImagesMixin(ClaimsMixin):
@@ -254,6 +258,7 @@ class ImagesMixin(ClaimsMixin):
         spool_dir = Path(str((await self._call(api.info, idempotent=True)).get("DockerRootDir"))) / "sandboxd-spool"
         await asyncio.to_thread(spool_dir.mkdir, mode=0o700, exist_ok=True)
         paused = bool((attrs.get("State") or {}).get("Paused"))
+        began = time.monotonic()
         with tempfile.TemporaryFile(dir=spool_dir) as spool:
             # What changed in the root filesystem is bounded too (a sparse file there counts at its
             # full length, and the workspace stands frozen while it is read).
@@ -281,6 +286,7 @@ class ImagesMixin(ClaimsMixin):
             finally:
                 if frozen is not None:
                     await asyncio.shield(frozen(False))
+            thawed = time.monotonic()
             try:
                 await asyncio.to_thread(writer.add_workspace, volume, max_workspace_bytes)
                 diff_id, size = await asyncio.to_thread(writer.close)
@@ -292,6 +298,7 @@ class ImagesMixin(ClaimsMixin):
                 raise QuotaExceededError(msg) from None
             if later_labels is not None:
                 labels = {**labels, **await later_labels}
+            written = time.monotonic()
             config = layers.image_config(base, attrs, labels, diff_id)
             archive = layers.load_archive(spool, size, config, len(base["RootFS"]["Layers"]), ref)
 
@@ -302,6 +309,14 @@ class ImagesMixin(ClaimsMixin):
                         raise BackendError(msg)
 
             await self._call(load)
+        log.info(
+            "snapshot.layer_written",
+            workspace_id=workspace_id,
+            layer_bytes=size,
+            frozen_s=round(thawed - began, 4),
+            workspace_s=round(written - thawed, 4),
+            load_s=round(time.monotonic() - written, 4),
+        )
         info = await self.image_info(ref)
         if info is None:
             msg = f"the snapshot image {ref} vanished as it was made"
