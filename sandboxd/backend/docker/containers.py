@@ -95,9 +95,21 @@ class ContainersMixin(CheckpointsMixin):
         host_config = self._host_config(spec, self._mounts(spec, name, labels, no_copy=seed is not None))
         await self._create_volume(spec, name, labels)
         try:
-            if seed is not None:
-                await self._copy_into_volume(seed, name)
-            await self._create_and_start(spec, labels, host_config)
+            if seed is not None and spec.checkpoint:
+                await self._copy_into_volume(seed, name)  # restored processes may hold its files open
+            if seed is not None and not spec.checkpoint:
+                # The copy goes on while the container is created and started: nothing of the
+                # workspace's runs on /workspace before the create returns, which waits for both.
+                copy = asyncio.ensure_future(self._copy_into_volume(seed, name))
+                try:
+                    await self._create_and_start(spec, labels, host_config)
+                except BaseException:
+                    copy.cancel()
+                    await asyncio.gather(copy, return_exceptions=True)
+                    raise
+                await copy
+            else:
+                await self._create_and_start(spec, labels, host_config)
         except docker.errors.ImageNotFound as exc:
             await self.remove_container(spec.workspace_id)
             msg = f"image {spec.image!r} is not present on the Docker engine"
