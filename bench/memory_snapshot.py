@@ -46,6 +46,15 @@ def hold(mib: int) -> str:
     )
 
 
+async def holding(client: SandboxClient, mib: int) -> Any:
+    """A runsc workspace whose Python process holds ``mib`` MiB, once it says it is ready."""
+    ws = await client.create_workspace(runtime="runsc", memory_bytes=1 << 30)
+    async for event in ws.exec(f'exec python3 -c "{hold(mib)}"', yield_after_s=30):
+        if "ready" in getattr(event, "text", ""):
+            break
+    return ws
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -115,11 +124,7 @@ async def run(socket_path: str, pid: int, runs: int, mib: int) -> dict[str, Any]
     raw = await asyncio.to_thread(Raw, engine, mib)
     try:
         async with SandboxClient(socket_path=socket_path) as client:
-            ws = await client.create_workspace(runtime="runsc", memory_bytes=1 << 30)
-            handle = ws.exec(f'exec python3 -c "{hold(mib)}"', yield_after_s=30)
-            async for event in handle:
-                if "ready" in getattr(event, "text", ""):
-                    break
+            ws = await holding(client, mib)
             for index in range(runs):
                 for side in ("ours", "theirs") if index % 2 == 0 else ("theirs", "ours"):
                     if side == "ours":
@@ -148,11 +153,7 @@ async def run(socket_path: str, pid: int, runs: int, mib: int) -> dict[str, Any]
             # The daemon's memory after snapshots of a small and of the run's size.
             sizes = []
             for size in (20, mib):
-                small = await client.create_workspace(runtime="runsc", memory_bytes=1 << 30)
-                handle = small.exec(f'exec python3 -c "{hold(size)}"', yield_after_s=30)
-                async for event in handle:
-                    if "ready" in getattr(event, "text", ""):
-                        break
+                small = await holding(client, size)
                 await small.snapshot(f"rss-{size}", include_memory=True)
                 fork = await client.create_workspace(from_snapshot=f"rss-{size}")
                 sizes.append((size, rss_mib(pid)))

@@ -46,6 +46,8 @@ from .workspaces import (
     LABEL_TENANT,
     WorkspaceManager,
     check_labels,
+    check_restorable,
+    checkpoint_key,
     spec_from_json,
     spec_to_json,
 )
@@ -208,7 +210,7 @@ class SnapshotStore:
                 "start), which a restored fork cannot be given in time: snapshot its files only"
             )
             raise FailedPreconditionError(msg)
-        key = ref.rpartition(":")[2]
+        key = checkpoint_key(ref)
         link = self.manager.bridge.context_for(info).link
         began = time.monotonic()
         async with link.let_go():
@@ -283,13 +285,8 @@ class SnapshotStore:
             info = await self.manager.owned_info(workspace_id)
             spec = spec_from_json(info.labels[LABEL_SPEC])
             if image.labels.get(LABEL_SNAPSHOT_MEMORY):
-                if info.runtime != "runsc" or spec.limits.disk_bytes:
-                    msg = (
-                        f"snapshot {name!r} holds processes, which only a workspace under runsc without a capped "
-                        f"/workspace can be restored with: workspace {workspace_id!r} is not one"
-                    )
-                    raise FailedPreconditionError(msg)
-                if not await self.backend.checkpoint_exists(image.ref.rpartition(":")[2]):
+                check_restorable(name, spec)
+                if not await self.backend.checkpoint_exists(checkpoint_key(image.ref)):
                     msg = f"snapshot {name!r}'s memory is gone from the engine's host: it cannot be restored"
                     raise FailedPreconditionError(msg)
             # Everything that can be checked is: the workspace goes only now. A create that fails
@@ -343,7 +340,7 @@ class SnapshotStore:
         async with self._lock(current_tenant()):
             await self.backend.remove_image(image.ref, prune=True)
             if image.labels.get(LABEL_SNAPSHOT_MEMORY):
-                await self.backend.remove_checkpoint(image.ref.rpartition(":")[2])
+                await self.backend.remove_checkpoint(checkpoint_key(image.ref))
         await self.backend.remove_unused_images()
         log.info("snapshot.deleted", snapshot=name)
 

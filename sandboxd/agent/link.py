@@ -448,21 +448,7 @@ class AgentLink:
         async with self._connect_lock:
             self._available.clear()
         try:
-            async with self._freeze_lock:
-                self._frozen_answer = answer = asyncio.get_running_loop().create_future()
-                try:
-                    await self.send(Kind.FREEZE, 0, {"frozen": True, "checkpoint": True})
-                    async with asyncio.timeout(FREEZE_TIMEOUT_S):
-                        await answer
-                    reader = self._reader
-                    if reader is not None:
-                        async with asyncio.timeout(LETTING_GO_S):
-                            await asyncio.shield(reader)
-                except TimeoutError:
-                    msg = f"workspace {self.workspace_id!r}'s agent did not let go for a checkpoint in time"
-                    raise AgentLost(msg) from None
-                finally:
-                    self._frozen_answer = None
+            await self._freeze_exchange(True, checkpoint=True)
             yield
         finally:
             with contextlib.suppress(SandboxdError):
@@ -482,20 +468,36 @@ class AgentLink:
         welcome = await self.connect()
         if "freeze" not in welcome.features:
             return
-        async with self._freeze_lock:
-            self._frozen_answer = answer = asyncio.get_running_loop().create_future()
-            try:
-                await self.send(Kind.FREEZE, 0, {"frozen": frozen})
-                async with asyncio.timeout(FREEZE_TIMEOUT_S):
-                    said = await answer
-            except TimeoutError:
-                msg = f"workspace {self.workspace_id!r}'s agent did not answer a freeze in {FREEZE_TIMEOUT_S:g} s"
-                raise AgentLost(msg) from None
-            finally:
-                self._frozen_answer = None
+        said = await self._freeze_exchange(frozen)
         if said is not frozen:
             msg = f"workspace {self.workspace_id!r}'s agent answered a freeze with frozen={said}"
             raise ProtocolError(msg)
+
+    async def _freeze_exchange(self, frozen: bool, *, checkpoint: bool = False) -> bool:
+        """Send ``Z`` and return what the agent's ``z`` says; with ``checkpoint``, also wait for it to hang up.
+
+        Raises:
+            AgentLost: no answer within ``FREEZE_TIMEOUT_S`` (or no hang-up within ``LETTING_GO_S``).
+        """
+        async with self._freeze_lock:
+            answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._frozen_answer = answer
+            try:
+                await self.send(
+                    Kind.FREEZE, 0, {"frozen": frozen, "checkpoint": True} if checkpoint else {"frozen": frozen}
+                )
+                async with asyncio.timeout(FREEZE_TIMEOUT_S):
+                    said = await answer
+                if checkpoint and (reader := self._reader) is not None:
+                    async with asyncio.timeout(LETTING_GO_S):
+                        await asyncio.shield(reader)
+            except TimeoutError:
+                what = "let go for a checkpoint in time" if checkpoint else f"answer a freeze in {FREEZE_TIMEOUT_S:g} s"
+                msg = f"workspace {self.workspace_id!r}'s agent did not {what}"
+                raise AgentLost(msg) from None
+            finally:
+                self._frozen_answer = None
+        return said
 
     def file_operation(
         self, user: str, operation: Mapping[str, Any], stdin: AsyncIterable[bytes] | None = None

@@ -32,6 +32,11 @@ log = structlog.get_logger("sandboxd.processes")
 _PROCESS_ID_RE = re.compile(r"^p-[0-9a-f]{12}$")
 
 
+def _new_process_id() -> str:
+    """A fresh process id (``_PROCESS_ID_RE``)."""
+    return f"p-{secrets.token_hex(6)}"
+
+
 class ProcessTable:
     """All live process sessions of the daemon, capped at ``settings.max_sessions``.
 
@@ -156,7 +161,7 @@ class ProcessTable:
                     )
                 else:
                     break
-            process_id = f"p-{secrets.token_hex(6)}"
+            process_id = _new_process_id()
             session = ProcessSession(
                 link=context.link,
                 context=context,
@@ -273,7 +278,7 @@ class ProcessTable:
             saved = state.daemon_state
             if origin is not None and (saved.get("workspace_id"), saved.get("container_id")) == origin:
                 saved = {**saved, "workspace_id": context.workspace_id, "container_id": context.container_id}
-                state = dataclasses.replace(state, process_id=f"p-{secrets.token_hex(6)}", daemon_state=saved)
+                state = dataclasses.replace(state, process_id=_new_process_id(), daemon_state=saved)
                 context.link.rename(state.channel, state.process_id, saved)
             if not _PROCESS_ID_RE.fullmatch(state.process_id) or state.process_id in self._sessions:
                 continue

@@ -17,15 +17,8 @@ import secrets
 import structlog
 
 from ..backend.base import Backend, ImageInfo
-from ..errors import (
-    FailedPreconditionError,
-    InvalidSpecError,
-    QuotaExceededError,
-    WorkspaceExistsError,
-    WorkspaceNotFoundError,
-    quoted,
-)
-from ..models import Runtime, Workspace, WorkspaceSpec
+from ..errors import InvalidSpecError, QuotaExceededError, WorkspaceExistsError, WorkspaceNotFoundError, quoted
+from ..models import Workspace, WorkspaceSpec
 from ..secrets import SecretStore
 from ..settings import Settings
 from ..tenancy import current_tenant
@@ -39,6 +32,7 @@ from .specs import (
     LABEL_SPEC,
     LABEL_TENANT,
     check_request_id,
+    check_restorable,
     check_workspace_id,
     inherit,
     made_by,
@@ -197,13 +191,8 @@ class Creates:
                 raise InvalidSpecError(msg)
             spec = inherit(spec, spec_from_json(snapshot.labels[LABEL_SPEC]), image=snapshot.ref)
         resolved = resolve_spec(spec, self.settings, self.secrets, tenant)
-        if restored_from(snapshot) and (resolved.runtime is not Runtime.RUNSC or resolved.limits.disk_bytes):
-            msg = (
-                f"snapshot {(snapshot.labels if snapshot else {}).get(LABEL_SNAPSHOT, '')!r} holds running processes, "
-                "which only a workspace under runtime runsc without a capped /workspace (disk_bytes) can be "
-                "restored into: leave runtime and disk_bytes unset (its source's)"
-            )
-            raise FailedPreconditionError(msg)
+        if snapshot is not None and restored_from(snapshot):
+            check_restorable(snapshot.labels.get(LABEL_SNAPSHOT, ""), resolved)
         return resolved
 
     async def _id_for(self, tenant: str, workspace_id: str, request_id: str) -> tuple[str, bool]:

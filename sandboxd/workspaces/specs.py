@@ -29,7 +29,7 @@ from sandboxd_protocol.limits import (
 from ..agentbuild import AGENT_MOUNT, AGENT_PATH, AgentBuild
 from ..backend.base import LABEL_POOL, LABEL_SNAPSHOT_PART, ContainerInfo, ContainerSpec, ImageInfo
 from ..egress import check_rules
-from ..errors import InvalidSpecError, WorkspaceNotFoundError, quoted
+from ..errors import FailedPreconditionError, InvalidSpecError, WorkspaceNotFoundError, quoted
 from ..models import (
     EgressRule,
     IdleAction,
@@ -345,6 +345,28 @@ def restored_from(snapshot: ImageInfo | None) -> str:
     return f"{snapshot.labels.get(LABEL_SNAPSHOT_OF, '')} {snapshot.labels.get(LABEL_SNAPSHOT_CONTAINER, '')}"
 
 
+def checkpoint_key(snapshot_ref: str) -> str:
+    """The key a memory snapshot's checkpoint is kept under: its image's tag."""
+    return snapshot_ref.rpartition(":")[2]
+
+
+def check_restorable(snapshot_name: str, spec: WorkspaceSpec) -> None:
+    """Refuse to restore a memory snapshot's processes into a workspace of ``spec`` that cannot take them.
+
+    They can be restored only into the runtime and mounts they were saved with: runsc, and a
+    plain /workspace (a capped one is a tmpfs the engine fills only after a start).
+
+    Raises:
+        FailedPreconditionError: ``spec`` is not runsc, or caps /workspace.
+    """
+    if spec.runtime is not Runtime.RUNSC or spec.limits.disk_bytes:
+        msg = (
+            f"snapshot {snapshot_name!r} holds running processes, which only a workspace under runtime runsc "
+            "without a capped /workspace (disk_bytes) can be restored into, as its source was"
+        )
+        raise FailedPreconditionError(msg)
+
+
 def container_spec(
     resolved: WorkspaceSpec,
     workspace_id: str,
@@ -371,6 +393,7 @@ def container_spec(
         request: the create's request id and the digest of what it asked for, if it has one
             (``LABEL_CREATE_REQUEST``, ``LABEL_CREATE_DIGEST``).
     """
+    origin = restored_from(snapshot)
     return ContainerSpec(
         workspace_id=workspace_id,
         image=resolved.image,
@@ -385,7 +408,7 @@ def container_spec(
             LABEL_AGENT: agent.tag,
             **({LABEL_POOL: pool_class} if pool_class else {LABEL_TENANT: tenant}),
             **({LABEL_SNAPSHOT: snapshot.labels[LABEL_SNAPSHOT]} if snapshot is not None else {}),
-            **({LABEL_RESTORED_FROM: restored_from(snapshot)} if restored_from(snapshot) else {}),
+            **({LABEL_RESTORED_FROM: origin} if origin else {}),
             **request_labels(request),
         },
         memory_bytes=resolved.limits.memory_bytes,
@@ -404,7 +427,7 @@ def container_spec(
         agent_capabilities=tuple(sorted({*AGENT_CAPABILITIES, *resolved.security.root_capabilities})),
         private_dirs=(AGENT_SOCKET_DIR,),
         seed_workspace=snapshot is not None,
-        checkpoint=snapshot.ref.rpartition(":")[2] if restored_from(snapshot) and snapshot is not None else "",
+        checkpoint=checkpoint_key(snapshot.ref) if origin and snapshot is not None else "",
         # On an allowlist's network no name resolves (Docker's resolver there answers none):
         # a tool that ignores HTTP_PROXY fails in a second rather than in forty.
         dns_options=("timeout:1", "attempts:1") if resolved.network is NetworkPolicy.ALLOWLIST else (),

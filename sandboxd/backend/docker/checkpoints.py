@@ -30,7 +30,6 @@ import structlog
 
 from ...errors import BackendError, FailedPreconditionError, WorkspaceNotFoundError
 from ..base import RELISTEN_SIGNAL
-from .client import LABEL_INSTANCE, LABEL_MANAGED
 from .images import SNAPSHOT_REPOSITORY, ImagesMixin
 
 log = structlog.get_logger(__name__)
@@ -46,7 +45,7 @@ _HOST_SOCKET_RETRIES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 class CheckpointsMixin(ImagesMixin):
     """Checkpoints of running containers (gVisor's), kept in the engine's data root."""
 
-    _data_root: Path | None = None
+    _checkpoints_on = False
     _snapshots_in_progress = 0
     _restore_locks: ClassVar[weakref.WeakValueDictionary[str, asyncio.Lock]] = weakref.WeakValueDictionary()
 
@@ -63,20 +62,23 @@ class CheckpointsMixin(ImagesMixin):
         """Remove what snapshots cut short left, unless one is being made (see Backend)."""
         if self._snapshots_in_progress:
             return []
-        selector = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
-        containers = await self._call(self._api().containers, all=True, filters=selector, idempotent=True)
-        removed = await self._sweep_checkpoints([summary["Id"] for summary in containers])
+        removed = await self._sweep_checkpoints([summary["Id"] for summary in await self._own_containers()])
         if self._snapshots_in_progress:
             return removed
         return removed + await self.remove_unused_images()
+
+    def _store_in(self, root: Path) -> Path:
+        """This instance's checkpoint directory in the engine's data root ``root``."""
+        return root / "sandboxd-checkpoints" / self.instance
 
     async def _checkpoint_store(self) -> Path:
         """This instance's checkpoint directory in the engine's data root (made if missing).
 
         Raises:
-            FailedPreconditionError: the engine's data root is not this machine's to write in.
+            FailedPreconditionError: the engine's checkpoints are off, or its data root is not
+                this machine's to write in.
         """
-        if self._data_root is None:
+        if not self._checkpoints_on:
             info = await self._call(self._api().info, idempotent=True)
             if not info.get("ExperimentalBuild"):
                 msg = (
@@ -85,14 +87,15 @@ class CheckpointsMixin(ImagesMixin):
                     "(docs/snapshots.md)"
                 )
                 raise FailedPreconditionError(msg)
-            self._data_root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
-        store = self._data_root / "sandboxd-checkpoints" / self.instance
+            self._checkpoints_on = True
+        root = await self._engine_root()
+        store = self._store_in(root)
         try:
             await asyncio.to_thread(store.mkdir, mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             msg = (
                 f"memory snapshots need the daemon on the engine's host as root: it cannot write in the "
-                f"engine's data root {self._data_root} ({exc.strerror or exc})"
+                f"engine's data root {root} ({exc.strerror or exc})"
             )
             raise FailedPreconditionError(msg) from exc
         return store
@@ -129,7 +132,7 @@ class CheckpointsMixin(ImagesMixin):
                     await asyncio.sleep(delay)
                     continue
                 raise FailedPreconditionError(_checkpoint_refusal(workspace_id, exc.message)) from exc
-        made = self._data_root_path("containers", container_id, "checkpoints", name)
+        made = await self._engine_root() / "containers" / container_id / "checkpoints" / name
         target = store / key
         try:
             await asyncio.to_thread(_replace_dir, made, target)
@@ -148,9 +151,8 @@ class CheckpointsMixin(ImagesMixin):
         one in a container of this instance (``containers``), not yet moved to the store.
         Nothing when the engine's data root is not this machine's.
         """
-        info = await self._call(self._api().info, idempotent=True)
-        root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
-        store = root / "sandboxd-checkpoints" / self.instance
+        root = await self._engine_root()
+        store = self._store_in(root)
 
         def leftovers() -> list[Path]:
             found = [entry for entry in store.iterdir()] if store.is_dir() else []
@@ -174,10 +176,6 @@ class CheckpointsMixin(ImagesMixin):
             await asyncio.to_thread(store.rmdir)  # empty: the instance keeps none
         return removed
 
-    def _data_root_path(self, *parts: str) -> Path:
-        assert self._data_root is not None
-        return self._data_root.joinpath(*parts)
-
     async def remove_checkpoint(self, key: str) -> None:
         """Remove checkpoint ``key`` (containers restored from it keep running)."""
         store = await self._checkpoint_store()
@@ -194,7 +192,7 @@ class CheckpointsMixin(ImagesMixin):
         """Start the created container from checkpoint ``key``, then tell its agent to listen again."""
         store = await self._checkpoint_store()
         source = store / key / CHECKPOINT_FILE
-        own = self._data_root_path("containers", container_id, "checkpoints", CHECKPOINT_NAME)
+        own = await self._engine_root() / "containers" / container_id / "checkpoints" / CHECKPOINT_NAME
 
         def place() -> None:
             own.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -131,6 +131,17 @@ class DockerClient:
             return await attempt()
         return await ENGINE_RETRY.call(attempt, _is_transient, before_sleep=_retrying(getattr(fn, "__name__", str(fn))))
 
+    def _own(self) -> dict[str, list[str]]:
+        """The engine's filter for what this daemon's instance made."""
+        return {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
+
+    async def _own_containers(self) -> list[dict[str, Any]]:
+        """This instance's containers in every state, as the engine lists them (summaries)."""
+        listed: list[dict[str, Any]] = await self._call(
+            self._api().containers, all=True, filters=self._own(), idempotent=True
+        )
+        return listed
+
     def _name(self, workspace_id: str) -> str:
         """The workspace's container's name (a claimed member is renamed so), and a fresh one's volume's."""
         return f"sandboxd-{self.instance}-{workspace_id}"

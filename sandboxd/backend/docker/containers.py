@@ -95,8 +95,6 @@ class ContainersMixin(CheckpointsMixin):
         host_config = self._host_config(spec, self._mounts(spec, name, labels, no_copy=seed is not None))
         await self._create_volume(spec, name, labels)
         try:
-            if seed is not None and spec.checkpoint:
-                await self._copy_into_volume(seed, name)  # restored processes may hold its files open
             if seed is not None and not spec.checkpoint:
                 # The copy goes on while the container is created and started: nothing of the
                 # workspace's runs on /workspace before the create returns, which waits for both.
@@ -109,6 +107,8 @@ class ContainersMixin(CheckpointsMixin):
                     raise
                 await copy
             else:
+                if seed is not None:
+                    await self._copy_into_volume(seed, name)  # restored processes may hold its files open
                 await self._create_and_start(spec, labels, host_config)
         except docker.errors.ImageNotFound as exc:
             await self.remove_container(spec.workspace_id)
@@ -209,11 +209,10 @@ class ContainersMixin(CheckpointsMixin):
             attrs = await self._call(self._api().inspect_image, spec.image, idempotent=True)
         except (docker.errors.NotFound, docker.errors.ImageNotFound):
             return None
-        driver = attrs.get("GraphDriver") or {}
-        upper = (driver.get("Data") or {}).get("UpperDir") if driver.get("Name") in layers.UPPER_DRIVERS else None
-        if not upper:
+        upper = await asyncio.to_thread(layers.readable_upper, attrs)  # an image's top layer, as a container's
+        if upper is None:
             return None
-        workspace = Path(upper) / layers.WORKSPACE
+        workspace = upper / layers.WORKSPACE
         readable = await asyncio.to_thread(lambda: workspace.is_dir() and os.access(workspace, os.R_OK | os.X_OK))
         return workspace if readable else None
 
@@ -351,8 +350,7 @@ class ContainersMixin(CheckpointsMixin):
         The selector is matched here, not by the engine: a claimed container's labels are its claim's.
         """
         await self._load_claims()
-        filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
-        listed = await self._call(self._api().containers, all=True, filters=filters, idempotent=True)
+        listed = await self._own_containers()
         infos = []
         for summary in listed:
             seen = self._labels(summary.get("Labels") or {})
@@ -368,16 +366,14 @@ class ContainersMixin(CheckpointsMixin):
     async def container_labels(self) -> Mapping[str, Mapping[str, str]]:
         """Labels of each workspace container, by workspace id, from the listing alone (no inspects)."""
         await self._load_claims()
-        filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
-        listed = await self._call(self._api().containers, all=True, filters=filters, idempotent=True)
+        listed = await self._own_containers()
         labelled = (self._labels(summary.get("Labels") or {}) for summary in listed)
         return {labels[LABEL_WORKSPACE]: labels for labels in labelled if labels.get(LABEL_WORKSPACE)}
 
     async def container_states(self) -> list[tuple[str, str]]:
         """``(state, runtime)`` of each workspace container, from one listing (no inspects)."""
         await self._load_claims()
-        filters = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
-        listed = await self._call(self._api().containers, all=True, filters=filters, idempotent=True)
+        listed = await self._own_containers()
         states = []
         for summary in listed:
             labels = self._labels(summary.get("Labels") or {})
@@ -411,9 +407,8 @@ class ContainersMixin(CheckpointsMixin):
         await self._load_claims(again=True)
         for workspace_id in list(self._claims or {}):
             await self._drop_stale_claim(workspace_id)  # its container removed behind our back
-        selector = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_INSTANCE}={self.instance}"]}
         removed = []
-        containers = await self._call(api.containers, all=True, filters=selector, idempotent=True)
+        containers = await self._own_containers()
         claimed_as = {member: workspace for workspace, member in (self._claims or {}).items()}
         live = set()
         for summary in containers:
@@ -446,7 +441,7 @@ class ContainersMixin(CheckpointsMixin):
                     removed.append(name)
             else:
                 live.add(name)
-        volumes = (await self._call(api.volumes, filters=selector, idempotent=True)).get("Volumes") or []
+        volumes = (await self._call(api.volumes, filters=self._own(), idempotent=True)).get("Volumes") or []
         for volume in volumes:
             # A workspace's private volumes are anonymous: their workspace label names their container.
             workspace = (volume.get("Labels") or {}).get(LABEL_WORKSPACE)

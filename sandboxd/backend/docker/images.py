@@ -42,6 +42,15 @@ log = structlog.get_logger(__name__)
 class ImagesMixin(ClaimsMixin):
     """The engine, its images, and snapshots of workspace containers."""
 
+    _root: Path | None = None
+
+    async def _engine_root(self) -> Path:
+        """The engine's data root (``docker info``'s DockerRootDir), asked once."""
+        if self._root is None:
+            info = await self._call(self._api().info, idempotent=True)
+            self._root = Path(str(info.get("DockerRootDir") or "/var/lib/docker"))
+        return self._root
+
     async def ping(self) -> None:
         """Return when the engine answers; DockerUnavailableError otherwise."""
         await self._call(self._api().ping, idempotent=True)
@@ -255,7 +264,7 @@ class ImagesMixin(ClaimsMixin):
         api = self._api()
         workspace_id = attrs["Config"]["Labels"].get(LABEL_WORKSPACE, "")
         base = await self._call(api.inspect_image, attrs["Image"], idempotent=True)
-        spool_dir = Path(str((await self._call(api.info, idempotent=True)).get("DockerRootDir"))) / "sandboxd-spool"
+        spool_dir = await self._engine_root() / "sandboxd-spool"
         await asyncio.to_thread(spool_dir.mkdir, mode=0o700, exist_ok=True)
         paused = bool((attrs.get("State") or {}).get("Paused"))
         began = time.monotonic()
@@ -275,11 +284,7 @@ class ImagesMixin(ClaimsMixin):
                     try:
                         await asyncio.to_thread(writer.add_upper, upper)
                     except layers.TooBig:
-                        msg = (
-                            f"workspace {workspace_id!r}'s root filesystem changes are over {max_root_bytes} bytes as "
-                            "an archive (a sparse file counts at its full length): too big to snapshot"
-                        )
-                        raise QuotaExceededError(msg) from None
+                        raise _too_big(workspace_id, "root filesystem changes are", max_root_bytes) from None
                 finally:
                     if not paused:
                         await asyncio.shield(self._call(api.unpause, attrs["Id"]))
@@ -291,11 +296,7 @@ class ImagesMixin(ClaimsMixin):
                 await asyncio.to_thread(writer.add_workspace, volume, max_workspace_bytes)
                 diff_id, size = await asyncio.to_thread(writer.close)
             except layers.TooBig:
-                msg = (
-                    f"workspace {workspace_id!r}'s /workspace is over {max_workspace_bytes} bytes as an archive "
-                    "(a sparse file counts at its full length): too big to snapshot"
-                )
-                raise QuotaExceededError(msg) from None
+                raise _too_big(workspace_id, "/workspace is", max_workspace_bytes) from None
             if later_labels is not None:
                 labels = {**labels, **await later_labels}
             written = time.monotonic()
@@ -358,11 +359,7 @@ class ImagesMixin(ClaimsMixin):
                 msg = f"workspace {workspace_id!r} not found"
                 raise WorkspaceNotFoundError(msg) from exc
             if not within:
-                msg = (
-                    f"workspace {workspace_id!r}'s /workspace is over {max_workspace_bytes} bytes as an archive "
-                    "(a sparse file counts at its full length): too big to snapshot"
-                )
-                raise QuotaExceededError(msg)
+                raise _too_big(workspace_id, "/workspace is", max_workspace_bytes)
             repository, _, tag = ref.rpartition(":")
             final = {**labels, **(await later_labels if later_labels is not None else {}), LABEL_SNAPSHOT_PART: ""}
             await self._call(api.commit, holder["Id"], repository=repository, tag=tag, conf={"Labels": final})
@@ -489,6 +486,14 @@ class ImagesMixin(ClaimsMixin):
                     await self._call(api.remove_image, image["Id"])  # refused while a container uses it
                     removed.append(image["Id"])
         return removed
+
+
+def _too_big(workspace_id: str, what: str, bound: int) -> QuotaExceededError:
+    """A snapshot past one of its bounds (``what``: "/workspace is", "root filesystem changes are")."""
+    return QuotaExceededError(
+        f"workspace {workspace_id!r}'s {what} over {bound} bytes as an archive (a sparse file counts at its full "
+        "length): too big to snapshot"
+    )
 
 
 def _bounded(stream: Iterator[bytes], limit: int, within: list[bool]) -> Iterator[bytes]:

@@ -351,7 +351,7 @@ def sync_mount(path: str) -> None:
 
 
 def readable_upper(container: Mapping[str, Any]) -> Path | None:
-    """The container's upper directory when its driver keeps one this process can read; None otherwise."""
+    """The upper directory of a container (or an image's top layer) when its driver keeps one this process can read."""
     driver = container.get("GraphDriver") or {}
     if driver.get("Name") not in UPPER_DRIVERS:
         return None
