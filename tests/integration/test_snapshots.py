@@ -433,16 +433,22 @@ async def test_root_filesystem_changes_are_bounded_and_churn_or_depth_break_noth
             assert await client.list_snapshots() == []
             assert (await ws.exec("rm /home/sandbox/sparse && echo up").wait()).stdout == "up\n"  # thawed
             churn = "cd /workspace; echo ready; while :; do for i in $(seq 50); do echo $i > t$i; done; rm -f t*; done"
-            await start_ready(ws, churn, ready="ready")
-            deep = "/workspace/" + "/".join(["d"] * 300)
-            await ws.exec(f"mkdir -p {deep} && echo bottom > {deep}/f").wait(check=True)
+            churning = await start_ready(ws, churn, ready="ready")
+            await ws.exec("echo kept > /workspace/kept").wait(check=True)
             for index in range(4):
                 await ws.snapshot(f"churn-{index}")
-            fork = await client.create_workspace(from_snapshot="churn-3")
-            assert (await fork.exec(f"cat {deep}/f").wait()).stdout == "bottom\n"
-            for each in (fork, ws):
-                await each.delete()
-            for index in range(4):
-                await client.delete_snapshot(f"churn-{index}")
+            # The deep tree goes another way (past the host-side walk's depth the engine commits):
+            # it is checked on its own, the churn stopped.
+            await client.kill(churning)
+            deep = "/workspace/" + "/".join(["d"] * 300)
+            await ws.exec(f"mkdir -p {deep} && echo bottom > {deep}/f").wait(check=True)
+            await ws.snapshot("deep")
+            for name, path, content in (("churn-3", "/workspace/kept", "kept\n"), ("deep", f"{deep}/f", "bottom\n")):
+                fork = await client.create_workspace(from_snapshot=name)
+                assert (await fork.exec(f"cat {path}").wait()).stdout == content
+                await fork.delete()
+            await ws.delete()
+            for name in (*(f"churn-{index}" for index in range(4)), "deep"):
+                await client.delete_snapshot(name)
     finally:
         thread.stop()

@@ -6,7 +6,10 @@ one module per resource, each a mixin that :class:`DockerBackend` composes:
 - ``client``: the engine connection, blocking calls off the loop, retries;
 - ``errors``: the one table that classifies the engine's errors, and their translation;
 - ``claims``: what a workspace's container is called, and pool members claimed as workspaces;
-- ``images``: images, the engine's facts, the agent volume, and snapshots;
+- ``images``: images, the engine's facts, the agent volume;
+- ``snapshots``: a container's files made an image (``layers``: its one layer, written on the
+  host), and a fork's /workspace from one;
+- ``checkpoints``: a container's processes saved by its runtime, and containers restored from them;
 - ``containers``: workspace containers and their volumes, from create to remove;
 - ``exec``: execs and the raw streams that carry them, and direct sockets;
 - ``networks``: a workspace's own network and its egress proxy;

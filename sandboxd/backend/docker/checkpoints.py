@@ -30,7 +30,8 @@ import structlog
 
 from ...errors import BackendError, FailedPreconditionError, WorkspaceNotFoundError
 from ..base import RELISTEN_SIGNAL
-from .images import SNAPSHOT_REPOSITORY, ImagesMixin
+from .images import SNAPSHOT_REPOSITORY
+from .snapshots import SnapshotsMixin
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +43,7 @@ _HOST_SOCKET_RETRIES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 """Waits between attempts while the agent's connection is still being closed inside the sandbox."""
 
 
-class CheckpointsMixin(ImagesMixin):
+class CheckpointsMixin(SnapshotsMixin):
     """Checkpoints of running containers (gVisor's), kept in the engine's data root."""
 
     _checkpoints_on = False

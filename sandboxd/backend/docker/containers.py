@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import docker.errors
@@ -24,7 +22,6 @@ from ...errors import (
     WorkspaceNotFoundError,
 )
 from ..base import LABEL_POOL, ContainerInfo, ContainerSpec
-from . import layers
 from .checkpoints import CheckpointsMixin
 from .claims import LABEL_CLAIM_TIME, PROVISIONAL_SUFFIX
 from .client import LABEL_INSTANCE, LABEL_MANAGED, LABEL_WORKSPACE, WORKSPACE_MOUNT, _parse_time
@@ -198,51 +195,6 @@ class ContainersMixin(CheckpointsMixin):
                 )
             )
         return mounts
-
-    async def _workspace_layer(self, spec: ContainerSpec) -> Path | None:
-        """The image's /workspace in its top layer, where this process can read it; None otherwise.
-
-        A snapshot's image has all of /workspace in its last layer (layers.py, or the second
-        commit of ``_snapshot_by_commit``).
-        """
-        try:
-            attrs = await self._call(self._api().inspect_image, spec.image, idempotent=True)
-        except (docker.errors.NotFound, docker.errors.ImageNotFound):
-            return None
-        upper = await asyncio.to_thread(layers.readable_upper, attrs)  # an image's top layer, as a container's
-        if upper is None:
-            return None
-        workspace = upper / layers.WORKSPACE
-        readable = await asyncio.to_thread(lambda: workspace.is_dir() and os.access(workspace, os.R_OK | os.X_OK))
-        return workspace if readable else None
-
-    async def _copy_into_volume(self, source: Path, volume: str) -> None:
-        """Copy ``source`` (an image layer's /workspace) into the new volume, as the engine would: ``cp -a``.
-
-        Raises:
-            BackendError: the copy failed (the volume is not this host's to write in, a disk full).
-        """
-        mountpoint = (await self._call(self._api().inspect_volume, volume, idempotent=True)).get("Mountpoint", "")
-        process = await asyncio.create_subprocess_exec(
-            "cp",
-            "-a",
-            "--reflink=auto",
-            "--",
-            f"{source}/.",
-            f"{mountpoint}/",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        _, said = await process.communicate()
-        if process.returncode != 0:
-            msg = (
-                f"the snapshot's /workspace could not be copied into the fork's: {said.decode(errors='replace')[:500]}"
-            )
-            raise BackendError(msg)
-        # The volume's root takes the image's directory's owner and mode, as the engine's copy gives it.
-        stat = await asyncio.to_thread(source.stat)
-        await asyncio.to_thread(os.chown, mountpoint, stat.st_uid, stat.st_gid)
-        await asyncio.to_thread(os.chmod, mountpoint, stat.st_mode & 0o7777)
 
     def _host_config(self, spec: ContainerSpec, mounts: list[Mount]) -> dict[str, Any]:
         """The container's host configuration: limits, capabilities, network, runtime, mounts."""
