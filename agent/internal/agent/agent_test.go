@@ -775,6 +775,55 @@ func TestFileOperationsRunInTheUsersFileServerAndWithoutIt(t *testing.T) {
 	waitState(t, second, "Z") // killed: it goes
 }
 
+// The user's file server keeps its buffers from one operation to the next: nothing of one
+// (data it never read, output bigger than the next's) may reach the next.
+func TestAFileServerCarriesNothingFromOneOperationToTheNext(t *testing.T) {
+	dir, err := os.MkdirTemp("", "sandboxd-agent-files-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := connect(t)
+	runFileOp(d, map[string]any{"op": "stat", "path": "/"}, nil)
+	settleSpares(t)
+	_, server := whoReads(d)
+	big := bytes.Repeat([]byte("0123456789abcdef"), 40000) // 640 KiB: more than a buffer
+	path := filepath.Join(dir, "f")
+	write := func(data []byte) string {
+		replies := runFileOp(d, map[string]any{"op": "write", "path": path}, data)
+		return replies[len(replies)-1][0]
+	}
+	read := func() []byte {
+		var data []byte
+		for _, reply := range runFileOp(d, map[string]any{"op": "read", "path": path, "max_bytes": 1 << 20}, nil) {
+			if reply[0] == "D" {
+				data = append(data, reply[1]...)
+			}
+		}
+		return data
+	}
+	// Refused before its data is read (the directory is missing and not to be made).
+	replies := runFileOp(d, map[string]any{"op": "write", "path": filepath.Join(dir, "missing", "f")}, big)
+	if replies[len(replies)-1][0] != "E" {
+		t.Fatalf("a write into a missing directory: %q", replies)
+	}
+	if got := write([]byte("small")); got != "R" || string(read()) != "small" {
+		t.Fatalf("after a refused write: %s, read back %q", got, read())
+	}
+	if got := write(big); got != "R" || !bytes.Equal(read(), big) {
+		t.Fatalf("a big write: %s, read back %d bytes", got, len(read()))
+	}
+	if got := write([]byte("tiny")); got != "R" || string(read()) != "tiny" {
+		t.Fatalf("a small write after a big one: %s, read back %q", got, read())
+	}
+	if _, pid := whoReads(d); pid != server {
+		t.Fatalf("the operations left the server %d for pid %d", server, pid)
+	}
+}
+
 // waitState waits until process pid is in state ("Z" also when it is gone: reaped).
 func waitState(t *testing.T, pid int, state string) {
 	t.Helper()

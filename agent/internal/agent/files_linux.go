@@ -177,7 +177,7 @@ func (op *fileOp) runIn(s *fileServer, req FileRequest) bool {
 	inR.Close()
 	outW.Close()
 	if err == nil {
-		err = s.expect('T')
+		err = s.taken()
 	}
 	if err != nil {
 		// It died (a process of its user killed it), if only just, before it took the

@@ -5,10 +5,12 @@ package agent
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"syscall"
+	"time"
 
 	"sandboxd/agent/internal/session"
 	"sandboxd/agent/internal/spawn"
@@ -39,9 +41,10 @@ func (a *Agent) fileServerFor(u users.User) *fileServer {
 	key := userKey(u)
 	a.mu.Lock()
 	s := a.servers[u.UID]
-	if s != nil && !s.busy && (s.key != key || s.exited() || stopped(s.pid)) {
+	if s != nil && !s.busy && (s.key != key || s.exited()) {
 		// Another user under the same uid, or a server that a process of the user killed
-		// or stopped (it is theirs): it goes, and a new one is started.
+		// (it is theirs): it goes, and a new one is started. One they stopped is found
+		// when it does not take its operation (taken).
 		a.dropFileServerLocked(s)
 		s = nil
 	}
@@ -155,18 +158,41 @@ func (a *Agent) abandon(s *fileServer) {
 	}
 	a.mu.Unlock()
 	s.ctl.Close()
+	if stopped(s.pid) {
+		_ = syscall.Kill(s.pid, syscall.SIGKILL) // it would not act on SIGTERM until continued
+		return
+	}
 	_ = syscall.Kill(s.pid, syscall.SIGTERM)
 }
 
-// hand gives s an operation, its input and its output (fileops.Server reads them).
+// hand gives s an operation, its input and its output (fileops.Server reads them), in one
+// message: each wakes the server, and a wake-up under gVisor is a good part of a millisecond.
 func (s *fileServer) hand(operation []byte, input, output *os.File) error {
-	var header [4]byte
-	binary.BigEndian.PutUint32(header[:], uint32(len(operation)))
-	if err := spawn.SendRights(s.ctl, header[:], []int{int(input.Fd()), int(output.Fd())}); err != nil {
-		return err
+	message := make([]byte, 4, 4+len(operation))
+	binary.BigEndian.PutUint32(message, uint32(len(operation)))
+	return spawn.SendRights(s.ctl, append(message, operation...), []int{int(input.Fd()), int(output.Fd())})
+}
+
+// takenCheck is how long an operation handed to a file server may wait for its 'T' before
+// the server is looked at.
+const takenCheck = 25 * time.Millisecond
+
+// taken waits for s's 'T', the operation taken. A server that a process of its user stopped
+// (SIGSTOP, or a tracer) would hold it for ever: while the 'T' is late the server is looked
+// at every takenCheck (not before each operation: reading its /proc status costs half a
+// millisecond under gVisor), and one stopped or gone is given up.
+func (s *fileServer) taken() error {
+	for {
+		_ = s.ctl.SetReadDeadline(time.Now().Add(takenCheck))
+		err := s.expect('T')
+		_ = s.ctl.SetReadDeadline(time.Time{})
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		if s.exited() || stopped(s.pid) {
+			return fmt.Errorf("file server %d is stopped", s.pid)
+		}
 	}
-	_, err := s.ctl.Write(operation)
-	return err
 }
 
 // expect reads the server's next word on its socket, which must be want.

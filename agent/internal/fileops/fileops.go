@@ -277,7 +277,14 @@ var allOps = func() map[string]handler {
 // run performs one operation (JSON) with ops, reading its data from input and writing its
 // frames to output, and always ends them with 'R' or 'E'.
 func run(request []byte, input io.Reader, output io.Writer, ops map[string]handler) {
-	o := &out{w: bufio.NewWriterSize(output, 256<<10), input: bufio.NewReaderSize(input, 256<<10)}
+	runWith(&out{w: bufio.NewWriterSize(output, bufferSize), input: bufio.NewReaderSize(input, bufferSize)}, request, ops)
+}
+
+// bufferSize is the size of an operation's output and input buffers.
+const bufferSize = 256 << 10
+
+// runWith is run with the buffers of o, already set to the operation's output and input.
+func runWith(o *out, request []byte, ops map[string]handler) {
 	defer o.w.Flush()
 	var object map[string]json.RawMessage // anything but an object is refused as it always was
 	if err := json.Unmarshal(request, &object); err != nil {

@@ -121,7 +121,13 @@ func opReadText(req ReadTextRequest, o *out) (ReadTextResult, error) {
 	var size int64
 	var lastByte byte
 	remaining := readLimit(info, procFileCap)
-	buf := make([]byte, 1<<20)
+	// No bigger than the file: a fresh buffer is zeroed, and every page of it zeroed is a
+	// fault under gVisor (a megabyte cost a millisecond or more).
+	bufSize := int64(1 << 20)
+	if remaining < bufSize {
+		bufSize = remaining
+	}
+	buf := make([]byte, bufSize)
 	for remaining > 0 {
 		want := int64(len(buf))
 		if want > remaining {

@@ -257,25 +257,30 @@ func stalled(pid int, ctl *os.File) *Failure {
 	return &Failure{Stage: "stalled", Message: fmt.Sprintf("the command's helper did not start it within %s (stopped by a process of the workspace?); it was killed", time.Duration(helperTimeout.Load()))}
 }
 
-// SendRights writes data with fds attached (SCM_RIGHTS), waiting while the socket is full.
+// SendRights writes data with fds attached (SCM_RIGHTS) to the first of its bytes, waiting
+// while the socket is full.
 func SendRights(ctl *os.File, data []byte, fds []int) error {
 	raw, err := ctl.SyscallConn()
 	if err != nil {
 		return err
 	}
+	var sent int
 	var sendErr error
 	err = raw.Write(func(fd uintptr) bool {
 		for {
-			sendErr = syscall.Sendmsg(int(fd), data, syscall.UnixRights(fds...), nil, syscall.MSG_NOSIGNAL)
+			sent, sendErr = syscall.SendmsgN(int(fd), data, syscall.UnixRights(fds...), nil, syscall.MSG_NOSIGNAL)
 			if sendErr != syscall.EINTR {
 				return sendErr != syscall.EAGAIN
 			}
 		}
 	})
-	if err != nil {
-		return err
+	if err == nil {
+		err = sendErr
 	}
-	return sendErr
+	if err == nil && sent < len(data) {
+		_, err = ctl.Write(data[sent:]) // a stream socket may take a long message in parts
+	}
+	return err
 }
 
 // died is the failure of a helper that ended without a word: killed, or unable to run at
