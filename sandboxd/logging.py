@@ -76,7 +76,13 @@ def configure_logging(
     # a caller sent.
     shared.append(_each_string(lambda text: cut_text(text, MAX_LOG_FIELD_CHARS)))
     structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        # A line below the level is dropped before any processor runs: each RPC's access line
+        # would otherwise be stamped, masked and cut only for the handler to drop it.
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=cache,

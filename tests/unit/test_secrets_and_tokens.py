@@ -283,3 +283,37 @@ def test_a_tenant_scope_undone_from_another_context_is_no_error() -> None:
     assert call.run(current_tenant) == "acme"
     call.run(reset_tenant, token)
     assert call.run(current_tenant) == "default"
+
+
+def test_a_line_below_the_level_costs_no_processing() -> None:
+    """At ``warning``, an info line (every RPC's access line) is dropped before it is masked or
+    rendered; a warning is still written, masked."""
+    import io
+    import logging
+
+    import structlog
+
+    from sandboxd.logging import configure_logging
+
+    masked: list[str] = []
+
+    def mask(text: str) -> str:
+        masked.append(text)
+        return text.replace("pw-1a2b3c", "[REDACTED]")
+
+    out = io.StringIO()
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        configure_logging(level="warning", fmt="json", stream=out, cache=False, mask=mask)
+        log = structlog.get_logger("test.level")
+        log.info("rpc.finished", detail="quiet pw-1a2b3c")
+        assert masked == []
+        log.warning("loud", detail="seen pw-1a2b3c")
+    finally:
+        root.handlers[:], root.level = saved
+        structlog.reset_defaults()
+    text = out.getvalue()
+    assert "quiet" not in text
+    assert '"detail": "seen [REDACTED]"' in text
+    assert "pw-1a2b3c" not in text
