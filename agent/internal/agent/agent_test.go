@@ -571,7 +571,9 @@ func runFileOp(d *daemon, operation map[string]any, input []byte) [][2]string {
 	}
 }
 
-func TestFileWriteThenReadRoundTrips(t *testing.T) {
+// openDir is a temporary directory the workspace user (user()) may write in.
+func openDir(t *testing.T) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "sandboxd-agent-files-")
 	if err != nil {
 		t.Fatal(err)
@@ -580,6 +582,11 @@ func TestFileWriteThenReadRoundTrips(t *testing.T) {
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+func TestFileWriteThenReadRoundTrips(t *testing.T) {
+	dir := openDir(t)
 	content := []byte("caf\xc3\xa9\r\nsecond\r\nno final newline \xff")
 	d, _ := connect(t)
 	path := filepath.Join(dir, "sub", "file.txt")
@@ -778,14 +785,7 @@ func TestFileOperationsRunInTheUsersFileServerAndWithoutIt(t *testing.T) {
 // The user's file server keeps its buffers from one operation to the next: nothing of one
 // (data it never read, output bigger than the next's) may reach the next.
 func TestAFileServerCarriesNothingFromOneOperationToTheNext(t *testing.T) {
-	dir, err := os.MkdirTemp("", "sandboxd-agent-files-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o777); err != nil {
-		t.Fatal(err)
-	}
+	dir := openDir(t)
 	d, _ := connect(t)
 	runFileOp(d, map[string]any{"op": "stat", "path": "/"}, nil)
 	settleSpares(t)

@@ -167,7 +167,7 @@ func (op *fileOp) run(req FileRequest) {
 // runIn has the idle file server s do the operation; false (s let go) if s did not take
 // it, and the operation is to be done by a helper.
 func (op *fileOp) runIn(s *fileServer, req FileRequest) bool {
-	files, err := pipes(2)
+	files, err := op.agent.pipesFor(s)
 	if err != nil {
 		op.agent.release(s)
 		return false
@@ -213,14 +213,18 @@ func pipes(n int) ([]*os.File, error) {
 	for i := 0; i < n; i++ {
 		r, w, err := os.Pipe()
 		if err != nil {
-			for _, f := range files {
-				f.Close()
-			}
+			closeFiles(files)
 			return nil, err
 		}
 		files = append(files, r, w)
 	}
 	return files, nil
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
 }
 
 // feed writes the daemon's data to the helper as 'I' frames, then 'C'; it reports what the
