@@ -154,17 +154,21 @@ class HelperDecoder:
         """
         self._buffer += data
         out: list[FileReply] = []
-        while len(self._buffer) >= _HELPER_HEADER.size:
-            kind, length = _HELPER_HEADER.unpack_from(self._buffer)
-            if length > MAX_HELPER_FRAME_BYTES:
-                msg = f"the file operation sent a frame of {length} bytes"
-                raise ProtocolError(msg)
-            end = _HELPER_HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            payload = bytes(self._buffer[_HELPER_HEADER.size : end])
-            del self._buffer[:end]
-            out.append(self._reply(kind, payload))
+        pos = 0  # what is parsed goes from the buffer once, not a frame at a time (a page is 2,000 lines)
+        try:
+            while len(self._buffer) - pos >= _HELPER_HEADER.size:
+                kind, length = _HELPER_HEADER.unpack_from(self._buffer, pos)
+                if length > MAX_HELPER_FRAME_BYTES:
+                    msg = f"the file operation sent a frame of {length} bytes"
+                    raise ProtocolError(msg)
+                end = pos + _HELPER_HEADER.size + length
+                if len(self._buffer) < end:
+                    break
+                payload = bytes(self._buffer[pos + _HELPER_HEADER.size : end])
+                pos = end
+                out.append(self._reply(kind, payload))
+        finally:
+            del self._buffer[:pos]
         return out
 
     @staticmethod

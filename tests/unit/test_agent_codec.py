@@ -27,6 +27,8 @@ from sandboxd.agent import (
     _Decoder,
     encode,
 )
+from sandboxd.agent.codec import MAX_HELPER_FRAME_BYTES, FileData, FileLine, FileResult, HelperDecoder
+from sandboxd.agent.errors import FileOperationRefused
 from sandboxd.models import ExecSpec, StopReason
 from sandboxd.processes import ExecContext, ProcessSession
 from sandboxd.processes.flow import STREAM_WINDOW_BYTES
@@ -282,3 +284,46 @@ class TestInterrupt:
         session.on_started(4711)
         await session.interrupt()
         assert stream.frames()[-1] == (b"G", session.channel.number, {"signal": 2, "interrupt": True})  # type: ignore[union-attr]
+
+
+def _helper_frame(kind: bytes, payload: bytes) -> bytes:
+    return kind + struct.pack(">I", len(payload)) + payload
+
+
+class TestHelperDecoder:
+    """A file operation's reply frames, however the reads cut them."""
+
+    STREAM = (
+        _helper_frame(b"D", b"first bytes")
+        + b"".join(_helper_frame(b"L", struct.pack(">Q", n) + b"x" * n) for n in range(1, 40))
+        + _helper_frame(b"R", b'{"size": 11}')
+    )
+
+    @staticmethod
+    def _decoded(pieces: list[bytes]) -> list[Any]:
+        decoder = HelperDecoder()
+        return [reply for piece in pieces for reply in decoder.feed(piece)]
+
+    def test_every_cut_gives_the_same_replies(self) -> None:
+        whole = self._decoded([self.STREAM])
+        assert whole[0] == FileData(b"first bytes")
+        assert whole[1:-1] == [FileLine(n, b"x" * n) for n in range(1, 40)]
+        assert whole[-1] == FileResult({"size": 11})
+        for size in (1, 2, 3, 5, 7, 64):
+            pieces = [self.STREAM[i : i + size] for i in range(0, len(self.STREAM), size)]
+            assert self._decoded(pieces) == whole, size
+
+    def test_an_error_frame_is_the_operations_refusal(self) -> None:
+        decoder = HelperDecoder()
+        assert decoder.feed(_helper_frame(b"D", b"ab")) == [FileData(b"ab")]
+        error = _helper_frame(b"E", b'{"code": "not_found", "message": "no /x"}')
+        assert decoder.feed(error[:3]) == []
+        with pytest.raises(FileOperationRefused) as refused:
+            decoder.feed(error[3:])
+        assert (refused.value.code, refused.value.message) == ("not_found", "no /x")
+
+    def test_an_oversized_or_unknown_frame_is_a_protocol_error(self) -> None:
+        with pytest.raises(ProtocolError, match="a frame of 4194305 bytes"):
+            HelperDecoder().feed(b"D" + struct.pack(">I", MAX_HELPER_FRAME_BYTES + 1))
+        with pytest.raises(ProtocolError, match="kind b'Q'"):
+            HelperDecoder().feed(_helper_frame(b"Q", b""))
