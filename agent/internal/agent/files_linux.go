@@ -5,6 +5,7 @@ package agent
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -178,6 +179,9 @@ func (op *fileOp) runIn(s *fileServer, req FileRequest) bool {
 	outW.Close()
 	if err == nil {
 		err = s.taken()
+	}
+	if errors.Is(err, errTookAndDied) {
+		err = nil // it began the operation: what it wrote is relayed, then its death (137)
 	}
 	if err != nil {
 		// It died (a process of its user killed it), if only just, before it took the

@@ -230,9 +230,31 @@ func (s *fileServer) taken() error {
 			return err
 		}
 		if s.exited() || stopped(s.pid) {
-			return fmt.Errorf("file server %d is stopped", s.pid)
+			return s.giveUp()
 		}
 	}
+}
+
+// errTookAndDied says a file server took its operation and was killed in it (giveUp).
+var errTookAndDied = errors.New("the file server took the operation and was killed in it")
+
+// giveUp kills s, seen stopped or gone, and says whether it took the operation all the same:
+// a process of its user may have continued it just after it was seen stopped, and it may
+// then have begun the operation (a remove, a move), which a helper must not do again. Once
+// it is dead its socket holds its 'T' or nothing more.
+func (s *fileServer) giveUp() error {
+	_ = syscall.Kill(s.pid, syscall.SIGKILL)
+	select {
+	case <-s.dead:
+	case <-time.After(time.Second):
+	}
+	_ = s.ctl.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	err := s.expect('T')
+	_ = s.ctl.SetReadDeadline(time.Time{})
+	if err == nil {
+		return errTookAndDied
+	}
+	return fmt.Errorf("file server %d was stopped", s.pid)
 }
 
 // expect reads the server's next word on its socket, which must be want.
