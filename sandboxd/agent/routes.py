@@ -304,6 +304,10 @@ class _FileRoute:
                 self.exit_code = int_field(json_object(payload, "result"), "exit_code", 0, 255)
             except ProtocolError as exc:
                 self.error = exc.message
+        elif kind == Kind.ERROR and self.exit_code is not None:
+            # After the helper's end: about input the daemon sent while it died, which the
+            # agent no longer had an operation for. The end is what the caller is told.
+            pass
         elif kind == Kind.ERROR:
             try:
                 self.error = text_field(json_object(payload, "error"), "message", 2000) or "unknown error"

@@ -327,3 +327,18 @@ class TestHelperDecoder:
             HelperDecoder().feed(b"D" + struct.pack(">I", MAX_HELPER_FRAME_BYTES + 1))
         with pytest.raises(ProtocolError, match="kind b'Q'"):
             HelperDecoder().feed(_helper_frame(b"Q", b""))
+
+
+def test_an_error_after_a_file_operations_end_does_not_hide_how_it_ended() -> None:
+    """A helper killed while the daemon still sent it input: the agent reports its end (137),
+    then refuses the input that was in flight for an operation it no longer has."""
+    from sandboxd.agent.codec import Kind
+    from sandboxd.agent.routes import _FileRoute
+
+    route = _FileRoute()
+    route.on_frame(Kind.RESULT, b'{"exit_code": 137}')
+    route.on_frame(Kind.ERROR, b'{"code": "protocol", "message": "no file operation on channel 5"}')
+    assert (route.exit_code, route.error) == (137, "")
+    alone = _FileRoute()
+    alone.on_frame(Kind.ERROR, b'{"code": "io", "message": "the file operation could not start"}')
+    assert (alone.exit_code, alone.error) == (None, "the file operation could not start")
