@@ -165,15 +165,21 @@ func (s *fileServer) exited() bool {
 // dropFileServerLocked lets s go (it exits when its socket closes); a server that is stopped
 // or in an operation is killed. Agent.mu is held.
 func (a *Agent) dropFileServerLocked(s *fileServer) {
+	a.unlistLocked(s)
+	s.ctl.Close()
+	if !s.exited() && (s.busy || stopped(s.pid)) {
+		_ = syscall.Kill(s.pid, syscall.SIGKILL)
+	}
+}
+
+// unlistLocked takes s out of the agent's servers, with the pipes made for its next
+// operation. Agent.mu is held.
+func (a *Agent) unlistLocked(s *fileServer) {
 	if a.servers[s.uid] == s {
 		delete(a.servers, s.uid)
 	}
 	closeFiles(s.next)
 	s.next = nil
-	s.ctl.Close()
-	if !s.exited() && (s.busy || stopped(s.pid)) {
-		_ = syscall.Kill(s.pid, syscall.SIGKILL)
-	}
 }
 
 // release makes s idle again after an operation, and makes the pipes of its next.
@@ -191,11 +197,7 @@ func (a *Agent) release(s *fileServer) {
 // SIGKILL, as for a helper), and the server goes.
 func (a *Agent) abandon(s *fileServer) {
 	a.mu.Lock()
-	if a.servers[s.uid] == s {
-		delete(a.servers, s.uid)
-	}
-	closeFiles(s.next)
-	s.next = nil
+	a.unlistLocked(s)
 	a.mu.Unlock()
 	s.ctl.Close()
 	if stopped(s.pid) {
@@ -223,9 +225,7 @@ const takenCheck = 25 * time.Millisecond
 // millisecond under gVisor), and one stopped or gone is given up.
 func (s *fileServer) taken() error {
 	for {
-		_ = s.ctl.SetReadDeadline(time.Now().Add(takenCheck))
-		err := s.expect('T')
-		_ = s.ctl.SetReadDeadline(time.Time{})
+		err := s.expectWithin('T', takenCheck)
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			return err
 		}
@@ -248,13 +248,17 @@ func (s *fileServer) giveUp() error {
 	case <-s.dead:
 	case <-time.After(time.Second):
 	}
-	_ = s.ctl.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-	err := s.expect('T')
-	_ = s.ctl.SetReadDeadline(time.Time{})
-	if err == nil {
+	if s.expectWithin('T', 100*time.Millisecond) == nil {
 		return errTookAndDied
 	}
 	return fmt.Errorf("file server %d was stopped", s.pid)
+}
+
+// expectWithin is expect, giving up after d (os.ErrDeadlineExceeded).
+func (s *fileServer) expectWithin(want byte, d time.Duration) error {
+	_ = s.ctl.SetReadDeadline(time.Now().Add(d))
+	defer s.ctl.SetReadDeadline(time.Time{})
+	return s.expect(want)
 }
 
 // expect reads the server's next word on its socket, which must be want.
