@@ -110,11 +110,7 @@ class CheckpointsMixin(SnapshotsMixin):
         """
         store = await self._checkpoint_store()
         api = self._api()
-        try:
-            attrs = await self._call(api.inspect_container, self._ref(workspace_id), idempotent=True)
-        except docker.errors.NotFound as exc:
-            msg = f"workspace {workspace_id!r} not found"
-            raise WorkspaceNotFoundError(msg) from exc
+        attrs = await self._container_attrs(workspace_id)
         container_id = attrs["Id"]
         name = f"sandboxd-{key[:16]}"
         url = api._url("/containers/{0}/checkpoints", container_id)

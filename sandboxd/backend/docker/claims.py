@@ -13,11 +13,12 @@ import contextlib
 import dataclasses
 import datetime
 from collections.abc import Mapping
+from typing import Any
 
 import docker.errors
 import structlog
 
-from ...errors import BackendError, WorkspaceExistsError
+from ...errors import BackendError, WorkspaceExistsError, WorkspaceNotFoundError
 from ..base import ContainerInfo
 from .client import LABEL_INSTANCE, LABEL_MANAGED, LABEL_WORKSPACE, DockerClient
 from .errors import EngineErrorKind, kind_of
@@ -62,6 +63,18 @@ class ClaimsMixin(DockerClient):
     def _ref(self, workspace_id: str) -> str:
         """What calls name the workspace's container by: a claimed or uncommitted one's id, else its name."""
         return self._claim_ids.get(workspace_id) or self._provisional_ids.get(workspace_id) or self._name(workspace_id)
+
+    async def _container_attrs(self, workspace_id: str) -> dict[str, Any]:
+        """The engine's inspection of the workspace's container.
+
+        Raises:
+            WorkspaceNotFoundError: the engine has no such container.
+        """
+        try:
+            return await self._call(self._api().inspect_container, self._ref(workspace_id), idempotent=True)
+        except docker.errors.NotFound as exc:
+            msg = f"workspace {workspace_id!r} not found"
+            raise WorkspaceNotFoundError(msg) from exc
 
     def _volume_name(self, workspace_id: str) -> str:
         """The name of the workspace's /workspace volume: a claimed workspace's keeps its member's."""

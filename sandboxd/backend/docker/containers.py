@@ -274,11 +274,7 @@ class ContainersMixin(CheckpointsMixin):
     async def inspect_container(self, workspace_id: str) -> ContainerInfo:
         """Return one of this daemon's workspace containers, or WorkspaceNotFoundError."""
         await self._load_claims()
-        try:
-            attrs = await self._call(self._api().inspect_container, self._ref(workspace_id), idempotent=True)
-        except docker.errors.NotFound as exc:
-            msg = f"workspace {workspace_id!r} not found"
-            raise WorkspaceNotFoundError(msg) from exc
+        attrs = await self._container_attrs(workspace_id)
         info = self._info(attrs)
         labels = info.labels
         named = (

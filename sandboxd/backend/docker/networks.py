@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import docker.errors
 
-from ...errors import BackendError, WorkspaceNotFoundError
+from ...errors import BackendError
 from ..base import LABEL_EGRESS_OF, LABEL_EGRESS_RULES
 from .claims import ClaimsMixin
 from .client import API_VERSION, LABEL_INSTANCE
@@ -64,11 +64,7 @@ class NetworksMixin(ClaimsMixin):
         """Move the workspace's container to ``network``; see Backend."""
         api = self._api()
         ref = self._ref(workspace_id)
-        try:
-            attrs = await self._call(api.inspect_container, ref, idempotent=True)
-        except docker.errors.NotFound as exc:
-            msg = f"workspace {workspace_id!r} not found"
-            raise WorkspaceNotFoundError(msg) from exc
+        attrs = await self._container_attrs(workspace_id)
         joined = list((attrs.get("NetworkSettings") or {}).get("Networks") or {})
         if joined == [network]:
             return

@@ -46,19 +46,14 @@ class SnapshotsMixin(ImagesMixin):
     ) -> ImageInfo:
         """Make image ``ref`` of the container's root filesystem and its /workspace (see Backend).
 
-        ``docker commit`` takes the root filesystem (the container frozen meanwhile) but never a
-        volume, so a second step copies /workspace in: a container of the commit, never
-        started, is given the volume's files as a tar stream read from the workspace (a few
-        MiB at a time, whatever its size), and is committed as ``ref``.
+        Where the daemon can read the container's overlay upper directory and its volume, one
+        layer is written from them and loaded on top of the image's (:meth:`_snapshot_by_layer`);
+        elsewhere (a remote engine, a tree too deep to walk) the engine commits it
+        (:meth:`_snapshot_by_commit`).
         """
-        api = self._api()
         await self._load_claims()
         name = self._ref(workspace_id)
-        try:
-            attrs = await self._call(api.inspect_container, name, idempotent=True)
-        except docker.errors.NotFound as exc:
-            msg = f"workspace {workspace_id!r} not found"
-            raise WorkspaceNotFoundError(msg) from exc
+        attrs = await self._container_attrs(workspace_id)
         upper = layers.readable_upper(attrs)
         volume = next(
             (m.get("Source", "") for m in attrs.get("Mounts") or [] if m.get("Destination") == WORKSPACE_MOUNT), ""
