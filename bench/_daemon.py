@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 INSTANCE = f"bench-{secrets.token_hex(4)}"
 """Label value of everything a benchmark run creates."""
@@ -76,3 +77,17 @@ def remove_everything(instance: str = INSTANCE) -> None:
             volume.remove(force=True)
     finally:
         engine.close()
+
+
+async def snapshot_and_fork(client: Any, ws: Any, name: str, *, include_memory: bool = False) -> tuple[float, float]:
+    """Seconds to snapshot ``ws`` as ``name``, and to fork it to a first exec; both removed after."""
+    began = time.perf_counter()
+    await ws.snapshot(name, include_memory=include_memory)
+    snapshot_s = time.perf_counter() - began
+    began = time.perf_counter()
+    fork = await client.create_workspace(from_snapshot=name)
+    await fork.exec("true").wait(check=True)
+    fork_s = time.perf_counter() - began
+    await fork.delete()
+    await client.delete_snapshot(name)
+    return snapshot_s, fork_s

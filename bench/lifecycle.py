@@ -43,7 +43,7 @@ import time
 from typing import Any
 
 import docker
-from _daemon import IMAGE, private_daemon
+from _daemon import IMAGE, private_daemon, snapshot_and_fork
 from exec_latency import DOCKER_OPTIONS, default_runtimes, summary
 from sandboxd_client import SandboxClient
 
@@ -150,17 +150,12 @@ async def run(socket_path: str, runs: int, runtime: str) -> dict[str, Any]:
             ).exit_code == 0
             for index in range(max(3, runs // 3)):
                 for side in ("ours", "theirs") if index % 2 == 0 else ("theirs", "ours"):
-                    began = time.perf_counter()
                     if side == "ours":
-                        await live.snapshot(f"bench-{index}")
-                        results["snapshot"][0].append(time.perf_counter() - began)
-                        began = time.perf_counter()
-                        fork = await client.create_workspace(from_snapshot=f"bench-{index}")
-                        await fork.exec("true").wait(check=True)
-                        results["fork"][0].append(time.perf_counter() - began)
-                        await fork.delete()
-                        await client.delete_snapshot(f"bench-{index}")
+                        snapshot_s, fork_s = await snapshot_and_fork(client, live, f"bench-{index}")
+                        results["snapshot"][0].append(snapshot_s)
+                        results["fork"][0].append(fork_s)
                     else:
+                        began = time.perf_counter()
                         image = await asyncio.to_thread(container.commit, f"sandboxd-bench/commit:{index}")
                         results["snapshot"][1].append(time.perf_counter() - began)
                         began = time.perf_counter()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
-from _daemon import IMAGE, private_daemon_process
+from _daemon import IMAGE, private_daemon_process, snapshot_and_fork
 from exec_latency import DOCKER_OPTIONS, summary
 from sandboxd_client import SandboxClient
 
@@ -128,15 +128,9 @@ async def run(socket_path: str, pid: int, runs: int, mib: int) -> dict[str, Any]
             for index in range(runs):
                 for side in ("ours", "theirs") if index % 2 == 0 else ("theirs", "ours"):
                     if side == "ours":
-                        began = time.perf_counter()
-                        await ws.snapshot(f"bench-{index}", include_memory=True)
-                        results["snapshot"][0].append(time.perf_counter() - began)
-                        began = time.perf_counter()
-                        fork = await client.create_workspace(from_snapshot=f"bench-{index}")
-                        await fork.exec("true").wait(check=True)
-                        results["fork"][0].append(time.perf_counter() - began)
-                        await fork.delete()
-                        await client.delete_snapshot(f"bench-{index}")
+                        snapshot_s, fork_s = await snapshot_and_fork(client, ws, f"bench-{index}", include_memory=True)
+                        results["snapshot"][0].append(snapshot_s)
+                        results["fork"][0].append(fork_s)
                     else:
                         name = f"bench{index}"
                         began = time.perf_counter()
