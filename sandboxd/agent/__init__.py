@@ -16,7 +16,9 @@ Modules, lowest first (each imports only those above it):
 - ``window``: :class:`SendWindow`, how far a sender may be ahead of what the agent took.
 - ``routes``: the channels (:class:`SessionChannel`, file operations, forwards), which
   reach the link only through the small ``Frames`` protocol.
-- ``link``: :class:`AgentLink`, the connection itself: transport, reconnects, dispatch.
+- ``dial``: :class:`~sandboxd.agent.dial.Dialer`, how a connection reaches the agent
+  (straight to its socket from the host, else a bridge).
+- ``link``: :class:`AgentLink`, the connection itself: handshake, reconnects, dispatch.
 """
 
 from __future__ import annotations

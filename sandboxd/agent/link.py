@@ -1,4 +1,4 @@
-"""The connection to one workspace's agent: transport, handshake, reconnects, and the dispatch of frames.
+"""The connection to one workspace's agent: handshake, reconnects, and the dispatch of frames.
 
 Every workspace runs ``sandboxd-agent`` as its main process. An :class:`AgentLink`
 is the daemon's one connection to it: a ``docker exec`` of ``sandboxd-agent bridge``
@@ -22,20 +22,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import os
-import posixpath
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Mapping
 from typing import Any
 
 import structlog
 
-from ..backend.base import RELISTEN_SIGNAL, Backend, ExecStream
-from ..errors import DockerUnavailableError, FailedPreconditionError, SandboxdError
+from ..backend.base import Backend, ExecStream
+from ..errors import FailedPreconditionError, SandboxdError
 from .codec import PROTOCOL_VERSION, FileReply, FrameDecoder, Kind, encode, json_object, text_field
-from .errors import AgentBehindEngine, AgentLost, ProtocolError
+from .dial import Dialer
+from .errors import AgentLost, ProtocolError
 from .messages import Welcome
-from .paths import AGENT_PATH
 from .routes import ForwardedConnection, ForwardRoute, Route, forward, run_file_operation
 
 __all__ = ["AgentLink"]
@@ -51,35 +49,15 @@ BRIDGE_CHECK_S = 2.0
 """Silence on a link with calls waiting after which the engine is asked if the bridge still runs."""
 FREEZE_TIMEOUT_S = 5.0
 """How long the agent may take to answer a freeze (it answers at once unless it is stuck)."""
-AWAY_MARK = "agent.away"
-"""Beside the agent's socket while it has let go of it for a checkpoint (PROTOCOL.md, Checkpoints)."""
 LETTING_GO_S = 5.0
 """How long an agent may take to close its connection once it said it lets go for a checkpoint."""
-LISTEN_WAIT_S = 10.0
-"""How long a direct connection waits for a starting agent's socket to appear (the bridge waits as long)."""
-
-
-def _present(path: str) -> bool:
-    """Whether anything is at ``path`` (a stat of a local tmpfs: it does not block)."""
-    return os.path.lexists(path)
 
 
 class AgentLink:
     """The connection to one workspace's agent.
 
-    The connection goes straight to the agent's socket where this machine sees it (the
-    engine is local and the runtime shows the container's sockets on the host), else through
-    a ``docker exec`` of the bridge (PROTOCOL.md, Transport).
-
-    Args:
-        backend: the engine, for the socket or the ``docker exec`` of the bridge.
-        workspace_id: the workspace.
-        container_id: its container (calls go to exactly it).
-        socket_path: the agent's socket as the engine's host sees it; empty: the bridge only.
-        runtime: the container's runtime (what the host sees of it is learnt per runtime).
-        host_sockets: the runtimes whose containers' sockets this host is known to see, shared
-            by the links of one engine: runc's always, gVisor's with ``--host-uds=create``, a
-            virtual machine's never. A link adds its runtime once its agent answered there.
+    A :class:`~sandboxd.agent.dial.Dialer` opens it (straight to the agent's socket, else
+    through a bridge): the arguments are the dialer's.
     """
 
     def __init__(
@@ -96,9 +74,9 @@ class AgentLink:
         self.backend = backend
         self.workspace_id = workspace_id
         self.container_id = container_id
-        self.socket_path = socket_path
-        self.runtime = runtime
-        self.host_sockets = host_sockets if host_sockets is not None else set()
+        self._dialer = Dialer(
+            backend, workspace_id, container_id, socket_path=socket_path, runtime=runtime, host_sockets=host_sockets
+        )
         self.transport = ""
         """How the current connection goes: ``socket`` or ``bridge`` (empty before the first)."""
         self.welcome: Welcome | None = None
@@ -139,84 +117,29 @@ class AgentLink:
                 raise AgentLost(msg)
             return await self._open()
 
-    async def _direct(self) -> ExecStream | None:
-        """A connection to the agent's socket from the host, when the host is known to see it."""
-        if not self.socket_path or self.runtime not in self.host_sockets:
-            return None
-        began = time.monotonic()
-        while (stream := await self.backend.open_socket(self.socket_path, self.container_id)) is None:
-            # The agent's socket gets its name only once it listens (agent_linux.go listenAtOnce;
-            # under gVisor a bound socket's host file refuses until its listen is forwarded). So
-            # a socket not there yet is worth the wait (a workspace just created: its agent is
-            # starting), and one there that refuses is no agent of ours: the bridge's to try.
-            waited = time.monotonic() - began
-            if _present(self.socket_path) or waited > LISTEN_WAIT_S:
-                return None
-            await asyncio.sleep(0.005 if waited < 0.1 else 0.05)
-        return stream
-
-    async def _straight_after_bridge(self) -> ExecStream | None:
-        """After a bridge's welcome (the agent listens): a connection to its socket from the host.
-
-        Asked after every bridge's welcome, once: a link whose socket refused a moment ago (a
-        gVisor sandbox under load, its host socket's backlog not yet served) goes straight as
-        soon as it answers, and does not keep its workspace on the bridge for good. A yes
-        teaches the runtime to every link of the engine; a no is this workspace's alone (its
-        root planted something at the path, an agent restarting), and costs one connect.
-        """
-        if not self.socket_path:
-            return None
-        # The agent answered through the bridge, so its socket listens, and under gVisor its host
-        # file listens too (the sentry forwards a listen to the gofer before an in-sandbox connect
-        # can reach it: pkg/sentry/socket/unix/transport/connectioned.go Listen holds the
-        # endpoint's lock across it). A no is the runtime's way (gVisor without
-        # --host-uds=create keeps its sockets to itself) or a workspace's: not waited out.
-        straight = await self.backend.open_socket(self.socket_path, self.container_id)
-        if straight is None:
-            log.info(
-                "agent.host_sockets_unseen",
-                workspace_id=self.workspace_id,
-                runtime=self.runtime or "default",
-                present=_present(self.socket_path),
-            )
-            return None
-        if self.runtime not in self.host_sockets:
-            self.host_sockets.add(self.runtime)
-            log.info("agent.host_sockets", runtime=self.runtime or "default")
-        return straight
-
     async def _open(self) -> Welcome:
         try:
             return await self._open_once()
         except AgentLost:
-            if not self.socket_path or not _present(posixpath.join(posixpath.dirname(self.socket_path), AWAY_MARK)):
+            if not self._dialer.away():
                 raise
         # An agent that let go for a checkpoint (its mark says so) whose daemon died before saying
         # it was taken. Told, it listens again. Never without the mark: an agent still starting
         # (a container restarting) could be ended by the signal before it is ready for it.
         log.info("agent.relisten_asked", workspace_id=self.workspace_id)
-        with contextlib.suppress(SandboxdError):
-            await self.backend.signal_container(self.container_id, RELISTEN_SIGNAL)
+        await self._dialer.relisten()
         return await self._open_once()
 
     async def _open_once(self) -> Welcome:
-        stream = await self._direct()
+        stream = await self._dialer.direct()
         transport = "socket"
         if stream is None:
             transport = "bridge"
-            try:
-                stream = await self.backend.exec_stream(
-                    self.workspace_id, [AGENT_PATH, "bridge"], env={}, user="0:0", container_id=self.container_id
-                )
-            except DockerUnavailableError as exc:
-                raise AgentBehindEngine(exc.message) from None
-            except SandboxdError as exc:
-                msg = f"workspace {self.workspace_id!r}'s agent cannot be reached: {exc.message}"
-                raise AgentLost(msg) from None
+            stream = await self._dialer.bridge()
         decoder = FrameDecoder()
         pending: list[tuple[bytes, int, bytes]] = []
         welcome = await self._greet(stream, decoder, pending)
-        if transport == "bridge" and (straight := await self._straight_after_bridge()) is not None:
+        if transport == "bridge" and (straight := await self._dialer.straight_after_bridge()) is not None:
             await stream.close(discard_input=True)
             stream, transport = straight, "socket"
             decoder, pending = FrameDecoder(), []
@@ -451,8 +374,7 @@ class AgentLink:
             await self._freeze_exchange(True, checkpoint=True)
             yield
         finally:
-            with contextlib.suppress(SandboxdError):
-                await asyncio.shield(self.backend.signal_container(self.container_id, RELISTEN_SIGNAL))
+            await asyncio.shield(self._dialer.relisten())
             self._available.set()
 
     async def freeze(self, frozen: bool) -> None:
