@@ -140,8 +140,20 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
     run.add_argument(
         "--user", "-u", default="", help="run as this user (name, uid or uid:gid) instead of the workspace's"
     )
-    run.add_argument("-i", "--interactive", action="store_true", help="forward standard input to the command")
-    run.add_argument("-t", "--tty", action="store_true", help="run under a terminal; your terminal goes raw")
+    run.add_argument(
+        "-i",
+        "--interactive",
+        action="store_true",
+        help="forward standard input to the command and close it at its end; without -i the command's "
+        "stdin is closed from the start (it reads end of file at once), as with docker exec",
+    )
+    run.add_argument(
+        "-t",
+        "--tty",
+        action="store_true",
+        help="run under a terminal; with -i your terminal goes raw and keys, Ctrl-C and window size go through; "
+        "without -i the terminal's input ends at once",
+    )
     # Once the command is cut off at `--`, options may follow the workspace: they must not be
     # swallowed as the command's words (REMAINDER would take them, and they would be lost).
     run.add_argument("argv", nargs="*" if command_split else argparse.REMAINDER, help="-- COMMAND [ARGS...]")
@@ -724,8 +736,15 @@ async def _forward_stdin(client: SandboxClient, handle: ExecHandle, started: asy
 
 
 async def _exec(client: SandboxClient, opts: argparse.Namespace) -> int:
-    """Stream a command; forward Ctrl-C (and with -i/-t stdin and window size) to it."""
+    """Stream a command; forward Ctrl-C (and with -i stdin, with -t window size) to it.
+
+    Without -i nothing will ever be written to the command's stdin, so it starts closed: a
+    command that reads it (``cat``, a prompt, ``apt-get`` without ``-y``) sees end of file at
+    once instead of waiting for its timeout. Under -t that end is the terminal's end-of-file
+    character.
+    """
     tty = bool(opts.tty)
+    interactive = bool(opts.interactive)
     handle = client.exec(
         opts.workspace,
         _command_line(opts.argv),
@@ -736,6 +755,7 @@ async def _exec(client: SandboxClient, opts: argparse.Namespace) -> int:
         terminal_size=_terminal_size() if tty else None,
         follow=True,
         user=opts.user,
+        stdin_closed=not interactive,
     )
     loop = asyncio.get_running_loop()
     started = asyncio.Event()
@@ -749,16 +769,14 @@ async def _exec(client: SandboxClient, opts: argparse.Namespace) -> int:
 
     saved_mode = None
     stdin_is_tty = sys.stdin.isatty()
-    if tty and stdin_is_tty:
+    keys = tty and interactive and stdin_is_tty
+    if keys:
         saved_mode = termios.tcgetattr(sys.stdin.fileno())
         ttymode.setraw(sys.stdin.fileno())  # Ctrl-C now arrives as a byte and is forwarded as one
+    if tty:
         loop.add_signal_handler(signal.SIGWINCH, lambda: send(terminal_size=_terminal_size()))
     loop.add_signal_handler(signal.SIGINT, lambda: send(chars="\u0003"))
-    forwarder = (
-        loop.create_task(_forward_stdin(client, handle, started, keys=tty and stdin_is_tty))
-        if (opts.interactive or tty)
-        else None
-    )
+    forwarder = loop.create_task(_forward_stdin(client, handle, started, keys=keys)) if interactive else None
     try:
         async for event in handle:
             if isinstance(event, Started):
@@ -769,8 +787,9 @@ async def _exec(client: SandboxClient, opts: argparse.Namespace) -> int:
                 stream.flush()
     finally:
         loop.remove_signal_handler(signal.SIGINT)
-        if saved_mode is not None:
+        if tty:
             loop.remove_signal_handler(signal.SIGWINCH)
+        if saved_mode is not None:
             termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved_mode)
         if forwarder is not None:
             forwarder.cancel()

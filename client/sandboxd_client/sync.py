@@ -106,8 +106,14 @@ class SyncSandboxClient:
         self._run(self._client.delete_snapshot(name))
 
     def exec(self, workspace_id: str, command: str, *, check: bool = False, **options: Any) -> ExecResult:
-        """Run a command to completion (following yields) and return its result."""
+        """Run a command to completion (following yields) and return its result.
+
+        Nothing can write to the command's stdin while this call blocks, so it starts closed
+        (``stdin_closed=True``, unless given): a command that reads it gets end of file at
+        once instead of waiting for its timeout.
+        """
         options.setdefault("follow", True)
+        options.setdefault("stdin_closed", True)
         return self._run(self._client.exec(workspace_id, command, **options).wait(check=check))
 
     def read_file(self, workspace_id: str, path: str, **options: Any) -> ReadResult:

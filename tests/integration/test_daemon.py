@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import ClassVar
 
 import grpc
 import pytest
@@ -352,6 +353,40 @@ class TestCli:
             f" `sandboxctl rm {workspace_id}` removes it"
         )
 
+    # A command that reads its stdin to the end, what it prints without -i, and with -i fed "x\n".
+    READERS: ClassVar = [
+        ("cat", "", "x\n"),
+        ("python3 -c 'import sys; print(repr(sys.stdin.read()))'", "''\n", "'x\\n'\n"),
+        ('read -r answer; echo "read: $? [$answer]"', "read: 1 []\n", "read: 0 [x]\n"),
+    ]
+
+    @pytest.mark.parametrize(("command", "closed", "fed"), READERS)
+    def test_exec_without_i_gives_the_command_a_closed_stdin(
+        self, daemon, workspace_id, command: str, closed: str, fed: str
+    ) -> None:
+        """Without -i the command reads end of file at once, whatever is piped to sandboxctl, as
+        `docker exec` without -i gives it: nothing waits for input that will never come. With -i
+        it reads what is piped, to its end."""
+        import time
+
+        for options, expected in (([], closed), (["-i"], fed)):
+            start = time.monotonic()
+            argv = [sys.executable, "-m", "sandboxd_client.cli", "--socket", daemon.socket_path, "exec"]
+            run = subprocess.run(
+                [*argv, *options, workspace_id, "--", command],
+                input="x\n",
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert (run.stdout, run.stderr, run.returncode) == (expected, "", 0), options
+            assert time.monotonic() - start < 20  # the exec's own cost; an open stdin would wait 120 s
+
+    def test_exec_t_without_i_ends_the_terminal_s_input_at_once(self, daemon, workspace_id) -> None:
+        """-t alone: the command has a terminal, and reading it gives end of file at once."""
+        run = self._ctl(daemon, "exec", "-t", workspace_id, "--", "tty >/dev/null && echo tty; cat; echo end $?")
+        assert (run.stdout.replace("\r\n", "\n"), run.returncode) == ("tty\nend 0\n", 0)
+
     def test_exec_interactive_stdin(self, daemon, workspace_id) -> None:
         """`exec -i` forwards standard input and closes it at end of file."""
         run = subprocess.run(
@@ -404,7 +439,7 @@ class TestCli:
         assert time.monotonic() - start < 5
 
     def test_tty_mode_and_raw_ctrl_c(self, daemon, workspace_id) -> None:
-        """`exec -t` from a terminal: the command sees a tty, and a typed Ctrl-C (byte 3) interrupts it."""
+        """`exec -it` from a terminal: the command sees a tty, and a typed Ctrl-C (byte 3) interrupts it."""
         import os
         import pty
         import time
@@ -418,7 +453,7 @@ class TestCli:
                 "--socket",
                 daemon.socket_path,
                 "exec",
-                "-t",
+                "-it",
                 workspace_id,
                 "--",
                 "tty; echo ready; sleep 30",

@@ -251,6 +251,15 @@ async def test_read_file_holds_no_more_than_the_limit_whatever_the_file_does(
         assert pulled[0] <= limit + 2 * 1024 * 1024, f"read_file pulled {pulled[0]} bytes into memory"
 
 
+async def test_stdin_is_closed_without_input_and_fed_then_closed_with_it(one: Env) -> None:
+    """As Inspect's docker provider: a reader ends at once without input, and reads all of it with."""
+    without = await asyncio.wait_for(one.exec(["sh", "-c", "cat; echo end"]), 30)
+    assert (without.stdout, without.returncode) == ("end\n", 0)
+    data = "".join(f"line {i}\n" for i in range(200_000))  # 2.5 MB: more than one Input call carries
+    fed = await asyncio.wait_for(one.exec(["sh", "-c", "wc -lc; cat >/dev/null"], input=data), 60)
+    assert (fed.stdout.split(), fed.returncode) == (["200000", str(len(data))], 0)
+
+
 async def test_input_that_is_not_unicode_raises_at_once(one: Env) -> None:
     with pytest.raises(UnicodeEncodeError):
         await asyncio.wait_for(one.exec(["cat"], input="half an emoji: \ud83d"), 20)

@@ -214,6 +214,11 @@ class TestSyncClient:
             try:
                 assert ws.exec("echo hi").stdout == "hi\n"
                 assert ws.exec("exit 3").exit_code == 3
+                # Nothing can write to a blocking exec's stdin: a reader ends at once, not at its timeout.
+                assert (ws.exec("cat; echo end", timeout_s=30).stdout, ws.history[-1]) == (
+                    "end\n",
+                    ("cat; echo end", 0),
+                )
                 with pytest.raises(CommandFailedError):
                     ws.exec("exit 3", check=True)
                 ws.write_file("notes.txt", "a\nb\n")

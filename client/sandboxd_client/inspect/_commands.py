@@ -196,7 +196,9 @@ async def _started(
     deadline, pause = time.monotonic() + _SESSIONS_WAIT_S, 0.05
     while True:
         collected = _Collected(SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE)
-        handle = client.exec(workspace_id, line, follow=True, **options)
+        # Without input the command starts with its stdin at end of file, as `docker exec`
+        # without -i gives it: no second call is needed to close it.
+        handle = client.exec(workspace_id, line, follow=True, stdin_closed=not data, **options)
         try:
             await _run(client, handle, collected, data)
         except ResourceExhaustedError as exc:
@@ -223,7 +225,7 @@ async def _run(client: SandboxClient, handle: ExecHandle, collected: _Collected,
     try:
         async for event in handle:
             collected.take(event)
-            if isinstance(event, Started):
+            if isinstance(event, Started) and data:
                 writer = asyncio.create_task(_feed(client, event.process_id, data, collected))
             if collected.over is not None:
                 break
@@ -238,7 +240,7 @@ async def _run(client: SandboxClient, handle: ExecHandle, collected: _Collected,
 
 async def _feed(client: SandboxClient, process_id: str, data: bytes, collected: _Collected) -> None:
     """Write ``data`` to stdin a piece at a time, then close it (always: ``cat`` must end)."""
-    pieces = [data[i : i + MAX_INPUT_BYTES] for i in range(0, len(data), MAX_INPUT_BYTES)] or [b""]
+    pieces = [data[i : i + MAX_INPUT_BYTES] for i in range(0, len(data), MAX_INPUT_BYTES)]
     closed = False
     try:
         for index, piece in enumerate(pieces):
