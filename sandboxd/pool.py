@@ -267,6 +267,7 @@ class WarmPool:
         classes: the classes to keep; names are unique.
         demand_memory_bytes: the demand classes' budget, in bytes of memory limits; 0 makes none.
         demand_idle_s: a demand class not asked for in this long, in seconds, goes.
+        keep_on_close: whether the configured classes' ready members stay when the pool closes.
     """
 
     def __init__(
@@ -276,9 +277,11 @@ class WarmPool:
         *,
         demand_memory_bytes: int = 0,
         demand_idle_s: float = 600.0,
+        keep_on_close: bool = True,
     ) -> None:
         """Prepare the pool; :meth:`start` begins filling it."""
         self.members = members
+        self.keep_on_close = keep_on_close
         self.demand_memory_bytes = demand_memory_bytes
         self.demand_idle_s = demand_idle_s
         self._asks: collections.OrderedDict[tuple[Any, ...], collections.deque[float]] = collections.OrderedDict()
@@ -382,7 +385,7 @@ class WarmPool:
         if self._by_key.get(pool_class.key) is pool_class:
             del self._by_key[pool_class.key]
         ready = self._ready.pop(name)
-        log.info("pool.demand_class_removed", pool_class=name, members=len(ready))
+        log.info("pool.class_removed", pool_class=name, demand=pool_class.demand, members=len(ready))
         for info in ready:
             self._remove_member(info.workspace_id)
 
@@ -452,7 +455,8 @@ class WarmPool:
     async def close(self) -> None:
         """Stop refilling; members being started are finished or removed.
 
-        The configured classes' ready members stay for the next run; the demand classes' go.
+        The configured classes' ready members stay for the next run unless ``keep_on_close`` is
+        false; the demand classes' go.
         """
         if self._task is not None:
             self._task.cancel()
@@ -462,7 +466,7 @@ class WarmPool:
             task.cancel()
         if self._starts:
             await asyncio.gather(*self._starts, return_exceptions=True)
-        for name in [c.name for c in self.classes.values() if c.demand]:
+        for name in [c.name for c in self.classes.values() if c.demand or not self.keep_on_close]:
             self._remove_class(name)
         if self._removals:
             await asyncio.gather(*self._removals, return_exceptions=True)

@@ -150,6 +150,12 @@ class Settings:
     """Started, idle workspaces of the default spec kept ready for CreateWorkspace (the warm pool's
     ``default`` class); 0 keeps none."""
 
+    pool_on_stop: Literal["keep", "remove"] = "keep"
+    """What a daemon that stops does with its configured classes' ready members: ``keep`` them
+    for its next start (which takes them back, saving their starts), or ``remove`` them, so that
+    the engine holds none of this daemon's containers once it has stopped (demand members always
+    go). A daemon killed outright removes nothing; its next start does."""
+
     pool_file: str = ""
     """YAML list of more warm-pool classes (``sandboxd.pool.read_pool_file``); empty: none."""
 

@@ -368,6 +368,7 @@ async def start(
             workspaces.pool_classes(),
             demand_memory_bytes=settings.pool_demand_memory_bytes,
             demand_idle_s=settings.pool_demand_idle_s,
+            keep_on_close=settings.pool_on_stop == "keep",
         )
     except BaseException:
         await asyncio.shield(lease.release())

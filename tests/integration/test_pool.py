@@ -410,3 +410,27 @@ async def test_a_claimed_container_removed_behind_the_daemons_back_frees_its_id(
     assert len(present) == 2  # the members, nothing else
     volumes = docker_client.volumes.list(filters={"label": f"sandboxd.instance={thread.settings.instance}"})
     assert not [v.name for v in volumes if "ws-again" in v.name]
+
+
+async def test_a_daemon_told_to_remove_its_pool_at_stop_leaves_no_container(tmp_path: Path, docker_client) -> None:
+    """SANDBOXD_POOL_ON_STOP=remove: after SIGTERM the engine holds none of the daemon's containers
+    or volumes, where the default keeps the ready members for the next start."""
+    instance = new_instance()
+    with spawned_daemon(tmp_path, instance, SANDBOXD_POOL_SIZE="2", SANDBOXD_POOL_ON_STOP="remove") as (
+        process,
+        socket_path,
+        _log,
+    ):
+        async with SandboxClient(socket_path=socket_path, retries=False) as client:
+            await until_ready(client, 2)
+            ws = await client.create_workspace()
+            await until_ready(client, 2)
+            await ws.delete()
+        assert len(container_ids(docker_client, instance)) == 2
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    try:
+        assert container_ids(docker_client, instance) == []
+        assert docker_client.volumes.list(filters={"label": f"sandboxd.instance={instance}"}) == []
+    finally:
+        remove_members(instance)
