@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import os
 import sys
+import threading
 from collections.abc import Sequence
 
 import structlog
@@ -62,8 +63,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_progress_lock = threading.Lock()
+
+
 def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    # Builds that run at once report from their own threads: one whole line at a time.
+    with _progress_lock:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 async def _images_build(settings: Settings, opts: argparse.Namespace) -> None:

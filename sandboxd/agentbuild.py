@@ -12,9 +12,12 @@ modified, and this works with a remote engine and with the daemon in Docker.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.resources
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import structlog
@@ -22,16 +25,18 @@ import structlog
 from .agent.paths import AGENT_MOUNT, AGENT_PATH
 from .backend.base import Backend
 from .errors import BackendError
-from .images import ensure_base_image, recipe_digest, recipe_dir
+from .images import build_lines, ensure_base_image, recipe_digest, recipe_dir
 from .settings import ImageRoute
 
 __all__ = [
     "AGENT_IMAGE",
     "AGENT_MOUNT",
     "AGENT_PATH",
+    "ALL_TARGETS",
     "AgentBuild",
     "agent_digest",
     "ensure_agent",
+    "ensure_agent_image",
 ]
 
 log = structlog.get_logger(__name__)
@@ -42,6 +47,8 @@ AGENT_IMAGE = "sandboxd/agent"
 BUILDER_IMAGE = "sandboxd/agent-builder"
 DIGEST_LABEL = "sandboxd.agent.digest"
 _SOURCE_SUFFIXES = (".go", ".mod", "Dockerfile")
+ALL_TARGETS = ("linux/amd64", "linux/arm64", "windows/amd64")
+"""What a tested build compiles: every platform the agent supports (Windows for its tree kill)."""
 
 Progress = Callable[[str], None]
 
@@ -50,14 +57,37 @@ def _source_dir() -> Path:
     return Path(str(importlib.resources.files("sandboxd_agent")))
 
 
+def _sources(root: Path) -> list[Path]:
+    """The agent's source files under ``root``, in a stable order: what its digest covers."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(_SOURCE_SUFFIXES))
+
+
 def agent_digest() -> str:
     """A sha256 over the agent's sources and its builder's recipe (names and contents)."""
     root = _source_dir()
     digest = hashlib.sha256(recipe_digest("agent_builder").encode() + b"\0")
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(_SOURCE_SUFFIXES)):
+    for path in _sources(root):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _build_context(version: str, targets: Sequence[str]) -> Iterator[Path]:
+    """A directory holding the agent's sources and ``build.env`` (its version and platforms).
+
+    Given as a file, not as build arguments: each argument the Dockerfile declares is one
+    more step that the legacy builder commits, seconds each on a large toolchain image.
+    """
+    with tempfile.TemporaryDirectory(prefix="sandboxd-agent-") as tmp:
+        context = Path(tmp)
+        with importlib.resources.as_file(importlib.resources.files("sandboxd_agent")) as source:
+            for path in _sources(Path(source)):
+                target = context / path.relative_to(source)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+        (context / "build.env").write_text(f"VERSION={version}\nTARGETS='{' '.join(targets)}'\n")
+        yield context
 
 
 class AgentBuild:
@@ -71,13 +101,22 @@ class AgentBuild:
         self.volume = f"sandboxd-agent-{self.tag}"
 
     @staticmethod
-    def binary_dir(architecture: str) -> str:
-        """The image's directory holding the binary for an engine architecture (``x86_64``, ``aarch64``)."""
+    def target(architecture: str) -> str:
+        """The Go platform of an engine architecture (``x86_64`` -> ``linux/amd64``, ``aarch64``...).
+
+        Raises:
+            BackendError: the agent is not built for that architecture.
+        """
         arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(architecture)
         if arch is None:
             msg = f"the agent is built for amd64 and arm64 engines; this engine is {architecture}"
             raise BackendError(msg)
-        return f"/linux-{arch}"
+        return f"linux/{arch}"
+
+    @staticmethod
+    def binary_dir(architecture: str) -> str:
+        """The image's directory holding the binary for an engine architecture (``x86_64``, ``aarch64``)."""
+        return "/" + AgentBuild.target(architecture).replace("/", "-")
 
 
 async def _ensure_builder(backend: Backend, route: ImageRoute, progress: Progress) -> str:
@@ -86,14 +125,15 @@ async def _ensure_builder(backend: Backend, route: ImageRoute, progress: Progres
     info = await backend.image_info(ref)
     if info is not None:
         return ref
-    progress(f"building the agent's toolchain image {ref} (Debian's Go); this takes a minute the first time")
     base = await ensure_base_image(backend, route=route, progress=progress)
+    progress(f"building the agent's toolchain image {ref} (Debian's Go); this takes a minute the first time")
+    # No labels: the tag names the recipe, and each label would be one more committed step.
     await backend.build_image(
         recipe_dir("agent_builder"),
         ref,
         build_args={"BASE_IMAGE": base},
-        labels={"sandboxd.image.recipe": digest},
-        on_line=lambda line: progress(f"  {line}"),
+        labels={},
+        on_line=build_lines(progress, "agent-builder"),
     )
     return ref
 
@@ -101,47 +141,14 @@ async def _ensure_builder(backend: Backend, route: ImageRoute, progress: Progres
 async def ensure_agent(backend: Backend, *, route: ImageRoute, progress: Progress, test: bool = False) -> AgentBuild:
     """Return the current agent, building its image and filling its volume when missing.
 
-    Args:
-        backend: the container engine.
-        route: where the Debian base comes from when the toolchain image must be built.
-        progress: called with one human-readable line per step.
-        test: run the agent's Go tests (vet, race detector) and make the image from the
-            tested stage. The engine's build cache keys that stage on the exact source and
-            toolchain, as Go's test cache would: a source this engine already tested (a fresh
-            clone of a tested commit) is not tested again, and a failed run is never cached.
-            Without it a missing image is built from the ``agent`` stage, which runs no
-            test: the tests belong to ``./dev test`` and CI, not to a user's first start.
+    The image comes from :func:`ensure_agent_image`; the volume is filled by a short-lived
+    container.
 
     Raises:
-        BackendError: a build failed (its last lines are in the message).
+        BackendError: a build failed (its last lines are in the message), or the engine's
+            architecture is not one the agent is built for.
     """
-    build = AgentBuild(agent_digest())
-    if test or await backend.image_info(build.image) is None:
-        builder = await _ensure_builder(backend, route, progress)
-        with importlib.resources.as_file(importlib.resources.files("sandboxd_agent")) as source:
-            if test:
-                progress("testing the agent (go vet, go test -race)")
-                await backend.build_image(
-                    Path(source),
-                    f"{AGENT_IMAGE}-test:{build.tag}",
-                    build_args={"BUILDER": builder, "VERSION": build.tag},
-                    labels={DIGEST_LABEL: build.digest},
-                    on_line=lambda line: progress(f"  {line}"),
-                    target="test",
-                )
-                await backend.remove_image(f"{AGENT_IMAGE}-test:{build.tag}")
-            if await backend.image_info(build.image) is None:
-                progress(f"building the agent {build.image} (linux/amd64, linux/arm64, windows/amd64)")
-                await backend.build_image(
-                    Path(source),
-                    build.image,
-                    build_args={"BUILDER": builder, "VERSION": build.tag},
-                    labels={DIGEST_LABEL: build.digest},
-                    on_line=lambda line: progress(f"  {line}"),
-                    target="" if test else "agent",
-                )
-                log.info("agent.built", image=build.image, tested=test)
-    architecture = await backend.architecture()
+    build, architecture = await ensure_agent_image(backend, route=route, progress=progress, test=test)
     await backend.fill_volume(
         build.volume,
         image=build.image,
@@ -149,3 +156,60 @@ async def ensure_agent(backend: Backend, *, route: ImageRoute, progress: Progres
         labels={DIGEST_LABEL: build.digest},
     )
     return build
+
+
+async def ensure_agent_image(
+    backend: Backend, *, route: ImageRoute, progress: Progress, test: bool = False
+) -> tuple[AgentBuild, str]:
+    """Return the current agent and the engine's architecture once the agent's image exists.
+
+    Building it runs no container of its own (``docker build`` alone), so it may run before a
+    daemon holds its instance's lease, at once with the workspace image's build.
+
+    Args:
+        backend: the container engine.
+        route: where the Debian base comes from when the toolchain image must be built.
+        progress: called with one human-readable line per step.
+        test: run the agent's Go tests (vet, race detector) and make the image from the
+            tested stage, with the binaries of every platform (:data:`ALL_TARGETS`). The
+            engine's build cache keys that stage on the exact source and toolchain, as Go's
+            test cache would: a source this engine already tested (a fresh clone of a tested
+            commit) is not tested again, and a failed run is never cached. Without it a
+            missing image is built from the ``agent`` stage, which runs no test, for the
+            engine's own platform alone: the tests and the other platforms belong to
+            ``./dev test`` and CI, not to a user's first start.
+
+    Raises:
+        BackendError: a build failed (its last lines are in the message), or the engine's
+            architecture is not one the agent is built for.
+    """
+    build = AgentBuild(agent_digest())
+    architecture = await backend.architecture()
+    targets = ALL_TARGETS if test else (AgentBuild.target(architecture),)
+    if test or await backend.image_info(build.image) is None:
+        builder = await _ensure_builder(backend, route, progress)
+        args = {"BUILDER": builder}
+        with _build_context(build.tag, targets) as context:
+            if test:
+                progress("testing the agent (go vet, go test -race)")
+                await backend.build_image(
+                    context,
+                    f"{AGENT_IMAGE}-test:{build.tag}",
+                    build_args=args,
+                    labels={DIGEST_LABEL: build.digest},
+                    on_line=build_lines(progress, "agent"),
+                    target="test",
+                )
+                await backend.remove_image(f"{AGENT_IMAGE}-test:{build.tag}")
+            if await backend.image_info(build.image) is None:
+                progress(f"building the agent {build.image} ({', '.join(targets)})")
+                await backend.build_image(
+                    context,
+                    build.image,
+                    build_args=args,
+                    labels={DIGEST_LABEL: build.digest},
+                    on_line=build_lines(progress, "agent"),
+                    target="" if test else "agent",
+                )
+                log.info("agent.built", image=build.image, tested=test, targets=targets)
+    return build, architecture

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,6 +67,14 @@ def recipe_digest(name: str = "base") -> str:
     return digest.hexdigest()
 
 
+def build_lines(progress: Progress, name: str) -> Callable[[str], None]:
+    """Where one build's own output goes: indented under the headlines, and marked with ``name``.
+
+    Two builds may run at once: the mark tells their lines apart.
+    """
+    return lambda line: progress(f"  [{name}] {line}")
+
+
 async def _build(backend: Backend, recipe: str, ref: str, *, base: str, progress: Progress) -> None:
     """Build recipe ``recipe`` (``images/RECIPE``) FROM ``base`` as ``ref``, labelled with its digest."""
     with importlib.resources.as_file(importlib.resources.files("sandboxd_images") / recipe) as context:
@@ -74,7 +83,7 @@ async def _build(backend: Backend, recipe: str, ref: str, *, base: str, progress
             ref,
             build_args={"BASE_IMAGE": base},
             labels={RECIPE_LABEL: recipe_digest(recipe)},
-            on_line=lambda line: progress(f"  {line}"),
+            on_line=build_lines(progress, recipe),
         )
 
 
@@ -166,11 +175,26 @@ async def ensure_e2b_image(backend: Backend, default_image: str, *, route: Image
     return ref
 
 
+_base_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+"""One lock per event loop: builds that run at once (the workspace image and the agent's
+toolchain) wait for one Debian base instead of each making its own."""
+
+
 async def ensure_base_image(backend: Backend, *, route: ImageRoute, progress: Progress) -> str:
-    """Return a Debian bookworm base image reference, pulling or debootstrapping it."""
+    """Return a Debian bookworm base image reference, pulling or debootstrapping it.
+
+    Calls made at once share one pull or debootstrap.
+    """
+    async with _base_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock()):
+        return await _ensure_base_image(backend, route=route, progress=progress)
+
+
+async def _ensure_base_image(backend: Backend, *, route: ImageRoute, progress: Progress) -> str:
     if route in {"auto", "registry"}:
         if await backend.image_info(REGISTRY_BASE) is not None:
             return REGISTRY_BASE
+        if route == "auto" and await backend.image_info(OFFLINE_BASE) is not None:
+            return OFFLINE_BASE  # made here before: the same base, without asking a registry again
         progress(f"pulling {REGISTRY_BASE}")
         try:
             await backend.pull_image(REGISTRY_BASE)

@@ -30,7 +30,7 @@ from sandboxd_protocol.v1 import (
     workspace_service_pb2_grpc,
 )
 
-from ..agentbuild import AgentBuild, ensure_agent
+from ..agentbuild import AgentBuild, ensure_agent, ensure_agent_image
 from ..audit import AuditLog
 from ..backend.base import Backend
 from ..e2b.server import E2BServer
@@ -551,6 +551,33 @@ async def _abandon_start(workspaces: WorkspaceManager, lease: InstanceLease) -> 
     await lease.release()
 
 
+async def _build_images(settings: Settings, backend: Backend, progress: Callable[[str], None] | None) -> None:
+    """Find or build the workspace image and, at the same time, the agent's.
+
+    The default workspace image (and E2B's, when its plane is on) and the agent's image are
+    built at once on a first start: they share one Debian base and overlap after it. Neither
+    runs a container, so both may come before the instance's lease.
+
+    A failure is logged, not raised: the daemon serves anyway (workspaces on other images work,
+    and a create says what is missing); the agent's is tried again, and reported, at its start.
+    """
+    say = progress or (lambda line: log.info("image.progress", line=line))
+
+    async def workspace_images() -> None:
+        try:
+            await ensure_default_image(backend, settings.default_image, route=settings.image_route, progress=say)
+            if settings.e2b_address:
+                await ensure_e2b_image(backend, settings.default_image, route=settings.image_route, progress=say)
+        except SandboxdError as exc:
+            log.error("image.unavailable", image=settings.default_image, error=exc.message)  # noqa: TRY400
+
+    async def agent_image() -> None:
+        with contextlib.suppress(SandboxdError):
+            await ensure_agent_image(backend, route=settings.image_route, progress=say)
+
+    await asyncio.gather(workspace_images(), agent_image())
+
+
 async def serve(
     settings: Settings,
     backend: Backend,
@@ -583,14 +610,7 @@ async def serve(
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         if build_image and settings.build_default_image:
-            say = progress or (lambda line: log.info("image.progress", line=line))
-            try:
-                await ensure_default_image(backend, settings.default_image, route=settings.image_route, progress=say)
-                if settings.e2b_address:
-                    await ensure_e2b_image(backend, settings.default_image, route=settings.image_route, progress=say)
-            except SandboxdError as exc:
-                # Serve anyway: workspaces on other images work, and the error says what to do.
-                log.error("image.unavailable", image=settings.default_image, error=exc.message)  # noqa: TRY400
+            await _build_images(settings, backend, progress)
         if stop.is_set():
             return  # stopped before it served: nothing to drain
         daemon = await start(settings, backend, environ=environ, progress=progress)
