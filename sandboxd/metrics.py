@@ -33,6 +33,7 @@ __all__ = [
     "OOM_KILLS",
     "OUTPUT_BYTES",
     "OUTPUT_DROPPED_BYTES",
+    "OUTPUT_GIVEN_BACK_BYTES",
     "PROCESS_ENDS",
     "REGISTRY",
     "RPC_REQUESTS",
@@ -96,6 +97,11 @@ AUDIT_WRITE_FAILURES = Counter(
 SESSIONS_EVICTED = Counter(
     "sandboxd_sessions_evicted", "Process sessions evicted to make room for new ones.", registry=REGISTRY
 )
+OUTPUT_GIVEN_BACK_BYTES = Counter(
+    "sandboxd_output_given_back_bytes",
+    "Output of sessions nobody streamed that the daemon let go past its budget (their agents send it again).",
+    registry=REGISTRY,
+)
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 """Gauge values by (metric name, sorted labels)."""
@@ -108,6 +114,10 @@ _GAUGES = {
     "sandboxd_engine_up": ("1 when the Docker engine answered the last look, else 0.", []),
     "sandboxd_lease_held": ("1 while the daemon holds its instance label's lease on the engine, else 0.", []),
     "sandboxd_sessions": ("Process sessions the daemon holds, by state (running, exited).", ["state"]),
+    "sandboxd_output_held_bytes": (
+        "Command output the daemon holds for callers now, in bytes (its budget: SANDBOXD_OUTPUT_MEMORY_BYTES).",
+        [],
+    ),
     "sandboxd_pool_members": ("Warm pool members, by class and state (ready, starting).", ["pool_class", "state"]),
 }
 

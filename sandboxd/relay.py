@@ -14,13 +14,14 @@ import asyncio
 import collections
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Protocol
 
 from sandboxd_protocol.redact import StreamRedactor
 
 from .agent import ProtocolError
 from .models import OutputChunk, OutputDropped
 
-__all__ = ["MAX_CHUNK_BYTES", "OutputRelay", "Piece", "partial_character"]
+__all__ = ["MAX_CHUNK_BYTES", "Meter", "OutputRelay", "Piece", "partial_character"]
 
 MAX_CHUNK_BYTES = 1024 * 1024
 """Largest output chunk sent as one event; adjacent chunks of a stream are merged up to it."""
@@ -54,6 +55,18 @@ class Piece:
 
 
 _Pieces = collections.deque[Piece]
+
+
+def _bytes(pieces: Iterable[Piece]) -> int:
+    """The output bytes ``pieces`` hold (a gap holds none)."""
+    return sum(len(p.event.data) for p in pieces if isinstance(p.event, OutputChunk))
+
+
+class Meter(Protocol):
+    """Where a relay reports how many output bytes it holds (the daemon's budget sums them)."""
+
+    def held_changed(self, delta: int) -> None:
+        """The relay holds ``delta`` bytes more (less, when negative)."""
 
 
 def _cut(piece: Piece, event: OutputChunk, at: int) -> tuple[Piece, Piece]:
@@ -117,8 +130,14 @@ class OutputRelay:
         redactors: one secret masker per stream (``stdout``, ``stderr``).
     """
 
-    def __init__(self, redactors: Mapping[str, StreamRedactor[bytes]]) -> None:
-        """Start at offset 0 with nothing held."""
+    def __init__(self, redactors: Mapping[str, StreamRedactor[bytes]], *, meter: Meter | None = None) -> None:
+        """Start at offset 0 with nothing held; ``meter`` is told how many bytes it holds."""
+        self._meter = meter
+        self.held_bytes = 0
+        """Output bytes here that callers have not taken (what :meth:`give_back` frees)."""
+        self._awaiting_resend = False
+        """The agent was asked to send again from the acknowledgement: frames it sent before it
+        read that ask come first, beyond what is here, and are let go until the first sent again."""
         self._redactors = dict(redactors)
         self._pieces: collections.deque[Piece] = collections.deque()
         self.changed = asyncio.Event()
@@ -139,7 +158,8 @@ class OutputRelay:
         """All output up to the end has arrived (or never will): the exit may go to callers."""
         self.dropped_bytes = 0
         self.trimmed_bytes = 0
-        """Of ``dropped_bytes``, those :meth:`trim` dropped (the agent's own gaps are in its exit report)."""
+        """Of ``dropped_bytes``, those the daemon dropped: a :meth:`trim`, or output that never came
+        before a :meth:`close` (the agent's own gaps are in its exit report)."""
         self._trim: tuple[int, int] | None = None
         """A trim callers have not taken yet: ``(end, bytes)``."""
         self._holding: tuple[int, int] | None = None
@@ -165,6 +185,11 @@ class OutputRelay:
         self.produced = max(ack, end)
 
     @property
+    def closed(self) -> bool:
+        """Whether no more output will come (:meth:`close`)."""
+        return self._closed
+
+    @property
     def masking(self) -> bool:
         """Whether any secret is masked here: an acknowledgement must then fall where the masking held nothing."""
         return any(redactor.active for redactor in self._redactors.values())
@@ -183,8 +208,11 @@ class OutputRelay:
         if offset + len(data) <= self.received:
             return  # sent again after a reconnect: callers have it already
         if offset > self.received:
+            if self._awaiting_resend:
+                return  # sent before the agent read the ask to send again: it comes again after
             msg = f"output at offset {offset}, expected {self.received}"
             raise ProtocolError(msg)
+        self._awaiting_resend = False  # what was sent again has begun: nothing stale comes after it
         data = data[self.received - offset :]
         self.received += len(data)
         redactor = self._redactors[stream]
@@ -231,12 +259,23 @@ class OutputRelay:
         self.complete = True
         self.changed.set()
 
+    def _set_held(self, held: int) -> None:
+        if held != self.held_bytes:
+            if self._meter is not None:
+                self._meter.held_changed(held - self.held_bytes)
+            self.held_bytes = held
+
+    def _recount(self) -> None:
+        self._set_held(_bytes(self._pieces) + _bytes(self._held_back))
+
     def _append(self, piece: Piece) -> None:
         if self._skip_to:
             kept = next(self._skipped([piece]), None)
             if kept is None:
                 return  # a resumed caller has it (the masking saw it)
             piece = kept
+        if isinstance(piece.event, OutputChunk):
+            self._set_held(self.held_bytes + len(piece.event.data))
         if self._holding is not None:
             self._held_back.append(piece)  # beyond the head: it waits for the agent's answer
             return
@@ -308,6 +347,7 @@ class OutputRelay:
         self.dropped_bytes += dropped
         self.trimmed_bytes += dropped
         self._trim = (end, dropped)
+        self._recount()
         self.changed.set()
         self._check_complete()
         return dropped
@@ -317,10 +357,25 @@ class OutputRelay:
         self.trim(-1)
 
     def close(self) -> None:
-        """No more output will come (the session failed): what is here is all callers get."""
-        self._closed = self.complete = True
+        """No more output will come: what is here is all callers get.
+
+        Output the command wrote that has not come (its exit said where its output ends, and
+        the session is let go before the rest arrived: its workspace deleted, the daemon
+        stopping) is a gap of that many bytes, told before the exit: a stream never ends as if
+        complete with output missing.
+        """
+        if self._closed:
+            return
+        self._closed = True
         self._hold_next = None
         self._settle(-1)  # no answer will come to a hold: what it held back goes too
+        if not self.complete and self.end is not None and self.received < self.end:
+            missing = self.end - self.received
+            self._append(Piece(OutputDropped(dropped_bytes=missing), raw_end=self.end))
+            self.received = self.end
+            self.dropped_bytes += missing
+            self.trimmed_bytes += missing
+        self.complete = True
         self.changed.set()
 
     def rewind(self, ack: int) -> None:
@@ -334,6 +389,7 @@ class OutputRelay:
             self._trim = None
         self._holding, self._held_back, self._hold_next = None, collections.deque(), None
         self._pieces.clear()
+        self._set_held(0)
         self.received = max(self.delivered, ack)
         self._gap_at, self._gap_seen = -1, 0
         for redactor in self._redactors.values():
@@ -342,6 +398,27 @@ class OutputRelay:
         if not self._closed:
             self.complete = False  # the end waits for the output sent again
             self._check_complete()
+
+    def forget(self) -> None:
+        """Nobody will take what is here (the session is let go with no caller reading): let it go."""
+        self._pieces.clear()
+        self._held_back.clear()
+        self._set_held(0)
+
+    def give_back(self, acknowledged: int) -> int:
+        """Let go of the output held here for callers, none of whom streams it now; return the bytes freed.
+
+        The agent keeps every byte it was not told to forget (from ``acknowledged``, where it was
+        last told): it sends them again once :attr:`resend` is asked for, when a caller streams
+        this output again. Nothing is let go while a hold waits for the agent's answer, or once
+        the session is closed (no more can come).
+        """
+        if self._closed or self._holding is not None or not self.held_bytes:
+            return 0
+        freed = self.held_bytes
+        self.rewind(acknowledged)
+        self.resend = self._awaiting_resend = True
+        return freed
 
     def ack_position(self) -> tuple[int, int]:
         """What may be acknowledged: ``(offset, gap at it)``, short of any byte the masking holds.
@@ -366,6 +443,7 @@ class OutputRelay:
         """
         pieces = list(self._pieces)
         self._pieces.clear()
+        self._set_held(_bytes(self._held_back))
         self.changed.clear()
         merged: list[tuple[OutputChunk | OutputDropped, Piece]] = []
         pending: list[bytes] = []
@@ -439,6 +517,7 @@ class OutputRelay:
         if position > self.delivered:
             self._skip_to = max(self._skip_to, position)
             self._pieces = collections.deque(self._skipped(self._pieces))
+            self._recount()
             self.delivered, self.delivered_gap = position, 0
             return
         if not resendable:
@@ -449,6 +528,7 @@ class OutputRelay:
             return
         self._pieces.clear()
         self._holding, self._held_back, self._hold_next, self._trim = None, collections.deque(), None, None
+        self._set_held(0)
         for redactor in self._redactors.values():
             redactor.flush()  # the agent sends again from a position where they held nothing
         self._held_from = dict.fromkeys(self._redactors)
@@ -459,7 +539,7 @@ class OutputRelay:
             self.changed.set()
         self._skip_to = position
         self.delivered, self.delivered_gap, self.received = position, 0, acknowledged
-        self.resend = True
+        self.resend = self._awaiting_resend = True
         if not self._closed:
             self.complete = False
             self._check_complete()

@@ -71,11 +71,20 @@ class Settings:
     """Undelivered output held per process before dropping, in bytes."""
 
     max_output_buffer_bytes: int = 16 * _MIB
-    """Largest ``max_output_bytes`` a caller may ask for, in bytes: with ``max_sessions`` it bounds
-    the daemon's memory for unread output (64 x 16 MiB by default)."""
+    """Largest ``max_output_bytes`` a caller may ask for, in bytes."""
 
-    max_sessions: int = 64
-    """Live process sessions per daemon before eviction."""
+    output_memory_bytes: int = 256 * _MIB
+    """The daemon's budget for command output it holds, in bytes: output on its way from the
+    agents to the calls streaming it, and output of sessions nobody streams. Callers reading
+    at once share it (each is let at least 256 KiB ahead of what it has taken); past it, the
+    output a session nobody streams has received is let go and sent again by its agent,
+    which keeps every byte until a caller takes it. Commands are never refused for it."""
+
+    workspace_max_sessions: int = 64
+    """Live process sessions per workspace (one agent's: its background commands and the
+    exited ones whose output is still kept): a new command past it evicts the workspace's
+    least recently used exited session, else its least recently used idle one; when every
+    one is in use by a call it is refused."""
 
     kill_grace_s: float = 2.0
     """Time between SIGTERM and SIGKILL when a command is killed, in seconds."""
@@ -188,10 +197,9 @@ class Settings:
     """Most snapshots one tenant may keep; 0 means no limit."""
 
     tenant_max_sessions: int = 0
-    """Live process sessions per tenant; 0 means a fair share: ``max_sessions`` divided by the
-    number of tenants in the tokens file (all of it with one tenant), so that no tenant can take
-    another's last slot. A running command is only ever evicted by its own tenant; set values
-    whose sum exceeds ``max_sessions`` and one tenant's running commands can keep another out."""
+    """Live process sessions per tenant across its workspaces; 0 means no cap but each
+    workspace's. Past it, a new command evicts the tenant's own sessions as a full workspace
+    does, and is refused when all are in use by calls."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: object) -> Settings:
@@ -206,8 +214,12 @@ class Settings:
             The settings, with ``socket_path`` resolved.
 
         Raises:
-            InvalidSpecError: a value does not parse as its field's type.
+            InvalidSpecError: a value does not parse as its field's type, or a setting that is gone is set.
         """
+        for name, instead in _GONE.items():
+            if name in environ:
+                msg = f"{name} is no longer read: {instead}"
+                raise InvalidSpecError(msg)
         hints = get_type_hints(cls)
         values: dict[str, object] = {}
         if "DOCKER_HOST" in environ:
@@ -240,6 +252,16 @@ def default_audit_path(environ: Mapping[str, str]) -> str:
     state = environ.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state")
     return os.path.join(state, "sandboxd", "audit.jsonl")
 
+
+_GONE = {
+    "SANDBOXD_MAX_SESSIONS": (
+        "the process session cap is per workspace (SANDBOXD_WORKSPACE_MAX_SESSIONS, default 64; "
+        "SANDBOXD_TENANT_MAX_SESSIONS caps a tenant), and the daemon as a whole is bounded by the memory "
+        "its held output may take (SANDBOXD_OUTPUT_MEMORY_BYTES); unset it"
+    ),
+}
+"""Settings an earlier release read, and what took their place: a daemon told one refuses to
+start rather than run without it silently."""
 
 _INSTANCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 

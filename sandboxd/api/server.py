@@ -159,6 +159,7 @@ class _Gauges:
             samples[key] = samples.get(key, 0.0) + 1
         for state, count in self.processes.session_counts().items():
             samples[("sandboxd_sessions", (("state", state),))] = float(count)
+        samples[("sandboxd_output_held_bytes", ())] = float(self.processes.budget.held)
         if self.workspaces.pool is not None:
             for status in self.workspaces.pool.status():
                 name = status.pool_class.name
@@ -361,7 +362,7 @@ async def start(
     try:
         if agent is None:
             agent = await _find_agent(settings, backend, progress)
-        processes = ProcessTable(backend, settings, tenants=authenticator.tenant_count)
+        processes = ProcessTable(backend, settings)
         workspaces = WorkspaceManager(backend, settings, processes, secrets=secret_store, agent=agent)
         workspaces.pool = WarmPool(  # a bad pool file stops the start
             workspaces.members,

@@ -6,14 +6,34 @@ daemon sets, keeping each byte until the daemon acknowledges it (``ack``). An
 caller reads, the acknowledgement, whether a change is worth a frame, and when the last
 reader left with more in flight than the session keeps (a tail pull, which lets the daemon
 cut the output to its head). It does no I/O and reads no clock: the session gives it the
-relay's offsets and sends what it returns.
+relay's offsets and sends what it returns. An :class:`OutputBudget` bounds what the daemon
+holds across every session: reading callers share it as windows, and the output held for
+sessions nobody streams goes back to their agents past it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import weakref
+from typing import Protocol
 
-__all__ = ["ACK_STEP_BYTES", "REPLAY_BYTES", "STREAM_WINDOW_BYTES", "WINDOW_BYTES", "OutputFlow", "Pull"]
+import structlog
+
+from .. import metrics
+
+__all__ = [
+    "ACK_STEP_BYTES",
+    "MIN_SHARE_BYTES",
+    "REPLAY_BYTES",
+    "STREAM_WINDOW_BYTES",
+    "WINDOW_BYTES",
+    "OutputBudget",
+    "OutputFlow",
+    "Pull",
+]
+
+log = structlog.get_logger("sandboxd.processes")
 
 WINDOW_BYTES = 4 * 1024 * 1024
 """Most output the daemon lets an agent without the ``tail`` feature send beyond what callers
@@ -38,6 +58,85 @@ for unread output. None is kept where secrets are masked (``OutputFlow.next(repl
 
 ACK_STEP_BYTES = 256 * 1024
 """Delivered bytes that make a new acknowledgement worth a frame (the end of a batch always does)."""
+
+MIN_SHARE_BYTES = 256 * 1024
+"""The least window a reading caller gets however many read at once: every stream moves."""
+
+
+class Holder(Protocol):
+    """A session whose output the daemon may hold (``ProcessSession``)."""
+
+    @property
+    def held_bytes(self) -> int:
+        """Output bytes held for its callers now."""
+        ...
+
+    def give_back_output(self) -> int:
+        """Let its held output go to its agent, which sends it again when a caller streams it; the bytes freed."""
+        ...
+
+
+class OutputBudget:
+    """The daemon's budget for the command output it holds, shared by every session.
+
+    Output is held between the agents and the calls streaming it, and for sessions nobody
+    streams. Callers reading at once share the budget as their windows (each is let at least
+    :data:`MIN_SHARE_BYTES` ahead of what it has taken); past the budget, the output held for
+    sessions nobody streams goes back to their agents, the largest first, until three
+    quarters of it are used: each agent keeps every byte it was not told to forget and sends
+    it again when a caller streams it. Nothing is refused or dropped for it.
+
+    It is each relay's meter (``held_changed``).
+
+    Args:
+        limit_bytes: the budget, in bytes.
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        """Start with nothing held and nobody reading."""
+        self.limit = limit_bytes
+        self.held = 0
+        """Output bytes held now, across every session."""
+        self._readers: weakref.WeakSet[object] = weakref.WeakSet()
+        self._holders: weakref.WeakSet[Holder] = weakref.WeakSet()
+        self._relief: asyncio.Handle | None = None
+
+    def track(self, holder: Holder) -> None:
+        """Count ``holder`` among the sessions whose held output may go back to their agents."""
+        self._holders.add(holder)
+
+    def reading(self, reader: object, now: bool) -> None:
+        """Whether ``reader`` (a session's stream) has a caller reading now."""
+        if now:
+            self._readers.add(reader)
+        else:
+            self._readers.discard(reader)
+            self._check()  # what it holds may go back now
+
+    def share(self) -> int:
+        """The window of one reading caller: the budget over the callers reading, at least :data:`MIN_SHARE_BYTES`."""
+        return max(MIN_SHARE_BYTES, self.limit // max(1, len(self._readers)))
+
+    def held_changed(self, delta: int) -> None:
+        """A relay holds ``delta`` bytes more (less, when negative); past the budget, relief follows."""
+        self.held += delta
+        self._check()
+
+    def _check(self) -> None:
+        if self.held > self.limit and self._relief is None:
+            self._relief = asyncio.get_running_loop().call_soon(self._relieve)
+
+    def _relieve(self) -> None:
+        self._relief = None
+        target = self.limit * 3 // 4
+        for holder in sorted(self._holders, key=lambda h: h.held_bytes, reverse=True):
+            if self.held <= target or not holder.held_bytes:
+                break
+            freed = holder.give_back_output()
+            if freed:
+                metrics.OUTPUT_GIVEN_BACK_BYTES.inc(freed)
+        if self.held > self.limit:
+            log.info("process.output_budget_full", held_bytes=self.held, budget_bytes=self.limit)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,9 +165,10 @@ class OutputFlow:
             or the daemon's default); at least 1.
     """
 
-    def __init__(self, *, buffer_bytes: int) -> None:
-        """Start with nothing said to the agent."""
+    def __init__(self, *, buffer_bytes: int, budget: OutputBudget | None = None) -> None:
+        """Start with nothing said to the agent; a reader's window is within ``budget``'s share."""
         self.buffer_bytes = buffer_bytes
+        self.budget = budget
         self.ack_step = max(1, min(ACK_STEP_BYTES, buffer_bytes // 4))
         """Progress, in bytes, worth a frame: an acknowledgement frees the agent's buffer, so a
         small buffer needs them often."""
@@ -84,12 +184,13 @@ class OutputFlow:
     def window(self, *, tails: bool) -> int:
         """Bytes the agent may send beyond callers' take while one reads (see ``STREAM_WINDOW_BYTES``).
 
+        Within the budget's share of each reading caller.
+
         Args:
             tails: the agent answers tail pulls (its welcome lists ``tail``).
         """
-        if tails:
-            return max(STREAM_WINDOW_BYTES, self.buffer_bytes)
-        return min(WINDOW_BYTES, self.buffer_bytes)
+        window = max(STREAM_WINDOW_BYTES, self.buffer_bytes) if tails else min(WINDOW_BYTES, self.buffer_bytes)
+        return window if self.budget is None else min(window, self.budget.share())
 
     def next(
         self,

@@ -21,7 +21,7 @@ from ..models import ExecEvent, ExecSpec, ExecStarted, ExitStatus, StopReason
 from ..relay import OutputRelay
 from ..settings import Settings
 from .context import ExecContext, start_request
-from .flow import OutputFlow
+from .flow import OutputBudget, OutputFlow
 from .rules import (
     CTRL_C,
     MAX_TERMINAL_CELLS,
@@ -70,8 +70,13 @@ class ProcessSession:
         settings: Settings,
         process_id: str,
         background: set[asyncio.Task[None]] | None = None,
+        budget: OutputBudget | None = None,
     ) -> None:
-        """Prepare a session; :meth:`start` runs it (or :meth:`adopt` takes over a running one)."""
+        """Prepare a session; :meth:`start` runs it (or :meth:`adopt` takes over a running one).
+
+        ``budget`` is the daemon's for held output: the session's windows are within it, and
+        it may give the session's held output back to the agent (:meth:`give_back_output`).
+        """
         self.link = link
         self.context = context
         self.spec = spec
@@ -88,9 +93,10 @@ class ProcessSession:
             mask=functools.partial(context.secrets.mask_text, tenant=context.tenant),
         )
         self.output = OutputRelay(
-            {stream: context.secrets.redactor(context.tenant, tty=spec.tty) for stream in ("stdout", "stderr")}
+            {stream: context.secrets.redactor(context.tenant, tty=spec.tty) for stream in ("stdout", "stderr")},
+            meter=budget,
         )
-        self.flow = OutputFlow(buffer_bytes=spec.max_output_bytes or settings.output_buffer_bytes)
+        self.flow = OutputFlow(buffer_bytes=spec.max_output_bytes or settings.output_buffer_bytes, budget=budget)
         self.spill_path = f"{SPILL_DIR}/{process_id}.out"
         """Where the whole output goes once it passes ``spec.spill_after_bytes``."""
         self._background: set[asyncio.Task[None]] = background if background is not None else set()
@@ -100,7 +106,10 @@ class ProcessSession:
             flow=self.flow,
             heartbeat_interval_s=settings.heartbeat_interval_s,
             background=self._background,
+            budget=budget,
         )
+        if budget is not None:
+            budget.track(self)
         self.shutting_down = False
         """Set when the daemon stops: departing streams then leave their commands alone."""
         self.stdin_closed = spec.stdin_closed and not spec.tty
@@ -270,6 +279,25 @@ class ProcessSession:
     def agent_resumes(self) -> bool:
         """Whether the agent sends again on request and keeps a broken reader's back-pressure."""
         return self._agent_says("resume")
+
+    @property
+    def held_bytes(self) -> int:
+        """Output bytes the daemon holds for this session's callers now."""
+        return self.output.held_bytes
+
+    def give_back_output(self) -> int:
+        """Let the output held for callers go, when none streams it; return the bytes freed.
+
+        The agent sends it again when a caller streams it (it keeps every byte it was not told
+        to forget). Nothing goes while a caller reads, or with an agent that cannot send again.
+        """
+        if self.stream.reading or not self.agent_resumes:
+            return 0
+        freed = self.output.give_back(self.flow.acked)
+        if freed:
+            self.state.count_trimmed(self.output.trimmed_bytes)  # a trim not yet told is undone
+            log.debug("process.output_given_back", process_id=self.process_id, freed_bytes=freed)
+        return freed
 
     def on_tail(self, end: int) -> None:
         """Where the agent's held output ends, asked when the last caller left: more than the session keeps is cut."""
@@ -501,5 +529,8 @@ class ProcessSession:
         elif not self.state.started.done():
             self._fail_start(FailedPreconditionError(reason or "the daemon stopped following this command"))
         self.output.close()
+        self.state.count_trimmed(self.output.trimmed_bytes)  # output that will never come is dropped
+        if not self.stream.reading:
+            self.output.forget()  # out of the table for good: no call will take it
         if self.channel is not None:
             self.channel.close()

@@ -19,7 +19,7 @@ from ..agent import SessionChannel
 from ..errors import SandboxdError
 from ..models import ExecEvent, ExecStarted, ExitStatus, Heartbeat, Yielded
 from ..relay import OutputRelay
-from .flow import OutputFlow
+from .flow import OutputBudget, OutputFlow
 
 __all__ = ["Command", "OutputStream"]
 
@@ -77,6 +77,7 @@ class OutputStream:
         flow: its flow control.
         heartbeat_interval_s: seconds without an event after which a stream sends a ``Heartbeat``.
         background: where tasks the stream starts are kept (the table cancels them at close).
+        budget: the daemon's budget for held output: told who reads now.
     """
 
     def __init__(
@@ -87,16 +88,20 @@ class OutputStream:
         flow: OutputFlow,
         heartbeat_interval_s: float,
         background: set[asyncio.Task[None]],
+        budget: OutputBudget | None = None,
     ) -> None:
         """Begin held by the call that starts the command."""
         self._command = command
         self._output = output
         self._flow = flow
+        self._budget = budget
         self._heartbeat_interval_s = heartbeat_interval_s
         self._background = background
         self._pulling: asyncio.Task[None] | None = None
         self.attached = 1
         """Calls streaming this output; the Exec call that starts it counts from the start."""
+        if budget is not None:
+            budget.reading(self, True)
         self.fresh = True
         """Not yet streamed to its caller: never evicted in that state (it would kill a command
         whose Exec call has not even attached)."""
@@ -105,6 +110,12 @@ class OutputStream:
         self.awaited_until = 0.0
         """Until when (``time.monotonic()``) a caller that was reading before a daemon restart is
         waited for: the agent keeps its back-pressure meanwhile (a reader, to the pulls)."""
+
+    def _readers_changed(self) -> None:
+        if self._budget is not None:
+            self._budget.reading(self, self.attached > 0)
+        if self.attached == 0 and self._output.closed:
+            self._output.forget()  # the session was let go: no call will take what is left
 
     @property
     def idle(self) -> bool:
@@ -120,6 +131,7 @@ class OutputStream:
             grace_s: how long, in seconds.
         """
         self.attached, self.fresh = 0, False
+        self._readers_changed()
         if reading:
             self.awaited_until = time.monotonic() + grace_s
             task = asyncio.create_task(self._stop_awaiting(grace_s))
@@ -141,6 +153,7 @@ class OutputStream:
         if self.fresh:
             self.fresh = False
             self.attached -= 1  # the starting call's reservation
+            self._readers_changed()
             self.schedule_pull()
 
     def schedule_pull(self) -> None:
@@ -193,6 +206,7 @@ class OutputStream:
         if not self.fresh:
             self.attached += 1
         self.fresh = False
+        self._readers_changed()
         self.awaited_until = 0.0  # whoever was waited for after a restart: a caller is here
 
     def _bystander_end(self) -> ExitStatus | Yielded:
@@ -235,10 +249,11 @@ class OutputStream:
             yield self._bystander_end()
             return
         self._attach()
-        resend = False
         if resume_from is not None:
             output.resume_at(resume_from, self._flow.acked, resendable=command.agent_resumes)
-            resend = output.resend
+        # Sent again from the acknowledgement: bytes lost behind a resumed caller, or output the
+        # budget gave back to the agent while nobody streamed it.
+        resend, output.resend = output.resend, False
         await self.pull(force=True, resend=resend)
         finished = left = False
 
@@ -249,6 +264,7 @@ class OutputStream:
             if not left:
                 left = True
                 self.attached -= 1
+                self._readers_changed()
                 command.last_used = time.monotonic()
                 await asyncio.shield(self.pull(force=True))
 

@@ -9,7 +9,7 @@ import dataclasses
 import datetime
 import re
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import structlog
 from sandboxd_protocol.limits import MAX_COMMAND_BYTES, MAX_ID_BYTES, MAX_PATH_BYTES, utf8_size
@@ -22,6 +22,7 @@ from ..models import ExecSpec, ExecStarted, StopReason
 from ..settings import Settings
 from ..tenancy import current_tenant
 from .context import ExecContext
+from .flow import OutputBudget
 from .rules import MAX_TERMINAL_CELLS, check_env
 from .session import ProcessSession
 
@@ -38,34 +39,38 @@ def _new_process_id() -> str:
 
 
 class ProcessTable:
-    """All live process sessions of the daemon, capped at ``settings.max_sessions``.
+    """All live process sessions of the daemon, at most ``workspace_max_sessions`` per workspace.
 
-    A session belongs to its workspace's tenant: other tenants get NOT_FOUND.
-    After a restart, :meth:`adopt` takes over the sessions each workspace's agent kept.
+    The cap is one agent environment's: each workspace holds at most that many live
+    sessions, whatever other workspaces hold. A tenant may be capped across its workspaces
+    too (``tenant_max_sessions``). A session belongs to its workspace's tenant: other tenants
+    get NOT_FOUND. After a restart, :meth:`adopt` takes over the sessions each workspace's
+    agent kept.
 
-    Eviction (seed 000): an exited session first (oldest first), else the least
-    recently used idle one, whose whole tree is killed. An evicted id stays known
-    so that later calls get NOT_FOUND saying it was evicted.
+    Eviction, when a new command finds its workspace (or its tenant) at its cap: an exited
+    session first (the least recently used), else the least recently used idle one, whose
+    whole tree is killed. A session a call is streaming, or whose starting call has not
+    streamed yet, is never evicted: its caller is about to read it. An evicted id stays
+    known, so that later calls get NOT_FOUND saying it was evicted.
     """
 
-    def __init__(self, backend: Backend, settings: Settings, *, tenants: Callable[[], int] = lambda: 1) -> None:
+    def __init__(self, backend: Backend, settings: Settings) -> None:
         """Create an empty table.
 
         Args:
             backend: the container engine.
-            settings: the caps (``max_sessions``, ``tenant_max_sessions``).
-            tenants: how many tenants are configured now (the tokens file's); sets each
-                tenant's default share of the sessions.
+            settings: the caps (``workspace_max_sessions``, ``tenant_max_sessions``).
         """
         self.backend = backend
         self.settings = settings
-        self._tenants = tenants
         self._sessions: dict[str, ProcessSession] = {}
         self._stopping = False
         self._evicted: collections.OrderedDict[str, tuple[str, str]] = collections.OrderedDict()
         """Ids no longer in the table: why (a sentence's predicate) and the tenant that may hear it."""
         self._lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        self.budget = OutputBudget(settings.output_memory_bytes)
+        """The daemon's budget for held output, which every session's output counts against."""
 
     def get(self, process_id: str) -> ProcessSession:
         """Return a session.
@@ -147,20 +152,21 @@ class ProcessTable:
         self.check_spec(spec)
         context.secrets.check(spec.env, "env", context.tenant)
         async with self._lock:
-            tenant = context.tenant
-            tenant_cap = self.tenant_share()
+            workspace_cap = self.settings.workspace_max_sessions
+            tenant_cap = self.settings.tenant_max_sessions
             while True:
-                mine = sum(1 for s in self._sessions.values() if s.context.tenant == tenant)
-                if mine >= tenant_cap:
-                    self._evict_one(tenant, f"tenant {tenant!r} is at its {tenant_cap} process sessions")
-                elif len(self._sessions) >= self.settings.max_sessions:
-                    self._evict_one(
-                        tenant,
-                        f"the daemon is at its {self.settings.max_sessions} process sessions",
-                        others=True,
-                    )
-                else:
-                    break
+                ours = [s for s in self._sessions.values() if s.context.workspace_id == context.workspace_id]
+                if len(ours) >= workspace_cap:
+                    full = f"workspace {context.workspace_id!r} is at its {workspace_cap} process sessions"
+                    self._evict_one(ours, full, whose="its workspace's")
+                    continue
+                if tenant_cap:
+                    theirs = [s for s in self._sessions.values() if s.context.tenant == context.tenant]
+                    if len(theirs) >= tenant_cap:
+                        full = f"tenant {context.tenant!r} is at its {tenant_cap} process sessions"
+                        self._evict_one(theirs, full, whose="its tenant's")
+                        continue
+                break
             process_id = _new_process_id()
             session = ProcessSession(
                 link=context.link,
@@ -169,6 +175,7 @@ class ProcessTable:
                 settings=self.settings,
                 process_id=process_id,
                 background=self._retiring,
+                budget=self.budget,
             )
             self._sessions[process_id] = session
             session.shutting_down = self._stopping
@@ -179,53 +186,29 @@ class ProcessTable:
             raise
         return session, started
 
-    def tenant_share(self) -> int:
-        """Most sessions one tenant may hold: ``tenant_max_sessions``, else a fair share of the daemon's.
+    def _evict_one(self, sessions: builtins.list[ProcessSession], full: str, *, whose: str) -> None:
+        """Take one of ``sessions`` (a full workspace's, or a full tenant's) out of the table now.
 
-        The fair share is ``max_sessions`` divided by the number of configured tenants (all
-        of it with one), so the shares sum to the cap and no tenant can take another's last
-        slot with commands the other may not end.
-        """
-        if self.settings.tenant_max_sessions:
-            return self.settings.tenant_max_sessions
-        return max(1, self.settings.max_sessions // max(1, self._tenants()))
+        It is killed in the background.
 
-    def _evict_one(self, tenant: str, full: str, *, others: bool = False) -> None:
-        """Take one session out of the table now for ``tenant``'s new one; kill it in the background.
-
-        Seed 000's order, fair between tenants: an exited session (``tenant``'s own first;
-        then, with ``others``, the oldest idle one of any tenant: an exited session holds
-        only unread output), then with ``others`` the least recently used idle session of a
-        tenant holding more than its share (shares shrink when a tenant is added to the tokens
-        file), then ``tenant``'s own least recently used idle one. No other running command is
-        a candidate: one tenant's load never ends another's commands within their share.
+        The tool contract's order: an exited session first, else the least recently used
+        idle one (both by when a call last used them). A session a call is streaming, or
+        whose starting call has not streamed yet, is no candidate: its caller is about to
+        read it (an exited one may still be delivering its last output).
 
         Raises:
-            QuotaExceededError: nothing may go (every candidate is attached, or there is none).
+            QuotaExceededError: nothing may go: every session is in use by a call.
         """
-        everyone = list(self._sessions.values())
-        sessions = [s for s in everyone if s.context.tenant == tenant]
-        share = self.tenant_share()
-        held = collections.Counter(s.context.tenant for s in everyone)
         candidates = (
-            ([s for s in sessions if not s.running], "it had exited and the session table was full"),
-            (
-                [s for s in everyone if others and not s.running and s.idle],
-                "it had exited and the session table was full",
-            ),
-            (
-                [s for s in everyone if others and s.running and s.idle and held[s.context.tenant] > share],
-                "it was the least recently used idle session of a tenant over its share when the table was full",
-            ),
+            ([s for s in sessions if not s.running and s.idle], f"it had exited and {whose} sessions were full"),
             (
                 [s for s in sessions if s.running and s.idle],
-                "it was the least recently used idle session when the table was full",
+                f"it was the least recently used idle session when {whose} sessions were full",
             ),
         )
         found = next(((group, why) for group, why in candidates if group), None)
         if found is None:
-            busy = f"all {len(sessions)} of its sessions are in use by active calls" if sessions else "it has none"
-            msg = f"{full} and none can be evicted for tenant {tenant!r}: {busy}"
+            msg = f"{full} and none can be evicted: all {len(sessions)} are in use by active calls"
             raise QuotaExceededError(msg)
         victim, why = min(found[0], key=lambda s: s.last_used), found[1]
         self._sessions.pop(victim.process_id, None)
@@ -306,6 +289,7 @@ class ProcessTable:
                 settings=self.settings,
                 process_id=state.process_id,
                 background=self._retiring,
+                budget=self.budget,
             )
             session.start_time = start_time
             session.adopt(state)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 
@@ -530,7 +531,7 @@ class TestHostile:
 
 class TestSessions:
     async def test_eviction_lru_then_exited_first(self, tmp_path, docker_client) -> None:
-        """A full daemon's oldest idle session is evicted (killed, NOT_FOUND saying evicted); exited go first.
+        """A full workspace's oldest idle session is evicted (killed, NOT_FOUND saying evicted); exited go first.
 
         The cap is 8 here, not the default 64 (which ``test_settings`` holds): the rule is the same
         at any cap, and 65 starts took 18 s of a loaded suite.
@@ -542,7 +543,7 @@ class TestSessions:
             return {line.split()[1] for line in out.splitlines() if re.fullmatch(r"sleep 100\.\d+", line.strip())}
 
         cap = 8
-        thread = DaemonThread(make_settings(tmp_path, max_sessions=cap)).start()
+        thread = DaemonThread(make_settings(tmp_path, workspace_max_sessions=cap)).start()
         try:
             async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
                 ws = await client.create_workspace(labels={"test": "eviction"})
@@ -565,6 +566,101 @@ class TestSessions:
                     assert newest in {p.process_id for p in await client.list_processes(ws.workspace_id)}
                 finally:
                     await ws.delete()
+        finally:
+            thread.stop()
+
+    async def _exited_with_output_to_come(self, client, ws, docker_client) -> str:  # type: ignore[no-untyped-def]
+        """A ``seq 1 100000`` that printed only once its Exec had yielded and that has exited since:
+        its 588,895 bytes are in its agent (which keeps up to 16 MiB of it), sent when a caller streams
+        them. The daemon's output budget is a byte: what it was let have went back to the agent."""
+        container = docker_client.containers.get(ws.info.container_id)
+        command = "until [ -e /tmp/go ]; do sleep 0.02; done; seq 1 100000"
+        process_id = await start_yielded(ws, command, max_output_bytes=16 * 1024 * 1024)
+        container.exec_run(["touch", "/tmp/go"])  # through the engine: no session of sandboxd's
+        deadline = time.monotonic() + 30
+        while any(p.running for p in await client.list_processes(ws.workspace_id) if p.process_id == process_id):
+            assert time.monotonic() < deadline, "the command never exited"
+            await asyncio.sleep(0.05)
+        return process_id
+
+    async def _polled_while_frozen(self, client, process_id: str, container):  # type: ignore[no-untyped-def]
+        """Freeze the workspace (its agent sends nothing), then poll the process until its stream is
+        attached (its heartbeats show it); return the task collecting the poll's events."""
+        container.pause()
+        events: list[object] = []
+        attached = asyncio.Event()
+
+        async def poll() -> list[object]:
+            async for event in client.input(process_id, yield_after_s=120):
+                events.append(event)
+                if isinstance(event, Heartbeat):
+                    attached.set()
+            return events
+
+        task = asyncio.create_task(poll())
+        await asyncio.wait_for(attached.wait(), 30)
+        return task
+
+    async def test_an_exited_session_still_delivering_is_never_evicted(self, tmp_path, docker_client) -> None:
+        """C17: a command has exited but its output has not come yet; a caller streams it; a new command
+        fills the workspace. The streamed session is not evicted (the idle one is), and its caller gets
+        every byte and the exit: never a clean exit with output missing."""
+        settings = make_settings(tmp_path, workspace_max_sessions=2, heartbeat_interval_s=0.2, output_memory_bytes=1)
+        thread = DaemonThread(settings).start()
+        try:
+            async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+                ws = await client.create_workspace(labels={"test": "evict-streamed"})
+                container = docker_client.containers.get(ws.info.container_id)
+                try:
+                    process_id = await self._exited_with_output_to_come(client, ws, docker_client)
+                    idle = (await ws.exec("true").wait()).process_id  # exited and nobody streams it
+                    reader = await self._polled_while_frozen(client, process_id, container)
+                    try:
+                        starting = asyncio.create_task(ws.exec("echo third").wait())  # needs a session
+                        deadline = time.monotonic() + 30
+                        while True:  # the idle one makes room (the frozen agent cannot start the command yet)
+                            try:
+                                await client.input(idle, yield_after_s=0.25).wait()
+                            except NotFoundError as exc:
+                                evicted = exc.message
+                                break
+                            assert not reader.done(), f"the streamed session was evicted: {reader.result()}"
+                            assert time.monotonic() < deadline, "nothing was evicted"
+                            await asyncio.sleep(0.05)
+                    finally:
+                        container.unpause()
+                    assert "was evicted: it had exited" in evicted
+                    events = await asyncio.wait_for(reader, 60)
+                    out = b"".join(e.data for e in events if isinstance(e, Output))
+                    assert [e for e in events if isinstance(e, Dropped)] == []
+                    assert out == "".join(f"{i}\n" for i in range(1, 100001)).encode()
+                    exited = events[-1]
+                    assert isinstance(exited, Exited)
+                    assert (exited.exit_code, exited.stop_reason, exited.dropped_bytes) == (0, "exited", 0)
+                    assert (await asyncio.wait_for(starting, 60)).stdout == "third\n"
+                finally:
+                    with contextlib.suppress(Exception):
+                        container.unpause()
+                    await ws.delete()
+        finally:
+            thread.stop()
+
+    async def test_output_that_will_never_come_is_a_counted_gap_before_the_exit(self, tmp_path, docker_client) -> None:
+        """The workspace of an exited command whose output has not come is deleted while a caller streams
+        it: the caller gets a gap of the missing bytes, then the exit, which counts them."""
+        thread = DaemonThread(make_settings(tmp_path, heartbeat_interval_s=0.2, output_memory_bytes=1)).start()
+        try:
+            async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
+                ws = await client.create_workspace(labels={"test": "gap-at-delete"})
+                container = docker_client.containers.get(ws.info.container_id)
+                process_id = await self._exited_with_output_to_come(client, ws, docker_client)
+                reader = await self._polled_while_frozen(client, process_id, container)
+                await ws.delete()
+                events = await asyncio.wait_for(reader, 60)
+                kinds = [type(e) for e in events if not isinstance(e, Heartbeat)]
+                assert kinds == [Dropped, Exited], events
+                gap, exited = (e for e in events if not isinstance(e, Heartbeat))
+                assert (gap.dropped_bytes, exited.exit_code, exited.dropped_bytes) == (588_895, 0, 588_895)
         finally:
             thread.stop()
 

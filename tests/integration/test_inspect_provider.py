@@ -198,18 +198,19 @@ async def test_a_long_root_command_cannot_be_swapped_by_the_workspace_user(one: 
 
 
 async def test_a_full_session_cap_makes_an_exec_wait_not_fail(address: str, one: Env) -> None:
-    """Another sample's commands holding every session of the tenant: this one waits for a free one."""
+    """The sample's own commands holding every session of its workspace: one more waits for a free one,
+    and another sample's workspace is not held up at all."""
     config = SandboxdConfig(address=address)
-    other = await Env.sample_init("busy", config, {"__sample_id__": "busy"})
+    other = await Env.sample_init("other", config, {"__sample_id__": "other"})
     # Long enough that all 64 still run once the last starts, however loaded the machine (they
     # are killed at the end: a cancelled exec kills its command).
-    busy = [asyncio.create_task(other["default"].exec(["sleep", "120"])) for _ in range(64)]
+    busy = [asyncio.create_task(one.exec(["sleep", "120"])) for _ in range(64)]
     try:
         async with SandboxClient(address, retries=False) as client, asyncio.timeout(90):
-            while len(await client.list_processes(other["default"].workspace_id)) < 64:  # type: ignore[attr-defined]
+            while len(await client.list_processes(one.workspace_id)) < 64:  # type: ignore[attr-defined]
                 await asyncio.sleep(0.2)
         waiting = asyncio.create_task(one.exec(["echo", "ok"]))
-        await asyncio.sleep(1.0)
+        assert (await asyncio.wait_for(other["default"].exec(["echo", "free"]), 30)).stdout == "free\n"
         assert not waiting.done(), waiting.result()  # it waits for a session; it does not fail
         busy[0].cancel()  # one command ends (a cancelled exec kills it): its session is free
         result = await asyncio.wait_for(waiting, 60)
@@ -218,7 +219,7 @@ async def test_a_full_session_cap_makes_an_exec_wait_not_fail(address: str, one:
         for task in busy:
             task.cancel()
         await asyncio.gather(*busy, return_exceptions=True)
-        await Env.sample_cleanup("busy", config, other, interrupted=True)
+        await Env.sample_cleanup("other", config, other, interrupted=True)
 
 
 async def test_read_file_holds_no_more_than_the_limit_whatever_the_file_does(

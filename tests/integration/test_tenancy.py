@@ -271,36 +271,47 @@ class TestIsolation:
             finally:
                 await ws_b.delete()
 
-    async def test_session_eviction_stays_within_the_tenant(self, tmp_path: Path, default_image: str) -> None:
-        """Daemon cap 3, tenant cap 2: B's and C's load never ends A's background commands."""
+    async def test_a_tenant_cap_spans_its_workspaces_and_never_touches_another_tenant(
+        self, tmp_path: Path, default_image: str
+    ) -> None:
+        """Tenant cap 3: A's new command evicts A's own exited session in A's other workspace, then its
+        least recently used idle one, and is refused when all are streaming; B runs throughout."""
         tokens = tmp_path / "tokens.json"
-        token_a, token_b, token_c = (create_token(tokens, name) for name in ("team-a", "team-b", "team-c"))
-        thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens), max_sessions=3, tenant_max_sessions=2))
-        thread.start()
+        token_a, token_b = create_token(tokens, "team-a"), create_token(tokens, "team-b")
+        thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens), tenant_max_sessions=3)).start()
         try:
-            async with _client(thread, token_a) as a, _client(thread, token_b) as b, _client(thread, token_c) as c:
-                ws_a, ws_b, ws_c = (await a.create_workspace(), await b.create_workspace(), await c.create_workspace())
-                a_first = await start_yielded(ws_a, "sleep 300")
-                a_second = await start_yielded(ws_a, "sleep 300")
-                b_first = await start_yielded(ws_b, "sleep 300")
-                # The daemon is full: B's new command evicts B's own idle one, never A's.
-                b_second = await start_yielded(ws_b, "sleep 300")
-                with pytest.raises(NotFoundError, match="was evicted"):
-                    await b.input(b_first, "").wait()
-                # C has nothing to give up: refused, and nobody else pays for it.
-                with pytest.raises(ResourceExhaustedError, match="daemon is at its 3 process sessions"):
-                    await ws_c.exec("true").wait()
-                assert sorted(p.process_id for p in await a.list_processes(ws_a.workspace_id) if p.running) == sorted(
-                    [a_first, a_second]
+            async with _client(thread, token_a) as a, _client(thread, token_b) as b:
+                ws_a1, ws_a2, ws_b = (
+                    await a.create_workspace(),
+                    await a.create_workspace(),
+                    await b.create_workspace(),
                 )
-                # A at its own cap of 2 evicts its least recently used one.
-                await a.input(a_first, "", yield_after_s=0.25).wait()
-                await start_yielded(ws_a, "sleep 300")
-                with pytest.raises(NotFoundError, match="was evicted"):
-                    await a.input(a_second, "").wait()
-                assert [p.running for p in await b.list_processes(ws_b.workspace_id)] == [True]
-                assert (await b.input(b_second, "", yield_after_s=0.25).wait()).running
-                for ws in (ws_a, ws_b, ws_c):
+                b_running = [await start_yielded(ws_b, "sleep 300") for _ in range(2)]
+                a_running = [await start_yielded(ws_a1, "sleep 300") for _ in range(2)]
+                a_exited = (await ws_a2.exec("true").wait()).process_id
+                # A is at 3: its exited session in the other workspace goes first.
+                a_third = await start_yielded(ws_a2, "sleep 300")
+                with pytest.raises(NotFoundError, match="was evicted: it had exited and its tenant's sessions"):
+                    await a.input(a_exited, "").wait()
+                # Then A's least recently used idle one.
+                await a.input(a_running[0], "", yield_after_s=0.25).wait()
+                await start_yielded(ws_a1, "sleep 300")
+                with pytest.raises(NotFoundError, match="was evicted: it was the least recently used idle session"):
+                    await a.input(a_running[1], "").wait()
+                # All three of A's streaming: refused, naming the tenant's cap.
+                streams = [ws_a2.exec("sleep 300", yield_after_s=600).__aiter__() for _ in range(3)]
+                for stream in streams:
+                    assert isinstance(await stream.__anext__(), Started)
+                with pytest.raises(ResourceExhaustedError, match="tenant 'team-a' is at its 3 process sessions"):
+                    await ws_a1.exec("true").wait()
+                for stream in streams:
+                    await stream.aclose()  # type: ignore[attr-defined]
+                # B's two (B has the same cap of its own) were never touched, and B has room for a third.
+                for process_id in b_running:
+                    assert (await b.input(process_id, "", yield_after_s=0.25).wait()).running
+                assert (await ws_b.exec("echo ok").wait()).stdout == "ok\n"
+                assert a_third not in {p.process_id for p in await a.list_processes(ws_a2.workspace_id)}
+                for ws in (ws_a1, ws_a2, ws_b):
                     await ws.delete()
         finally:
             thread.stop()
@@ -348,8 +359,8 @@ class TestIsolation:
                 await ws.delete()
 
 
-class TestSessionShares:
-    """With default settings no tenant can take another's last process session (C07)."""
+class TestSessionCaps:
+    """The session cap is each workspace's: no tenant can take another's sessions (C07, C17)."""
 
     @pytest.fixture
     def two_tenants(self, tmp_path: Path, default_image: str):  # type: ignore[no-untyped-def]
@@ -357,12 +368,13 @@ class TestSessionShares:
         tokens = tmp_path / "tokens.json"
         token_a, token_b = create_token(tokens, "team-a"), create_token(tokens, "team-b")
         thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens))).start()
-        assert thread.settings.max_sessions == 64 and thread.settings.tenant_max_sessions == 0  # the defaults
+        settings = thread.settings
+        assert (settings.workspace_max_sessions, settings.tenant_max_sessions) == (64, 0)  # the defaults
         yield thread, token_a, token_b
         thread.stop()
 
     async def test_finished_commands_never_lock_out_another_tenant(self, two_tenants) -> None:  # type: ignore[no-untyped-def]
-        """A's 70 finished commands leave B room every time; A's running command is never ended by B."""
+        """A's 70 finished commands leave B room every time; A's running command is never ended by them."""
         thread, token_a, token_b = two_tenants
         async with _client(thread, token_a) as a, _client(thread, token_b) as b:
             ws_a, ws_b = await a.create_workspace(), await b.create_workspace()
@@ -373,105 +385,44 @@ class TestSessionShares:
                 for _ in range(3):
                     assert (await ws_b.exec("echo ok").wait()).stdout == "ok\n"
                 assert (await a.input(a_running, "", yield_after_s=0.25).wait()).running
-                # A's share is half of the daemon's 64: its oldest finished sessions went, the newest stay.
-                assert len(await a.list_processes(ws_a.workspace_id)) == 32
+                # A's workspace keeps its 64: its oldest finished sessions went, the newest stay.
+                assert len(await a.list_processes(ws_a.workspace_id)) == 64
+                assert len(await b.list_processes(ws_b.workspace_id)) == 3
             finally:
                 await ws_a.delete()
                 await ws_b.delete()
 
-    async def test_streaming_commands_of_one_tenant_leave_room_for_another(self, two_tenants) -> None:  # type: ignore[no-untyped-def]
-        """A holding 32 streaming Execs (its share) is refused a 33rd; B still runs; A's streams go on."""
-        thread, token_a, token_b = two_tenants
-        async with _client(thread, token_a) as a, _client(thread, token_b) as b:
-            ws_a, ws_b = await a.create_workspace(pids=1024), await b.create_workspace()
-            try:
-                handles = [ws_a.exec("sleep 300", yield_after_s=600) for _ in range(32)]
-                streams = [handle.__aiter__() for handle in handles]
-                for stream in streams:  # each call is started and attached: none can be evicted
-                    assert isinstance(await stream.__anext__(), Started)
-                with pytest.raises(ResourceExhaustedError, match="tenant 'team-a' is at its 32 process sessions"):
-                    await ws_a.exec("true").wait()
-                assert (await ws_b.exec("echo ok").wait()).stdout == "ok\n"
-                running = [p for p in await a.list_processes(ws_a.workspace_id) if p.running]
-                assert len(running) == 32
-                for stream in streams:
-                    await stream.aclose()  # type: ignore[attr-defined]
-            finally:
-                await ws_a.delete()
-                await ws_b.delete()
-
-    async def test_exited_sessions_are_evictable_by_any_tenant(self, tmp_path: Path, default_image: str) -> None:
-        """Oversubscribed shares: B evicts its own exited session first, then A's oldest, never A's running."""
+    async def test_a_workspace_full_of_streams_refuses_only_its_own_next_command(
+        self, tmp_path: Path, default_image: str
+    ) -> None:
+        """Cap 4 a workspace: A's 4 streaming Execs make A's 5th refused; A's other workspace and B run."""
         tokens = tmp_path / "tokens.json"
         token_a, token_b = create_token(tokens, "team-a"), create_token(tokens, "team-b")
-        thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens), max_sessions=4, tenant_max_sessions=4))
-        thread.start()
+        thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens), workspace_max_sessions=4)).start()
         try:
             async with _client(thread, token_a) as a, _client(thread, token_b) as b:
-                ws_a, ws_b = await a.create_workspace(), await b.create_workspace()
-                await self._exited_evictions(a, b, ws_a, ws_b)
-        finally:
-            thread.stop()
-
-    async def test_a_tenant_added_while_serving_gets_its_share(self, tmp_path: Path, default_image: str) -> None:
-        """Cap 6, A and B hold 3 running each; C's token is added without a restart: C runs, taking the
-        least recently used idle session of a tenant now over its share of 2."""
-        tokens = tmp_path / "tokens.json"
-        token_a, token_b = create_token(tokens, "team-a"), create_token(tokens, "team-b")
-        thread = DaemonThread(make_settings(tmp_path, tokens_file=str(tokens), max_sessions=6)).start()
-        try:
-            async with _client(thread, token_a) as a, _client(thread, token_b) as b:
-                ws_a, ws_b = await a.create_workspace(), await b.create_workspace()
+                ws_a, ws_a2, ws_b = await a.create_workspace(), await a.create_workspace(), await b.create_workspace()
                 try:
-                    a_running = [await start_yielded(ws_a, "sleep 300") for _ in range(3)]
-                    b_running = [await start_yielded(ws_b, "sleep 300") for _ in range(3)]
-                    token_c = create_token(tokens, "team-c")
-                    async with _client(thread, token_c) as c:
-                        ws_c = await c.create_workspace()
-                        try:
-                            assert (await ws_c.exec("echo c").wait()).stdout == "c\n"
-                        finally:
-                            await ws_c.delete()
+                    streams = [ws_a.exec("sleep 300", yield_after_s=600).__aiter__() for _ in range(4)]
+                    for stream in streams:  # each call is started and attached: none can be evicted
+                        assert isinstance(await stream.__anext__(), Started)
                     with pytest.raises(
-                        NotFoundError,
-                        match="was evicted: it was the least recently used idle session of a tenant over its share",
+                        ResourceExhaustedError,
+                        match=rf"workspace '{ws_a.workspace_id}' is at its 4 process sessions and none can be "
+                        "evicted: all 4 are in use by active calls",
                     ):
-                        await a.input(a_running[0], "").wait()
-                    for client, process_id in [(a, p) for p in a_running[1:]] + [(b, p) for p in b_running]:
-                        assert (await client.input(process_id, "", yield_after_s=0.25).wait()).running
+                        await ws_a.exec("true").wait()
+                    assert (await ws_a2.exec("echo ok").wait()).stdout == "ok\n"
+                    assert (await ws_b.exec("echo ok").wait()).stdout == "ok\n"
+                    running = [p for p in await a.list_processes(ws_a.workspace_id) if p.running]
+                    assert len(running) == 4
+                    for stream in streams:
+                        await stream.aclose()  # type: ignore[attr-defined]
                 finally:
-                    await ws_a.delete()
-                    await ws_b.delete()
+                    for ws in (ws_a, ws_a2, ws_b):
+                        await ws.delete()
         finally:
             thread.stop()
-
-    async def _exited_evictions(self, a, b, ws_a, ws_b) -> None:  # type: ignore[no-untyped-def]
-        try:
-            a_running = [await start_yielded(ws_a, "sleep 300") for _ in range(2)]
-            a_exited = [(await ws_a.exec("true").wait()).process_id for _ in range(2)]
-            # The daemon is full (4): B's command takes A's oldest exited session.
-            b_first = (await ws_b.exec("echo one").wait()).process_id
-            with pytest.raises(NotFoundError, match="was evicted: it had exited"):
-                await a.input(a_exited[0], "").wait()
-            # Full again: B's own exited session goes before A's.
-            await ws_b.exec("echo two").wait()
-            with pytest.raises(NotFoundError, match="was evicted: it had exited"):
-                await b.input(b_first, "").wait()
-            assert (await a.input(a_exited[1], "").wait()).exit_code == 0
-            await ws_b.exec("echo three").wait()  # takes B's own exited "two"
-            b_running = [await start_yielded(ws_b, "sleep 300")]  # takes B's own exited "three"
-            b_running.append(await start_yielded(ws_b, "sleep 300"))  # B has none left: A's exited one goes
-            with pytest.raises(NotFoundError, match="was evicted: it had exited"):
-                await a.input(a_exited[1], "").wait()
-            # Nothing has exited: B's next command ends B's own least recently used one, never A's.
-            await ws_b.exec("true").wait()
-            with pytest.raises(NotFoundError, match="was evicted: it was the least recently used"):
-                await b.input(b_running[0], "").wait()
-            for client, process_id in ((a, a_running[0]), (a, a_running[1]), (b, b_running[1])):
-                assert (await client.input(process_id, "", yield_after_s=0.25).wait()).running
-        finally:
-            await ws_a.delete()
-            await ws_b.delete()
 
 
 class TestAudit:

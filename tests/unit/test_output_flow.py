@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from sandboxd.processes.flow import ACK_STEP_BYTES, REPLAY_BYTES, STREAM_WINDOW_BYTES, WINDOW_BYTES, OutputFlow, Pull
+import asyncio
+
+from sandboxd.processes.flow import (
+    ACK_STEP_BYTES,
+    MIN_SHARE_BYTES,
+    REPLAY_BYTES,
+    STREAM_WINDOW_BYTES,
+    WINDOW_BYTES,
+    OutputBudget,
+    OutputFlow,
+    Pull,
+)
 
 MIB = 1024 * 1024
 
@@ -153,3 +164,61 @@ class TestReplay:
             ack=10 * MIB, ack_gap=0, delivered=10 * MIB, received=10 * MIB, reader=True, tails=True, replay=False
         )
         assert pull is not None and pull.ack == 10 * MIB
+
+
+class Reader:
+    """A session's stream, as the budget counts its readers."""
+
+
+class Holder:
+    """A session holding output for callers, as the budget sees it."""
+
+    def __init__(self, budget: OutputBudget, held: int, *, reading: bool = False) -> None:
+        self.budget, self.held_bytes, self.reading = budget, 0, reading
+        budget.track(self)
+        self.hold(held)
+
+    def hold(self, more: int) -> None:
+        self.held_bytes += more
+        self.budget.held_changed(more)
+
+    def give_back_output(self) -> int:
+        if self.reading:
+            return 0
+        freed, self.held_bytes = self.held_bytes, 0
+        self.budget.held_changed(-freed)
+        return freed
+
+
+class TestBudget:
+    """The daemon's budget for held output: shared by readers, relieved by giving idle output back."""
+
+    def test_readers_share_it_and_each_gets_at_least_the_least_share(self) -> None:
+        budget = OutputBudget(64 * MIB)
+        readers = [Reader() for _ in range(1000)]
+        assert budget.share() == 64 * MIB
+        flow = OutputFlow(buffer_bytes=MIB, budget=budget)
+        assert flow.window(tails=True) == STREAM_WINDOW_BYTES  # alone: the stream window, within the budget
+        for reader in readers[:16]:
+            budget.reading(reader, True)
+        assert (budget.share(), flow.window(tails=True)) == (4 * MIB, 4 * MIB)
+        for reader in readers:
+            budget.reading(reader, True)
+        assert budget.share() == MIN_SHARE_BYTES
+        for reader in readers:
+            budget.reading(reader, False)
+        assert budget.share() == 64 * MIB
+
+    async def test_past_it_idle_output_goes_back_largest_first_to_three_quarters(self) -> None:
+        budget = OutputBudget(100)
+        small, large, streamed = Holder(budget, 10), Holder(budget, 50), Holder(budget, 30, reading=True)
+        assert budget.held == 90
+        small.hold(20)  # 110: past the budget
+        await asyncio.sleep(0)  # relief runs soon after, once
+        assert (large.held_bytes, small.held_bytes, streamed.held_bytes, budget.held) == (0, 30, 30, 60)
+
+    async def test_streamed_output_is_never_given_back(self) -> None:
+        budget = OutputBudget(100)
+        streamed = Holder(budget, 150, reading=True)
+        await asyncio.sleep(0)
+        assert (streamed.held_bytes, budget.held) == (150, 150)

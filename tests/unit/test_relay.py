@@ -295,3 +295,95 @@ class TestResume:
         the masking held nothing, so a daemon that takes the session over masks from a clean start."""
         assert relay({"demo": SECRET}).masking
         assert not relay().masking
+
+
+class Meter:
+    """A budget's view of a relay: the bytes it says it holds."""
+
+    def __init__(self) -> None:
+        self.held = 0
+
+    def held_changed(self, delta: int) -> None:
+        self.held += delta
+
+
+class TestNothingLostSilently:
+    """A stream ends with all output and the exit, or a gap of the missing bytes and the exit (C17)."""
+
+    def test_a_close_before_the_output_came_is_a_gap_of_what_is_missing(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"1\n2\n")
+        output.set_end(588_895)  # the exit came; most of the output is still on its way
+        assert not output.complete
+        output.close()  # the session is let go (its workspace deleted, say)
+        events = deliver(output)
+        assert (text(events), events[-1]) == (b"1\n2\n", OutputDropped(dropped_bytes=588_895 - 4))
+        assert (output.complete, output.dropped_bytes, output.trimmed_bytes) == (True, 588_891, 588_891)
+
+    def test_a_close_with_nothing_come_at_all_is_a_gap_of_all_of_it(self) -> None:
+        output = relay()
+        output.set_end(100)
+        output.close()
+        assert deliver(output) == [OutputDropped(dropped_bytes=100)]
+
+    def test_a_close_after_everything_came_adds_nothing(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"all")
+        output.set_end(3)
+        output.close()
+        assert deliver(output) == [OutputChunk(stream="stdout", data=b"all")]
+        assert output.dropped_bytes == 0
+
+    def test_a_close_with_no_exit_known_adds_no_gap(self) -> None:
+        """The session failed: its status is the error; no byte count can be known."""
+        output = relay()
+        output.add_output("stdout", 0, b"part")
+        output.close()
+        assert deliver(output) == [OutputChunk(stream="stdout", data=b"part")]
+
+
+class TestHeldBytes:
+    def test_the_meter_follows_what_callers_have_not_taken(self) -> None:
+        meter = Meter()
+        output = OutputRelay({s: BytesRedactor({}) for s in ("stdout", "stderr")}, meter=meter)
+        output.add_output("stdout", 0, b"x" * 1000)
+        output.add_output("stderr", 1000, b"y" * 500)
+        assert (output.held_bytes, meter.held) == (1500, 1500)
+        deliver(output)
+        assert (output.held_bytes, meter.held) == (0, 0)
+        output.add_output("stdout", 1500, b"z" * 300)
+        output.forget()
+        assert (output.held_bytes, meter.held) == (0, 0)
+
+    def test_given_back_output_comes_again_from_the_agent_and_stale_frames_are_let_go(self) -> None:
+        """Nobody streams: what is held goes; frames sent before the agent read the ask to send
+        again are let go, and what it sends again from its acknowledgement comes once, in order."""
+        meter = Meter()
+        output = OutputRelay({s: BytesRedactor({}) for s in ("stdout", "stderr")}, meter=meter)
+        output.add_output("stdout", 0, b"abc")
+        assert text(deliver(output)) == b"abc"
+        output.add_output("stdout", 3, b"defgh")
+        output.set_end(12)
+        assert output.give_back(3) == 5
+        assert (output.held_bytes, meter.held, output.received, output.resend, output.complete) == (
+            0,
+            0,
+            3,
+            True,
+            False,
+        )
+        output.add_output("stdout", 8, b"ijkl")  # in flight before the agent read the ask: stale
+        assert output.received == 3
+        output.add_output("stdout", 3, b"defghijkl")  # sent again from the acknowledgement
+        assert (text(deliver(output)), output.complete) == (b"defghijkl", True)
+        with pytest.raises(ProtocolError, match="offset 20, expected 12"):
+            output.add_output("stdout", 20, b"x")  # once sent again, a frame out of place is an error again
+
+    def test_nothing_is_given_back_while_a_hold_waits_or_once_closed(self) -> None:
+        output = relay()
+        output.add_output("stdout", 0, b"x" * 100)
+        output.hold(10)
+        assert output.give_back(0) == 0
+        output.trim(100)
+        output.close()
+        assert output.give_back(0) == 0

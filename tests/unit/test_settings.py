@@ -12,7 +12,8 @@ class TestFromEnv:
     def test_defaults(self) -> None:
         """With an empty environment every default holds (seed 000 and SPEC values)."""
         settings = Settings.from_env({})
-        assert settings.max_sessions == 64
+        assert (settings.workspace_max_sessions, settings.tenant_max_sessions) == (64, 0)
+        assert settings.output_memory_bytes == 256 * 1024**2
         assert settings.exec_timeout_s == 1800
         assert settings.output_buffer_bytes == 1024**2
         assert settings.kill_grace_s == 2.0
@@ -22,7 +23,7 @@ class TestFromEnv:
         """SANDBOXD_* variables are parsed by field type."""
         settings = Settings.from_env(
             {
-                "SANDBOXD_MAX_SESSIONS": "8",
+                "SANDBOXD_WORKSPACE_MAX_SESSIONS": "8",
                 "SANDBOXD_KILL_GRACE_S": "0.5",
                 "SANDBOXD_DOCKER_RETRIES": "off",
                 "SANDBOXD_IMAGE_ROUTE": "offline",
@@ -30,7 +31,7 @@ class TestFromEnv:
                 "DOCKER_HOST": "tcp://127.0.0.1:2375",
             }
         )
-        assert (settings.max_sessions, settings.kill_grace_s, settings.docker_retries) == (8, 0.5, False)
+        assert (settings.workspace_max_sessions, settings.kill_grace_s, settings.docker_retries) == (8, 0.5, False)
         assert settings.image_route == "offline"
         assert settings.socket_path == "/tmp/x.sock"
         assert settings.docker_host == "tcp://127.0.0.1:2375"
@@ -43,12 +44,21 @@ class TestFromEnv:
 
     @pytest.mark.parametrize(
         ("name", "value"),
-        [("SANDBOXD_MAX_SESSIONS", "many"), ("SANDBOXD_DOCKER_RETRIES", "maybe"), ("SANDBOXD_IMAGE_ROUTE", "ftp")],
+        [
+            ("SANDBOXD_WORKSPACE_MAX_SESSIONS", "many"),
+            ("SANDBOXD_DOCKER_RETRIES", "maybe"),
+            ("SANDBOXD_IMAGE_ROUTE", "ftp"),
+        ],
     )
     def test_bad_values_name_the_variable(self, name: str, value: str) -> None:
         """A value that does not parse is an error naming the variable."""
         with pytest.raises(InvalidSpecError, match=name):
             Settings.from_env({name: value})
+
+    def test_a_setting_that_is_gone_is_refused_saying_what_replaced_it(self) -> None:
+        """SANDBOXD_MAX_SESSIONS capped the whole daemon; a daemon told it refuses rather than ignore it."""
+        with pytest.raises(InvalidSpecError, match=r"SANDBOXD_MAX_SESSIONS is no longer read: .* per workspace"):
+            Settings.from_env({"SANDBOXD_MAX_SESSIONS": "276"})
 
     def test_xdg_runtime_dir(self) -> None:
         """Without SANDBOXD_SOCKET the socket lives under XDG_RUNTIME_DIR when set."""

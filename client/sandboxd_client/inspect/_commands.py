@@ -38,7 +38,7 @@ MAX_TIMEOUT_S = 86400.0
 """What ``timeout=None`` (no limit, to Inspect) becomes: the daemon's default ceiling, a day."""
 _COMMAND_ROOM = MAX_COMMAND_BYTES - 4096  # the daemon's bound, less the script-checking line
 _STARTED_NOT = "cannot start the command"  # how the daemon's refusal of a start begins
-_SESSIONS_WAIT_S = 300.0  # how long an exec waits for the daemon's session cap to free a slot
+_SESSIONS_WAIT_S = 300.0  # how long an exec waits for its workspace's session cap to free a slot
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The command's own wrappers run with its user's authority: never through the image's PATH.
 _SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -92,7 +92,7 @@ async def run_command(
         OutputLimitExceededError: stdout or stderr passed Inspect's limit.
         PermissionError: ``cmd[0]`` is not executable.
         NotFoundError, UnavailableError: the workspace is gone, the daemon does not answer.
-        RuntimeError: the daemon's session cap stayed full for 5 minutes.
+        RuntimeError: the workspace's session cap stayed full for 5 minutes.
     """
     if not cmd:
         msg = "cmd must name a command"
@@ -189,7 +189,7 @@ async def _long_command(client: SandboxClient, workspace_id: str, line: str, scr
 async def _started(
     client: SandboxClient, workspace_id: str, line: str, data: bytes, **options: Any
 ) -> _Collected | None:
-    """Run the command to its end; wait while the daemon's session cap is full.
+    """Run the command to its end; wait while the workspace's session cap is full.
 
     Returns None when the workspace has no process left to start it with.
     """
@@ -207,7 +207,7 @@ async def _started(
             if exc.message.startswith(_STARTED_NOT):
                 return None
             if time.monotonic() > deadline:
-                msg = f"the daemon's process sessions stayed full for {_SESSIONS_WAIT_S:g} s: {exc.message}"
+                msg = f"the workspace's process sessions stayed full for {_SESSIONS_WAIT_S:g} s: {exc.message}"
                 raise RuntimeError(msg) from None
             await asyncio.sleep(pause)  # another sample's commands hold them all: one ends soon
             pause = min(pause * 2, 2.0)
