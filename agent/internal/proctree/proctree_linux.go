@@ -72,6 +72,26 @@ func parse(data []byte) (info, bool) {
 	return info{state: fields[0][0], ppid: ppid, pgid: pgid, sid: sid, start: start}, true
 }
 
+// Progress is process pid's state letter (R running or runnable, S sleeping...) and the CPU
+// it has used, in clock ticks (user and system); ok is false once it is gone.
+func Progress(pid int) (state byte, cpu uint64, ok bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	end := bytes.LastIndexByte(data, ')')
+	if end < 0 || end+2 >= len(data) {
+		return 0, 0, false
+	}
+	fields := bytes.Fields(data[end+2:])
+	if len(fields) < 13 {
+		return 0, 0, false
+	}
+	user, _ := strconv.ParseUint(string(fields[11]), 10, 64)
+	system, _ := strconv.ParseUint(string(fields[12]), 10, 64)
+	return fields[0][0], user + system, true
+}
+
 // StartTime is when process pid started, in clock ticks after boot; 0 if it is gone.
 func StartTime(pid int) uint64 {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"sandboxd/agent/internal/clock"
+	"sandboxd/agent/internal/proctree"
 	"sandboxd/agent/internal/proto"
 )
 
@@ -141,8 +142,16 @@ func (s *Session) isTheShell(pid int) bool {
 // and one that came after its last check before the execve of a last simple command was
 // taken from the command (which starts with the default disposition and never saw it).
 // A shell that acted on it is gone; one that trapped it is still the shell.
+//
+// The shell is watched for swallowWatch, and longer while it has not had the CPU to get
+// anywhere: on a loaded machine a shell may wait seconds between the signal and its execve,
+// runnable all along, and a watch that ended first lost the Ctrl-C (C17). One that sleeps
+// (it waits for a child: it did not take the execve path) or has run for swallowCPU since
+// is done with the signal.
 func (s *Session) interruptAgainIfSwallowed(pid int) {
-	for deadline := time.Now().Add(swallowWatch); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+	_, cpu0, _ := proctree.Progress(pid)
+	began := time.Now()
+	for pause := 2 * time.Millisecond; ; {
 		select {
 		case <-s.exiting:
 			return
@@ -156,8 +165,40 @@ func (s *Session) interruptAgainIfSwallowed(pid int) {
 			_ = syscall.Kill(-pid, syscall.SIGINT)
 			return
 		}
+		waited := time.Since(began)
+		if waited > swallowWatch {
+			state, cpu, ok := proctree.Progress(pid)
+			if !ok || !stillWatched(waited, state, time.Duration(cpu-cpu0)*tickDuration) {
+				return
+			}
+		}
+		time.Sleep(pause)
+		if waited > 200*time.Millisecond && pause < 50*time.Millisecond {
+			pause *= 2 // promptly at first (an execve comes within moments), then gently
+		}
 	}
 }
 
-// swallowWatch is how long a Ctrl-C'd shell is watched for executing its command anyway.
+// stillWatched says whether a Ctrl-C'd shell that is still the shell after waited is watched
+// on: only while it has been runnable without the CPU to get anywhere (state R or D, less
+// than swallowCPU used since the signal), and not past swallowWatchMax.
+func stillWatched(waited time.Duration, state byte, used time.Duration) bool {
+	if waited <= swallowWatch {
+		return true
+	}
+	return waited <= swallowWatchMax && (state == 'R' || state == 'D') && used < swallowCPU
+}
+
+// swallowWatch is how long a Ctrl-C'd shell is watched for executing its command anyway,
+// unless it has not had the CPU to (swallowCPU), up to swallowWatchMax.
 const swallowWatch = 2 * time.Second
+
+// swallowCPU is the CPU a shell uses without executing its command that shows it went on
+// past the signal (the execve path takes a millisecond or so).
+const swallowCPU = 50 * time.Millisecond
+
+// swallowWatchMax bounds the watch of a shell that stays runnable without the CPU.
+const swallowWatchMax = 30 * time.Second
+
+// tickDuration is one clock tick of /proc's CPU times (USER_HZ, 100 on Linux).
+const tickDuration = 10 * time.Millisecond

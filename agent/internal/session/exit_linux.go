@@ -16,9 +16,6 @@ import (
 // interrupted or killed command left, and reports the exit.
 func (s *Session) finish(ws syscall.WaitStatus, readers []*reader) {
 	now := time.Now()
-	s.mu.Lock()
-	s.exitedAt = now
-	s.mu.Unlock()
 	close(s.exiting)
 	for _, r := range readers {
 		_ = r.file.SetReadDeadline(now.Add(drainWindow))

@@ -15,7 +15,7 @@ import (
 const drainWindow = 20 * time.Millisecond
 
 // drainBudget is the most reading done after the command's exit on a pipe that never goes
-// quiet (a background writer flooding it).
+// quiet (a background writer flooding it), once what was waiting in it is read.
 const drainBudget = 500 * time.Millisecond
 
 type reader struct {
@@ -40,16 +40,21 @@ func (s *Session) startReaders(files []*os.File) []*reader {
 }
 
 // read copies one pipe into the buffer until its end. Once the command has exited (finish
-// sets a read deadline), the pipe is drained while bytes are waiting in it, for at most
-// drainBudget of reading: the rest is a leftover's (a background writer), read so that it
-// never blocks, and not kept. Time spent waiting for the daemon to take output
-// (back-pressure) does not count: nothing the command wrote before it exited is lost.
+// sets a read deadline), the pipe is drained: all that was waiting in it when this reader
+// first saw the exit (the command's, written before it exited), then whatever keeps coming
+// for at most drainBudget of reading, counted from then: the rest is a leftover's (a
+// background writer), read so that it never blocks, and not kept. Time spent waiting for the
+// daemon to take output (back-pressure) does not count, nor does the time before this
+// reader ran at all (a loaded machine may not run it for a second): nothing the command
+// wrote before it exited is lost.
 func (s *Session) read(r *reader) {
 	defer r.file.Close()
 	chunk := make([]byte, 64<<10)
 	forward := true
 	drained := false
 	var blocked time.Duration
+	var drainStart time.Time // when this reader first saw the command's exit
+	owed := 0                // bytes waiting then, still to read: the command's own
 	markDrained := func() {
 		if !drained {
 			drained = true
@@ -59,20 +64,27 @@ func (s *Session) read(r *reader) {
 	defer markDrained()
 	for {
 		n, err := r.file.Read(chunk)
+		if owed -= n; owed < 0 {
+			owed = 0
+		}
 		if n > 0 && forward {
 			s.spill.feed(chunk[:n])
 			began := time.Now()
 			if !s.buf.Append(r.stream, chunk[:n]) {
 				forward = false
 			}
-			blocked += time.Since(began)
+			if !drainStart.IsZero() {
+				blocked += time.Since(began)
+			}
 		}
 		if err == nil {
 			continue
 		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			exitedAt := s.exitTime()
-			if forward && waiting(r.file) > 0 && time.Since(exitedAt)-blocked < drainBudget {
+			if drainStart.IsZero() {
+				drainStart, owed = time.Now(), waiting(r.file)
+			}
+			if forward && (owed > 0 || (waiting(r.file) > 0 && time.Since(drainStart)-blocked < drainBudget)) {
 				_ = r.file.SetReadDeadline(time.Now().Add(drainWindow))
 				continue
 			}
@@ -96,10 +108,4 @@ func waiting(f *os.File) int {
 		_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCINQ, uintptr(unsafe.Pointer(&n)))
 	})
 	return int(n)
-}
-
-func (s *Session) exitTime() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.exitedAt
 }

@@ -91,7 +91,6 @@ type Session struct {
 
 	oomBefore    int
 	shellCmdline []byte // the shell's own /proc/<pid>/cmdline (bash), until it executes the command
-	exitedAt     time.Time
 	spill        *spill
 	exiting      chan struct{} // closed when the command has exited: its last output goes at once
 	done         chan struct{}

@@ -435,3 +435,60 @@ func TestFramesMergeAdjacentPiecesOfOneStreamOnly(t *testing.T) {
 		t.Errorf("frames %v, want %v", summary, want)
 	}
 }
+
+// A loaded machine may not run a pipe's reader until long after the command's exit. What was
+// waiting in the pipe then is the command's, written before it exited: it is kept, however
+// late the reader first runs (it was taken for a background writer's flood and dropped, and
+// the command's exit came with none of its output).
+func TestAReaderThatFirstRunsLongAfterTheExitKeepsWhatWasWaiting(t *testing.T) {
+	s := New(testHost, channels.Add(1), proto.StartMsg{ProcessID: "p-late-reader", BufferBytes: 1 << 20})
+	s.spill = &spill{broken: true} // no spill file: it is Run that opens one
+	rf, wf, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wf.Close() // held open, as by a background child: no end of file comes
+	want := []byte("the command's one line\n")
+	if _, err := wf.Write(want); err != nil {
+		t.Fatal(err)
+	}
+	_ = rf.SetReadDeadline(time.Now()) // the command exited (as finish does)
+	time.Sleep(drainBudget + 100*time.Millisecond)
+	r := &reader{file: rf, stream: '1', drained: make(chan struct{})}
+	go s.read(r)
+	select {
+	case <-r.drained:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pipe was never counted drained")
+	}
+	var got []byte
+	for _, p := range s.buf.Since(0, 0, 1<<40, 1<<20) {
+		got = append(got, p.Data...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("kept %q, want %q", got, want)
+	}
+}
+
+// A Ctrl-C'd shell that may yet execute its command (which would never see the signal) is
+// watched for 2 s, and on while it stays runnable without the CPU to get there: on a loaded
+// machine a shell waited seconds between the signal and its execve, and the Ctrl-C was lost.
+func TestASwallowedCtrlCIsWatchedForWhileTheShellIsStarved(t *testing.T) {
+	for _, c := range []struct {
+		waited time.Duration
+		state  byte
+		used   time.Duration
+		want   bool
+	}{
+		{time.Second, 'S', time.Second, true},                // within the first 2 s: always
+		{3 * time.Second, 'R', 0, true},                      // runnable, no CPU since: starved
+		{3 * time.Second, 'D', 10 * time.Millisecond, true},  // in the kernel, hardly run
+		{3 * time.Second, 'R', 60 * time.Millisecond, false}, // it ran on past the signal
+		{3 * time.Second, 'S', 0, false},                     // asleep: it waits for a child
+		{31 * time.Second, 'R', 0, false},                    // the bound
+	} {
+		if got := stillWatched(c.waited, c.state, c.used); got != c.want {
+			t.Errorf("stillWatched(%v, %c, %v) = %v, want %v", c.waited, c.state, c.used, got, c.want)
+		}
+	}
+}
