@@ -6,11 +6,13 @@ import asyncio
 import contextlib
 import re
 import time
+from pathlib import Path
 
 import pytest
 from sandboxd_client import (
     Dropped,
     Exited,
+    FailedPreconditionError,
     Heartbeat,
     InvalidArgumentError,
     NotFoundError,
@@ -411,6 +413,42 @@ class TestPty:
 
 
 class TestHostile:
+    @pytest.mark.workspace(pids=128)
+    async def test_forty_calls_at_once_through_a_fork_bomb_leave_the_agent_serving(
+        self, workspace, runtime: str, docker_client
+    ) -> None:
+        """The agent runs on the few threads it keeps (every one is a task of the machine's too):
+        a fork bomb holding every pid of the workspace while forty calls come at once fails those
+        calls cleanly, and the agent serves again once the bomb's timeout has ended it."""
+        if runtime == "runc":  # gVisor's threads are its own, not the host's tasks
+            init = docker_client.containers.get(workspace.info.container_id).attrs["State"]["Pid"]
+            agent = Path(f"/proc/{init}/task/{init}/children").read_text().split()[0]
+            assert len(list(Path(f"/proc/{agent}/task").iterdir())) <= 16
+        await workspace.exec(":(){ :|:& };:", timeout_s=6).wait()
+
+        async def call(index: int) -> str:
+            try:
+                if index % 2:
+                    await workspace.read_file("/etc/hostname")
+                else:
+                    await workspace.exec("true", timeout_s=5).wait()
+            except (ResourceExhaustedError, FailedPreconditionError):
+                return "refused"
+            return "served"
+
+        outcomes = await asyncio.gather(*(call(i) for i in range(40)))
+        assert set(outcomes) <= {"refused", "served"}
+        deadline = time.monotonic() + 30
+        while True:  # the bomb's timeout ends every copy: then calls are served again
+            try:
+                result = await workspace.exec("echo alive").wait()
+            except ResourceExhaustedError:
+                result = None
+            if result is not None and result.stdout == "alive\n":
+                break
+            assert time.monotonic() < deadline, "the agent stopped serving"
+            await asyncio.sleep(0.5)
+
     async def test_the_commands_parent_is_the_agent_and_out_of_reach(self, workspace, runtime: str) -> None:
         """A command's parent is the agent, root's: no fd of it opens for the command (while a
         neighbour's pipes and a file operation's are there too) and neither does its memory, under

@@ -69,6 +69,14 @@ class TestClassify:
             ),
             (500, "failed to copy file info: no space left on device", EngineErrorKind.NO_SPACE),
             (400, "failed to copy file info: no space left on device", EngineErrorKind.NO_SPACE),
+            (
+                500,
+                "failed to create shim task: OCI runtime create failed: runc create failed: unable to start "
+                "container process: error during container init: error running hook #0: fork/exec /proc/28906/exe: "
+                "resource temporarily unavailable: unknown",
+                EngineErrorKind.OUT_OF_RESOURCES,
+            ),
+            (500, "OCI runtime start failed: cannot allocate memory: unknown", EngineErrorKind.OUT_OF_RESOURCES),
             (409, f"Container {CONTAINER} is already paused", EngineErrorKind.OTHER),
             (500, f"Container {CONTAINER} is not paused", EngineErrorKind.OTHER),
             (400, "Unknown runtime specified nope", EngineErrorKind.OTHER),

@@ -132,9 +132,12 @@ func (a *Agent) SendFrame(frame []byte) bool {
 
 // Threads made at start and kept idle. The workspace's process limit counts threads, and
 // Go ends a program that cannot make one it needs: under a fork bomb that holds every pid,
-// the agent and its bridge run on threads they already have.
+// the agent and its bridge run on threads they already have. Each is also a task of the
+// machine's (kernel.pid_max bounds them all, and is what a host full of idle workspaces runs
+// out of first): 8 carry forty calls at once through a fork bomb, where 24 cost a host
+// sixteen more tasks for every workspace.
 const (
-	agentThreads  = 24
+	agentThreads  = 8
 	bridgeThreads = 8
 )
 

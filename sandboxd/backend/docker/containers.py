@@ -124,6 +124,13 @@ class ContainersMixin(CheckpointsMixin):
                 # The engine's copy of the image's /workspace into a capped volume: too big for it.
                 msg = f"the image's /workspace does not fit the workspace's cap of {spec.disk_bytes} bytes"
                 raise QuotaExceededError(msg) from exc
+            if kind_of(exc) is EngineErrorKind.OUT_OF_RESOURCES:
+                # Not the request's fault: the machine holds as many containers as it can now.
+                msg = (
+                    "the machine has no room for another container now (out of processes, memory or "
+                    f"descriptors; the kernel's pid_max is often the first): {exc.message}"
+                )
+                raise QuotaExceededError(msg) from exc
             msg = f"the Docker engine rejected the workspace: {exc.message}"
             raise InvalidSpecError(msg) from exc
         except BaseException:

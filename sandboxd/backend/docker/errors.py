@@ -55,6 +55,9 @@ class EngineErrorKind(enum.Enum):
     """The container is stopped or paused: it runs no command."""
     NO_SPACE = "no_space"
     """A capped volume (or the engine's disk) is full."""
+    OUT_OF_RESOURCES = "out_of_resources"
+    """The machine could not give what a container needs: processes (EAGAIN from a fork or a
+    clone: the kernel's pid_max, or a limit on tasks), memory, or descriptors."""
     OTHER = "other"
     """Anything the table does not name."""
 
@@ -101,6 +104,16 @@ RULES: tuple[Rule, ...] = (
     # Said by whichever step ran out (a start copying the image's /workspace into a capped volume,
     # an archive upload), with the status of that step: any.
     Rule(status=None, error_type=docker.errors.APIError, words="no space left on device", kind=_Kind.NO_SPACE),
+    # A container's start that the machine could not give a process, memory or a descriptor: the
+    # runtime's own fork says "fork/exec ...: resource temporarily unavailable" (EAGAIN).
+    Rule(
+        status=None,
+        error_type=docker.errors.APIError,
+        words="resource temporarily unavailable",
+        kind=_Kind.OUT_OF_RESOURCES,
+    ),
+    Rule(status=None, error_type=docker.errors.APIError, words="cannot allocate memory", kind=_Kind.OUT_OF_RESOURCES),
+    Rule(status=None, error_type=docker.errors.APIError, words="too many open files", kind=_Kind.OUT_OF_RESOURCES),
 )
 """The one table of engine errors (see the module docstring); the first match wins."""
 
