@@ -45,25 +45,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import docker
 from sandboxd_client import (
-    Dropped,
-    Exited,
     NotFoundError,
-    Output,
     SandboxClient,
     SandboxError,
     UnavailableError,
     Workspace,
-    Yielded,
 )
 
 T = TypeVar("T")
 
+IMAGE = "sandboxd/base:bookworm"
 SEQ = "".join(f"{i}\n" for i in range(1, 100001)).encode()
 ONE_MIB = 1 << 20
 KINDS = ("true", "seq", "file", "ctrl_c", "later")
@@ -82,6 +79,9 @@ class Report:
     wrong_outputs: list[str] = dataclasses.field(default_factory=list)
     wrong_exits: list[str] = dataclasses.field(default_factory=list)
     lost: list[str] = dataclasses.field(default_factory=list)
+    fault_ended: list[str] = dataclasses.field(default_factory=list)
+    """Commands a fault ended, and said so (an agent killed: its commands and output are lost,
+    and their callers are told, never given a clean exit)."""
     latencies: dict[str, list[float]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
     samples: list[dict[str, float]] = dataclasses.field(default_factory=list)
     faults: list[str] = dataclasses.field(default_factory=list)
@@ -96,7 +96,7 @@ class Daemon:
     """The daemon under test, as its own process: started, killed and started again on one instance."""
 
     def __init__(self, directory: Path, instance: str, env: dict[str, str]) -> None:
-        """Describe it; :meth:`start` runs it."""
+        """Describe it (``env``: more settings, DOCKER_HOST among them); :meth:`start` runs it."""
         self.socket_path = str(directory / "soak.sock")
         self.log_path = directory / "daemon.log"
         self.instance = instance
@@ -157,6 +157,14 @@ def _accepts(socket_path: str) -> bool:
     return True
 
 
+AGENT_LOST = "the workspace's agent restarted while the command ran"
+"""How a command's end reads when its agent was killed under it (it is lost, and said so)."""
+
+
+def _fault_ended(result: Any) -> bool:
+    return getattr(result, "stop_reason", "") == "failed" and AGENT_LOST in getattr(result, "message", "")
+
+
 class Caller:
     """One caller of one workspace: the mixed work in a loop, every result checked."""
 
@@ -206,12 +214,21 @@ class Caller:
 
     async def do_true(self) -> None:
         result = await self.exec_result("true", "true")
-        if (result.exit_code, result.stop_reason, result.stdout_bytes, result.stderr_bytes) != (0, "exited", b"", b""):
+        if _fault_ended(result):
+            self.report.fault_ended.append(f"true {result.process_id}")
+        elif (result.exit_code, result.stop_reason, result.stdout_bytes, result.stderr_bytes) != (
+            0,
+            "exited",
+            b"",
+            b"",
+        ):
             self.report.wrong_exits.append(f"true: {result}")
 
     async def do_seq(self) -> None:
         result = await self.exec_result("seq", "seq 1 100000")
-        if result.stdout_bytes != SEQ or result.dropped_bytes:
+        if _fault_ended(result):
+            self.report.fault_ended.append(f"seq {result.process_id}")
+        elif result.stdout_bytes != SEQ or result.dropped_bytes:
             self.report.wrong_outputs.append(
                 f"seq: {len(result.stdout_bytes)} bytes of {len(SEQ)}, dropped {result.dropped_bytes}, "
                 f"exit {result.exit_code} ({result.stop_reason}) {result.process_id}"
@@ -224,13 +241,18 @@ class Caller:
         path = f"/tmp/{self.name}.bin"
         await self.retried("file", lambda: self.ws.write_file(path, data))
         result = await self.exec_result("file", f"sha256sum < {path}")
-        if result.stdout.split()[:1] != [hashlib.sha256(data).hexdigest()]:
+        if _fault_ended(result):
+            self.report.fault_ended.append(f"file {result.process_id}")
+        elif result.stdout.split()[:1] != [hashlib.sha256(data).hexdigest()]:
             self.report.wrong_outputs.append(f"file: {result}")
         await self.retried("file", lambda: self.client.remove(self.ws.workspace_id, path))
 
     async def do_ctrl_c(self) -> None:
         began = time.monotonic()
-        first = await self.exec_result("ctrl_c", "sleep 30", yield_after_s=0.5)
+        first = await self.exec_result("ctrl_c", "sleep 30", yield_after_s=0.5, timeout_s=120)
+        if _fault_ended(first):
+            self.report.fault_ended.append(f"ctrl_c {first.process_id}")
+            return
         if first.exit_code is not None or not first.process_id:
             self.report.wrong_exits.append(f"ctrl_c: sleep ended by itself: {first}")
             return
@@ -244,7 +266,9 @@ class Caller:
         except NotFoundError as exc:
             self.report.lost.append(f"ctrl_c {process_id}: {exc.message}")
             return
-        if (ended.exit_code, ended.stop_reason) != (130, "interrupted"):
+        if _fault_ended(ended):
+            self.report.fault_ended.append(f"ctrl_c {process_id}")
+        elif (ended.exit_code, ended.stop_reason) != (130, "interrupted"):
             self.report.wrong_exits.append(
                 f"ctrl_c {process_id}: {ended.exit_code} ({ended.stop_reason}), Ctrl-C {interrupted - began:.1f} s "
                 f"after the exec began, {time.monotonic() - began:.1f} s ago"
@@ -252,7 +276,10 @@ class Caller:
 
     async def do_later(self) -> None:
         command = "i=0; while :; do i=$((i+1)); echo $i; sleep 0.05; done"
-        first = await self.exec_result("later", command, yield_after_s=0.25)
+        first = await self.exec_result("later", command, yield_after_s=0.25, timeout_s=120)
+        if _fault_ended(first):
+            self.report.fault_ended.append(f"later {first.process_id}")
+            return
         if first.exit_code is not None or not first.process_id:
             self.report.wrong_exits.append(f"later: the counter ended: {first}")
             return
@@ -268,14 +295,17 @@ class Caller:
                 deadline = time.monotonic() + 30
                 while True:  # its shell may still be starting on a loaded machine: until it has counted
                     polled = await self.retried(
-                        "later", lambda: self.client.input(process_id, yield_after_s=0.3).wait()
+                        "later", lambda pid=process_id: self.client.input(pid, yield_after_s=0.3).wait()
                     )
                     seen += polled.stdout
                     if seen or polled.exit_code is not None or time.monotonic() > deadline:
                         break
-                ended = await self.retried("later", lambda: self.client.kill(process_id, grace_s=0.5))
+                ended = await self.retried("later", lambda pid=process_id: self.client.kill(pid, grace_s=0.5))
             except NotFoundError as exc:
                 self.report.lost.append(f"later {process_id}: {exc.message}")
+                continue
+            if _fault_ended(polled) or _fault_ended(ended):
+                self.report.fault_ended.append(f"later {process_id}")
                 continue
             numbers = seen.split()
             if not numbers or numbers != [str(i) for i in range(1, len(numbers) + 1)] or not seen.endswith("\n"):
@@ -318,9 +348,11 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-async def sample(daemon: Daemon, report: Report, instance: str, began: float, until: float) -> None:
+async def sample(
+    daemon: Daemon, report: Report, instance: str, began: float, until: float, engine_client: Callable[[], Any]
+) -> None:
     """Every 10 s: the daemon's RSS and descriptors, and what of the run the engine holds."""
-    engine = docker.from_env()
+    engine = engine_client()
     try:
         while time.monotonic() < until:
             selector = {"label": f"sandboxd.instance={instance}"}
@@ -341,18 +373,25 @@ async def sample(daemon: Daemon, report: Report, instance: str, began: float, un
         engine.close()
 
 
-async def faults(daemon: Daemon, report: Report, opts: argparse.Namespace, instance: str, began: float) -> None:
+async def faults(
+    daemon: Daemon,
+    report: Report,
+    opts: argparse.Namespace,
+    instance: str,
+    began: float,
+    engine_client: Callable[[], Any],
+    restart_engine: Callable[[], None] | None,
+) -> None:
     """The faults, at their times: daemon kills, one engine restart, agent kills."""
     next_kill = began + opts.daemon_kill_every_s if opts.daemon_kill_every_s else float("inf")
     restart_at = began + opts.engine_restart_at_s if opts.engine_restart_at_s else float("inf")
     next_agent = began + opts.agent_kill_every_s if opts.agent_kill_every_s else float("inf")
     end = began + opts.minutes * 60
     while True:
-        now = time.monotonic()
         soonest = min(next_kill, restart_at, next_agent)
         if soonest >= end - 5:
             return
-        await asyncio.sleep(max(0.0, soonest - now))
+        await asyncio.sleep(max(0.0, soonest - time.monotonic()))
         at = f"{(time.monotonic() - began) / 60:.1f} min"
         if soonest == next_kill:
             daemon.kill()
@@ -360,57 +399,83 @@ async def faults(daemon: Daemon, report: Report, opts: argparse.Namespace, insta
             report.faults.append(f"{at}: the daemon was SIGKILLed and started again")
             next_kill += opts.daemon_kill_every_s
         elif soonest == restart_at:
-            await asyncio.to_thread(subprocess.run, ["systemctl", "restart", "docker"], check=False)
+            assert restart_engine is not None
+            await asyncio.to_thread(restart_engine)
             report.faults.append(f"{at}: the engine was restarted")
             restart_at = float("inf")
         else:
-            engine = docker.from_env()
+            engine = engine_client()
             try:
-                running = engine.containers.list(filters={"label": [f"sandboxd.instance={instance}", "sandboxd.managed=true"]})
+                selector = {"label": [f"sandboxd.instance={instance}", "sandboxd.managed=true"]}
+                running = engine.containers.list(filters=selector)
                 if running:
                     victim = running[secrets.randbelow(len(running))]
-                    victim.exec_run(["sh", "-c", "kill -9 1"], user="root")
+                    init = victim.attrs["State"]["Pid"]
+                    children = await asyncio.to_thread(Path(f"/proc/{init}/task/{init}/children").read_text)
+                    for agent in children.split():
+                        os.kill(int(agent), signal.SIGKILL)  # from the host: no process inside may
                     report.faults.append(f"{at}: the agent of {victim.name} was SIGKILLed")
+            except (OSError, docker.errors.APIError) as exc:
+                report.faults.append(f"{at}: no agent could be killed: {exc}")
             finally:
                 engine.close()
             next_agent += opts.agent_kill_every_s
+
+
+@contextlib.contextmanager
+def _engine(opts: argparse.Namespace) -> Iterator[tuple[dict[str, str], Callable[[], Any], Callable[[], None] | None]]:
+    """The engine the run uses: the machine's, or (to restart one) a private dockerd of its own
+    holding the workspace image and the agent. Yields the daemon's settings for it, a client
+    factory, and how to restart it (None: not restartable)."""
+    if not opts.engine_restart_at_s:
+        yield {}, docker.from_env, None
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from sandboxd.agentbuild import AgentBuild, agent_digest
+    from tests.integration.engine import private_engine
+
+    with private_engine(IMAGE, AgentBuild(agent_digest()).image) as engine:
+        yield {"DOCKER_HOST": engine.host}, engine.client, engine.restart
 
 
 async def soak(opts: argparse.Namespace, directory: Path) -> Report:
     """Run the soak; return what it counted."""
     instance = f"soak-{secrets.token_hex(4)}"
     report = Report()
-    daemon = Daemon(directory, instance, {"SANDBOXD_DEFAULT_RUNTIME": opts.runtime})
-    daemon.start()
-    try:
-        async with SandboxClient(socket_path=daemon.socket_path, resume_s=RETRY_BUDGET_S) as client:
-            workspaces = await asyncio.gather(
-                *(client.create_workspace(labels={"soak": instance}, pids=1024) for _ in range(opts.workspaces))
-            )
-            began = time.monotonic()
-            until = began + opts.minutes * 60
-            callers = [
-                Caller(client, ws, f"c{w}-{c}", report, forks=opts.forks, kinds=opts.kinds.split(","))
-                for w, ws in enumerate(workspaces)
-                for c in range(opts.callers)
-            ]
-            sampler = asyncio.create_task(sample(daemon, report, instance, began, until))
-            faulter = asyncio.create_task(faults(daemon, report, opts, instance, began))
-            await asyncio.gather(*(caller.run(until) for caller in callers))
-            faulter.cancel()
-            sampler.cancel()
-            await asyncio.gather(faulter, sampler, return_exceptions=True)
-            for ws in workspaces:
-                with contextlib.suppress(SandboxError):
-                    await ws.delete()
-    finally:
-        daemon.stop()
-        _remove_everything(instance)
+    with _engine(opts) as (engine_env, engine_client, restart_engine):
+        daemon = Daemon(directory, instance, {"SANDBOXD_DEFAULT_RUNTIME": opts.runtime, **engine_env})
+        daemon.start()
+        try:
+            async with SandboxClient(socket_path=daemon.socket_path, resume_s=RETRY_BUDGET_S) as client:
+                workspaces = await asyncio.gather(
+                    *(client.create_workspace(labels={"soak": instance}, pids=1024) for _ in range(opts.workspaces))
+                )
+                began = time.monotonic()
+                until = began + opts.minutes * 60
+                callers = [
+                    Caller(client, ws, f"c{w}-{c}", report, forks=opts.forks, kinds=opts.kinds.split(","))
+                    for w, ws in enumerate(workspaces)
+                    for c in range(opts.callers)
+                ]
+                sampler = asyncio.create_task(sample(daemon, report, instance, began, until, engine_client))
+                faulter = asyncio.create_task(
+                    faults(daemon, report, opts, instance, began, engine_client, restart_engine)
+                )
+                await asyncio.gather(*(caller.run(until) for caller in callers))
+                faulter.cancel()
+                sampler.cancel()
+                await asyncio.gather(faulter, sampler, return_exceptions=True)
+                for ws in workspaces:
+                    with contextlib.suppress(SandboxError):
+                        await ws.delete()
+        finally:
+            daemon.stop()
+            _remove_everything(instance, engine_client)
     return report
 
 
-def _remove_everything(instance: str) -> None:
-    engine = docker.from_env()
+def _remove_everything(instance: str, engine_client: Callable[[], Any]) -> None:
+    engine = engine_client()
     try:
         for leftover in engine.containers.list(all=True, filters={"label": f"sandboxd.instance={instance}"}):
             if leftover.status == "paused":
@@ -443,7 +508,12 @@ def print_report(report: Report, opts: argparse.Namespace, started: datetime.dat
     print(f"errors: {sum(report.errors.values())}")
     for (kind, what), count in report.errors.most_common(20):
         print(f"  {count:5d} {kind}: {what}")
-    for title, items in (("wrong outputs", report.wrong_outputs), ("wrong exits", report.wrong_exits), ("lost", report.lost)):
+    print(f"ended by a fault, and said so: {len(report.fault_ended)}")
+    for title, items in (
+        ("wrong outputs", report.wrong_outputs),
+        ("wrong exits", report.wrong_exits),
+        ("lost", report.lost),
+    ):
         print(f"{title}: {len(items)}")
         for item in items[:10]:
             print(f"  {item}")
