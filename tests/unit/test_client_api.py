@@ -56,3 +56,33 @@ class TestResults:
         assert "code 3" in str(error)
         with pytest.raises(CommandFailedError):
             raise error
+
+
+class TestLazyText:
+    """Output.text, decoded only when read, is what an incremental UTF-8 decoder gives chunk by chunk."""
+
+    @pytest.mark.parametrize("seed", range(40))
+    def test_every_split_of_every_kind_of_bytes_decodes_as_the_incremental_decoder(self, seed: int) -> None:
+        import codecs
+        import random
+
+        from sandboxd_client._exec import _Decoders
+
+        rng = random.Random(seed)
+        alphabet = [b"a", "é".encode(), "€".encode(), "𝄞".encode(), b"\xff", b"\x80", b"\xed\xa0\x80", b"\xf4\x90"]
+        data = b"".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
+        cuts = sorted(rng.sample(range(len(data) + 1), k=min(len(data) + 1, rng.randrange(0, 12))))
+        chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        reference = codecs.getincrementaldecoder("utf-8")("replace")
+        decoders = _Decoders()
+        for chunk in chunks:
+            assert decoders.output("stdout", chunk).text == reference.decode(chunk), (data, chunks, chunk)
+        assert "".join(o.text for o in decoders.flush()) == reference.decode(b"", final=True), (data, chunks)
+
+    def test_a_character_cut_over_three_chunks_is_whole_in_the_last(self) -> None:
+        from sandboxd_client._exec import _Decoders
+
+        clef = "𝄞".encode()
+        decoders = _Decoders()
+        texts = [decoders.output("stdout", piece).text for piece in (clef[:1], clef[1:2], clef[2:] + b"!")]
+        assert texts == ["", "", "𝄞!"]
