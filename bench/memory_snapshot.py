@@ -17,7 +17,8 @@ alternates):
   fork -> first exec
       sandboxd: CreateWorkspace(from_snapshot) + Exec("true"); raw: a container created of
       the same image, the checkpoint linked into its directory, started from it, exec_run("true").
-Then the daemon's resident memory after snapshots of 20 MiB and of the run's size.
+Then ten forks of one memory snapshot at once against one alone (to a first exec each), and
+the daemon's resident memory after snapshots of 20 MiB and of the run's size.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ class Raw:
         os.link(
             self.root / "containers" / self.source.id / "checkpoints" / name / "checkpoint.img", own / "checkpoint.img"
         )
+        # As sandboxd does: a file naming the container makes each restore's upload content of
+        # its own (the engine's uploads of one digest at once collide), so restores run at once.
+        (own / "fork").write_text(created["Id"])
         response = self.api._post(self.api._url("/containers/{0}/start", created["Id"]), params={"checkpoint": name})
         self.api._raise_for_status(response)
         container = self.engine.containers.get(created["Id"])
@@ -144,6 +148,47 @@ async def run(socket_path: str, pid: int, runs: int, mib: int) -> dict[str, Any]
                         await asyncio.to_thread(restored.remove, force=True, v=True)
                         await asyncio.to_thread(raw.forget, name)
                         await asyncio.to_thread(engine.images.remove, image, force=True)
+            # Ten forks of one memory snapshot at once, against one alone (each to its first exec).
+            await ws.snapshot("bench-ten", include_memory=True)
+
+            async def fork_and_exec() -> float:
+                began = time.perf_counter()
+                fork = await client.create_workspace(from_snapshot="bench-ten")
+                await fork.exec("true").wait(check=True)
+                took = time.perf_counter() - began
+                forks.append(fork)
+                return took
+
+            forks: list[Any] = []
+            one, ten = [], []
+            for _ in range(2):
+                one.append(await fork_and_exec())
+                began = time.perf_counter()
+                await asyncio.gather(*(fork_and_exec() for _ in range(10)))
+                ten.append(time.perf_counter() - began)
+                for fork in forks:
+                    await fork.delete()
+                forks.clear()
+            await client.delete_snapshot("bench-ten")
+            results["ten"] = (one, ten)
+            # The raw engine's ten restores of one checkpoint at once, against one alone.
+            await asyncio.to_thread(raw.checkpoint, "bench-ten")
+            image = await asyncio.to_thread(raw.commit, "bench-ten")
+            raw_one, raw_ten = [], []
+            for _ in range(2):
+                began = time.perf_counter()
+                restored = [await asyncio.to_thread(raw.restore, "bench-ten", image)]
+                raw_one.append(time.perf_counter() - began)
+                began = time.perf_counter()
+                restored += await asyncio.gather(
+                    *(asyncio.to_thread(raw.restore, "bench-ten", image) for _ in range(10))
+                )
+                raw_ten.append(time.perf_counter() - began)
+                for container in restored:
+                    await asyncio.to_thread(container.remove, force=True, v=True)
+            await asyncio.to_thread(raw.forget, "bench-ten")
+            await asyncio.to_thread(engine.images.remove, image, force=True)
+            results["raw_ten"] = (raw_one, raw_ten)
             # The daemon's memory after snapshots of a small and of the run's size.
             sizes = []
             for size in (20, mib):
@@ -180,6 +225,12 @@ def main() -> int:
         ratio = statistics.median(ours) / statistics.median(theirs)
         print(f"{name:30}{summary(ours):>38}   {summary(theirs):>38}   {ratio:5.2f}x")
     print(f"{'raw checkpoint + commit':30}{'':>38}   {summary(results['with_commit']):>38}")
+    for what, key in (("sandboxd: ten forks", "ten"), ("raw engine: ten restores", "raw_ten")):
+        one, ten = results[key]
+        print(
+            f"{what} of one memory snapshot at once: {statistics.median(ten) * 1000:.0f} ms, one alone "
+            f"{statistics.median(one) * 1000:.0f} ms: {statistics.median(ten) / statistics.median(one):.2f}x"
+        )
     print("daemon RSS after a snapshot and a fork: " + ", ".join(f"{s} MiB: {r:.0f} MiB" for s, r in results["rss"]))
     return 0
 
