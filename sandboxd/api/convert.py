@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable
+from typing import TypeVar
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from sandboxd_protocol.v1 import process_service_pb2 as ppb
@@ -273,50 +274,53 @@ def exit_to_proto(status: ExitStatus) -> ppb.ExecExited:
     )
 
 
-def exec_response(event: ExecEvent) -> ppb.ExecResponse:
-    """Return the ExecResponse carrying ``event``."""
+_Response = TypeVar("_Response", ppb.ExecResponse, ppb.InputResponse)
+
+
+def _fill(response: _Response, event: ExecEvent) -> _Response:
+    """Set ``event`` in ``response`` (an Exec's or an Input's: their events have the same fields).
+
+    In place, each field set once: building the inner message first and copying it in would
+    copy every output chunk twice more.
+    """
     match event:
-        case ExecStarted():
-            return ppb.ExecResponse(
-                started=ppb.ExecStarted(
-                    process_id=event.process_id, pid=event.pid, start_time=_timestamp(event.start_time)
-                )
-            )
         case OutputChunk():
-            # Set the bytes in place: building ExecOutput first would copy each chunk twice.
-            response = ppb.ExecResponse()
             if event.stream == "stderr":
                 response.output.stderr = event.data
             else:
                 response.output.stdout = event.data
             response.output.position = event.position
-            return response
         case OutputDropped():
-            return ppb.ExecResponse(
-                dropped=ppb.ExecOutputDropped(dropped_bytes=event.dropped_bytes, position=event.position)
-            )
+            response.dropped.dropped_bytes = event.dropped_bytes
+            response.dropped.position = event.position
         case ExitStatus():
-            return ppb.ExecResponse(exited=exit_to_proto(event))
+            response.exited.CopyFrom(exit_to_proto(event))
         case Yielded():
-            return ppb.ExecResponse(
-                yielded=ppb.ExecYielded(process_id=event.process_id, elapsed=_duration(event.elapsed_s))
-            )
+            response.yielded.process_id = event.process_id
+            response.yielded.elapsed.CopyFrom(_duration(event.elapsed_s))
         case Heartbeat():
-            return ppb.ExecResponse(heartbeat=ppb.ExecHeartbeat(elapsed=_duration(event.elapsed_s)))
-    msg = f"unexpected event {event!r}"
-    raise AssertionError(msg)
+            response.heartbeat.elapsed.CopyFrom(_duration(event.elapsed_s))
+        case _:
+            msg = f"unexpected event {event!r}"
+            raise AssertionError(msg)
+    return response
+
+
+def exec_response(event: ExecEvent) -> ppb.ExecResponse:
+    """Return the ExecResponse carrying ``event``."""
+    if isinstance(event, ExecStarted):
+        return ppb.ExecResponse(
+            started=ppb.ExecStarted(process_id=event.process_id, pid=event.pid, start_time=_timestamp(event.start_time))
+        )
+    return _fill(ppb.ExecResponse(), event)
 
 
 def input_response(event: ExecEvent) -> ppb.InputResponse:
     """Return the InputResponse carrying ``event`` (never ``started``)."""
-    response = exec_response(event)
-    kind = response.WhichOneof("event")
-    if kind == "started":
+    if isinstance(event, ExecStarted):
         msg = "an Input stream has no started event"
-        raise AssertionError(msg)
-    result = ppb.InputResponse()
-    getattr(result, str(kind)).CopyFrom(getattr(response, str(kind)))
-    return result
+        raise TypeError(msg)
+    return _fill(ppb.InputResponse(), event)
 
 
 def pool_class_to_proto(status: PoolStatus) -> wpb.PoolClass:

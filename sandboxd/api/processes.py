@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator
 from sandboxd_protocol.v1 import process_service_pb2 as ppb
 from sandboxd_protocol.v1 import process_service_pb2_grpc as pgrpc
 
+from .. import metrics
 from ..audit import audit_fields
 from ..errors import InvalidSpecError, quoted
-from ..models import StopReason
+from ..models import ExecEvent, OutputChunk, StopReason
 from ..processes import MAX_KILL_GRACE_S, ProcessTable
 from ..workspaces import WorkspaceManager
 from . import convert
@@ -46,6 +47,12 @@ def parse_signal(text: str) -> int:
     raise InvalidSpecError(msg)
 
 
+def _count(event: ExecEvent) -> None:
+    """Output on its way to a caller, for the metrics."""
+    if isinstance(event, OutputChunk):
+        metrics.OUTPUT_BYTES.labels(stream=event.stream).inc(len(event.data))
+
+
 class ProcessServicer(pgrpc.ProcessServiceServicer):
     """Serves ``sandboxd.v1.ProcessService``."""
 
@@ -63,6 +70,7 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
         # Closed here, not by the garbage collector: a caller leaving is handled in this call's task.
         async with contextlib.aclosing(session.exec_events(started)) as events:
             async for event in events:
+                _count(event)
                 yield convert.exec_response(event)
 
     async def Input(self, request: ppb.InputRequest, context: Context) -> AsyncIterator[ppb.InputResponse]:
@@ -86,6 +94,7 @@ class ProcessServicer(pgrpc.ProcessServiceServicer):
             resume_from=resume_from,
         )
         async for event in events:
+            _count(event)
             yield convert.input_response(event)
 
     async def Signal(self, request: ppb.SignalRequest, context: Context) -> ppb.SignalResponse:

@@ -50,14 +50,14 @@ class AccessLog(Layer):
             state.request = None  # the call is over: nothing need keep its request (a 16 MiB write)
 
     def on_response(self, state: CallState, response: Any) -> None:
-        """What a process stream's response tells the metrics: a start, output, drops, an end."""
+        """What a process stream's response tells the metrics: a start, drops, an end.
+
+        Output bytes are counted where the output is (``ProcessServicer``): reading a response's
+        bytes field here made a copy of every chunk.
+        """
         kind = response.WhichOneof("event") if "event" in response.DESCRIPTOR.oneofs_by_name else None
         if kind == "started":
             metrics.EXEC_START_SECONDS.observe(time.monotonic() - state.start)
-        elif kind == "output":
-            for stream in ("stdout", "stderr"):
-                if size := len(getattr(response.output, stream)):
-                    metrics.OUTPUT_BYTES.labels(stream=stream).inc(size)
         elif kind == "dropped":
             metrics.OUTPUT_DROPPED_BYTES.inc(response.dropped.dropped_bytes)
         elif kind == "exited":
