@@ -90,6 +90,22 @@ async def test_ctrl_c_while_the_profile_waits_on_a_child_is_delivered(client, wo
     assert time.monotonic() - started < 15
 
 
+async def test_ctrl_c_through_a_profile_longer_than_the_bound_is_not_swallowed(client, workspace) -> None:
+    """A start slower than the 3 s a Ctrl-C is held for (a loaded machine's): the bound sends it to
+    the shell while it waits for a profile's child that ignores it and then exits normally, which
+    swallows it; the shell then reaches the command, and gets it once more there (C17: under 128
+    callers a ``sleep 30`` Ctrl-C'd 0.6 s into a 3.8 s start ran its course)."""
+    # The child closes its output at once: the shell is past reading it, in its wait, when the
+    # bound's SIGINT comes, as a loaded `$(id -u)` can leave it.
+    await _write_profile(workspace, "echo in-profile; swallow=$(exec >&-; trap '' INT; sleep 4)\n")
+    process_id = await start_ready(workspace, "sleep 30", ready="in-profile")
+    started = time.monotonic()
+    events, _, _ = await collect(client.input(process_id, "\u0003", yield_after_s=20))
+    assert isinstance(events[-1], Exited), events[-1]
+    assert (events[-1].exit_code, events[-1].signal, events[-1].stop_reason) == (130, "SIGINT", "interrupted")
+    assert time.monotonic() - started < 15
+
+
 async def test_ctrl_c_in_a_profile_that_never_ends_still_interrupts(client, workspace) -> None:
     """A profile that blocks for ever: the held Ctrl-C goes to it after a bound, and ends the start."""
     await _write_profile(workspace, "echo in-profile; sleep 600\n")

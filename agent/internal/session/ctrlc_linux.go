@@ -16,6 +16,8 @@ import (
 
 // shellStartBound is how long a Ctrl-C and the caller's input wait for the shell to reach
 // the command (its login profile runs first); past it, a profile that never ends gets them.
+// A shell that reaches the command all the same (it swallowed the Ctrl-C: a profile's child
+// it was waiting for exited normally) gets it once more there.
 const shellStartBound = 3 * time.Second
 
 // awaitShell holds a Ctrl-C until the shell has read its profile. A shell that gets
@@ -38,7 +40,17 @@ func (s *Session) awaitShell(l *launched) {
 	ok := <-l.ready
 	l.readyR.Close()
 	bound.Stop()
+	s.mu.Lock()
+	s.shellReady = ok
+	again, pid := ok && s.earlyCtrlC, s.pid
+	s.mu.Unlock()
 	s.shellStarted()
+	if again {
+		// A Ctrl-C sent during a slow profile (by the bound, or by the caller after it), and the
+		// shell went on to its command: it took the signal as a child's (C10). Blocked in read
+		// now, it dies of this one at once.
+		_ = syscall.Kill(-pid, syscall.SIGINT)
+	}
 	if ok {
 		l.release()
 	}
@@ -61,6 +73,9 @@ func (s *Session) shellStarted() {
 	close(s.shellUp)
 	held := s.heldCtrlC
 	s.heldCtrlC = 0
+	if held > 0 && !s.shellReady {
+		s.earlyCtrlC = true
+	}
 	if s.spec.TTY {
 		kept, drop := s.input[:0], held
 		for _, c := range s.input {
@@ -110,6 +125,9 @@ func (s *Session) Signal(msg proto.SignalMsg) {
 		s.interrupted = true
 		select {
 		case <-s.shellUp:
+			if !s.shellReady {
+				s.earlyCtrlC = true // past the bound, still in the profile: awaitShell sends it again
+			}
 		default:
 			s.heldCtrlC++ // awaitShell: the starting shell could swallow it now
 			s.mu.Unlock()

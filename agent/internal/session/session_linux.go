@@ -71,6 +71,8 @@ type Session struct {
 	pendingKill *float64
 	shellUp     chan struct{} // closed once the shell is about to run the command (or shellStartBound passed)
 	heldCtrlC   int           // Ctrl-Cs that came before shellUp
+	shellReady  bool          // the shell wrote its ready byte: blocked reading its command, it forks nothing more
+	earlyCtrlC  bool          // a Ctrl-C went to the shell before it was ready: its profile may have swallowed it
 	until       uint64
 	cursor      uint64
 	cursorGap   uint64
