@@ -8,7 +8,8 @@ creates idle workspaces (the default spec: no network, 1 GiB, 512 pids) up to ea
 four creates at once. At each step, once the engine has settled:
 
   daemon     its RSS (MiB) and its CPU while everything idles (% of one core, over 10 s)
-  engine     dockerd, containerd and the containerd shims: their RSS together and CPU
+  engine     dockerd, containerd, the containerd shims and gVisor's sandboxes and gofers (runsc):
+             their RSS together and CPU
   agent      the RSS of each workspace's agent (median, MiB), and its threads
   host       MemAvailable gone since before the first workspace, per workspace (MiB)
   tasks      the machine's tasks (threads) against kernel.pid_max
@@ -74,15 +75,20 @@ def _cpu_s(pid: int) -> float:
 
 
 def _by_name(names: tuple[str, ...]) -> list[int]:
+    """The processes whose name or first argument is one of ``names`` (a gVisor sandbox is named
+    ``exe``: its first argument is ``runsc-sandbox``)."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/comm") as comm:
-                    if comm.read().strip() in names:
-                        found.append(int(entry))
+                    name = comm.read().strip()
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    first = cmdline.read(64).split(b"\0", 1)[0].decode(errors="replace")
             except OSError:
                 continue
+            if name in names or first in names:
+                found.append(int(entry))
     return found
 
 
@@ -373,7 +379,11 @@ def plot(rows: list[dict[str, Any]], concurrency: list[dict[str, float]], path: 
     axes[0][0].plot(n, [r["daemon_rss"] for r in rows], "o-", label="daemon RSS")
     axes[0][0].plot(n, [r["engine_rss"] for r in rows], "s-", label="engine RSS (dockerd, containerd, shims)")
     axes[0][0].set(xlabel="idle workspaces", ylabel="MiB", title="memory")
-    axes[0][1].plot(n, [r["host_per_ws"] for r in rows], "o-", label="host memory per workspace")
+    # Host memory per workspace from MemAvailable is noise (page cache) over a few workspaces.
+    many = [r for r in rows if r["workspaces"] >= 50]
+    axes[0][1].plot(
+        [r["workspaces"] for r in many], [r["host_per_ws"] for r in many], "o-", label="host memory per workspace"
+    )
     axes[0][1].plot(n, [r["agent_rss"] for r in rows], "s-", label="agent RSS (median)")
     axes[0][1].set(xlabel="idle workspaces", ylabel="MiB", title="cost of one workspace")
     axes[1][0].plot(n, [r["exec_p50"] for r in rows], "o-", label="exec p50")

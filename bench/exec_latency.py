@@ -14,7 +14,9 @@ What is compared:
                       class; runsc: the demand class its first two creates make), each
                       sample once a member is ready (a create that finds none is a cold one).
   exec round trip     sandboxd: Exec("true") on a live workspace until exited;
-                      docker-py: exec_run(["true"]) on a live container.
+                      docker-py: exec_run(["true"]) on a live container; taken in turns call
+                      by call, in blocks of 30 calls back to back (the median of each block;
+                      four blocks, alternating sides), and 1 s apart.
   read_file           sandboxd: ReadFile of a 100-line file (cat -n text);
                       docker-py: exec_run(["cat", path]) of the same file.
 sandboxd does more per exec (a process group, exact exit status, a login shell,
@@ -82,6 +84,7 @@ async def interleaved(
         "create": ([], []),
         "pool": ([], []),
         "rtt": ([], []),
+        "blocks": ([], []),
         "paced": ([], []),
         "read": ([], []),
         "shell": ([], []),
@@ -144,6 +147,14 @@ async def interleaved(
             raw = engine.containers.run(IMAGE, **options)
             containers.append(raw)
             assert raw.exec_run(["sh", "-c", f'printf %s "$0" > {SMALL_FILE}', SMALL_TEXT]).exit_code == 0
+            # Back to back in blocks: 30 calls of one side with nothing between them, then 30 of the
+            # other (interleaving call by call gives the login shell a raw call's time to start).
+            for block in range(4):
+                order = [(0, sandboxd_true), (1, lambda: asyncio.to_thread(docker_true))]
+                for side, call in order if block % 2 == 0 else order[::-1]:
+                    await asyncio.sleep(1.0)
+                    times = [await timed(call) for _ in range(30)]
+                    results["blocks"][side].append(statistics.median(times))
             for name, ours, theirs, count in pairs:
                 for index in range(count):
                     if name == "paced":
@@ -209,6 +220,7 @@ def main() -> int:
             ("create -> first exec", "create"),
             ("... from the pool", "pool"),
             ("exec `true` round trip", "rtt"),
+            ("... 30 back to back", "blocks"),
             ("... calls 1 s apart", "paced"),
             ("read_file, 100 lines", "read"),
         )
