@@ -245,7 +245,19 @@ class Caller:
             self.report.fault_ended.append(f"file {result.process_id}")
         elif result.stdout.split()[:1] != [hashlib.sha256(data).hexdigest()]:
             self.report.wrong_outputs.append(f"file: {result}")
-        await self.retried("file", lambda: self.client.remove(self.ws.workspace_id, path))
+        tries = 0
+
+        async def remove() -> None:
+            nonlocal tries
+            tries += 1
+            try:
+                await self.client.remove(self.ws.workspace_id, path)
+            except NotFoundError:
+                if tries == 1:
+                    raise
+                # Sent again after UNAVAILABLE: the first one removed it before the daemon went.
+
+        await self.retried("file", remove)
 
     async def do_ctrl_c(self) -> None:
         began = time.monotonic()

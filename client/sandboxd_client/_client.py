@@ -788,6 +788,12 @@ class SandboxClient:
         ``resume_from`` goes on after that output position (an event's ``position``, or a
         :class:`~sandboxd_client.errors.StreamBrokenError`'s ``resume_from``): what a broken
         stream lost in flight comes again, nothing before it does.
+
+        A call that writes (``chars``, ``data``, Ctrl-C, ``close_stdin``) whose stream breaks
+        before the daemon's first answer raises ``UnavailableError``: the input may or may not
+        have reached the process, and only the caller can say whether sending it again is
+        right (a second Ctrl-C usually is; the same bytes written twice usually are not).
+        Once the daemon has answered, the input was written, and a break is resumed as a poll.
         """
         request = ppb.InputRequest(process_id=process_id, chars=chars, close_stdin=close_stdin, data=data)
         if resume_from is not None:
@@ -801,6 +807,7 @@ class SandboxClient:
             lambda pid: self._processes.Input(ppb.InputRequest(process_id=pid)),
             follow=follow,
             process_id=process_id,
+            carries_input=bool(chars or data or close_stdin),
             **self._resuming(yield_after_s),
         )
 

@@ -18,7 +18,7 @@ import grpc
 from sandboxd_protocol.retry import RetryPolicy
 from sandboxd_protocol.v1 import process_service_pb2 as ppb
 
-from .errors import SandboxError, StreamBrokenError, from_rpc_error
+from .errors import SandboxError, StreamBrokenError, UnavailableError, from_rpc_error
 
 __all__ = [
     "CommandFailedError",
@@ -299,6 +299,7 @@ class ExecHandle:
         resume: Callable[[str, int, float | None], Any] | None = None,
         resume_policy: RetryPolicy | None = None,
         window_s: float | None = None,
+        carries_input: bool = False,
     ) -> None:
         """Prepare the call; nothing is sent until iteration starts.
 
@@ -312,6 +313,10 @@ class ExecHandle:
             resume_policy: how long and how often to try ``resume`` after a break.
             window_s: the call's yield window, in seconds (None: the daemon's default), so that
                 a resumed call yields when the first would have.
+            carries_input: the call writes to the process (chars, data, Ctrl-C or an end of
+                input). Broken before the daemon's first answer, it is not resumed: the input
+                may or may not have reached the process (a resume would only poll), so the
+                caller is told, with ``UnavailableError``.
         """
         self._open_stream = open_stream
         self._poll = poll
@@ -327,6 +332,9 @@ class ExecHandle:
         """Set once the command has started (or given for an Input call)."""
         self.result: ExecResult | None = None
         """Set when the stream has ended."""
+        self._carries_input = carries_input
+        self._answered = False
+        """The daemon answered this call at least once: its input, if any, was written."""
         self._collect = False
         self._stdout = bytearray()
         self._stderr = bytearray()
@@ -348,6 +356,7 @@ class ExecHandle:
                 terminal: Exited | Yielded | None = None
                 try:
                     async for response in call:
+                        self._answered = True
                         event = _event(response, self._decoders)
                         if event is None:
                             continue
@@ -359,6 +368,13 @@ class ExecHandle:
                 except grpc.RpcError as error:
                     if not self._resumable(error):
                         raise
+                    if self._carries_input and not self._answered:
+                        msg = (
+                            f"the daemon went away before it answered this input to {self.process_id}, "
+                            f"which may or may not have reached the process ({_details(error)}); send it "
+                            "again if it must arrive"
+                        )
+                        raise UnavailableError(msg, code=grpc.StatusCode.UNAVAILABLE) from None
                     call = await self._resumed(error, began)
                     continue
                 if terminal is None:

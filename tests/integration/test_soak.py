@@ -30,7 +30,9 @@ def _load_soak():  # type: ignore[no-untyped-def]
     return module
 
 
-async def test_a_minute_of_mixed_work_through_two_daemon_kills_loses_nothing(tmp_path: Path, default_image: str) -> None:
+async def test_a_minute_of_mixed_work_through_two_daemon_kills_loses_nothing(
+    tmp_path: Path, default_image: str
+) -> None:
     soak = _load_soak()
     opts = soak.parser().parse_args(
         ["--minutes", "1", "--workspaces", "8", "--callers", "2", "--daemon-kill-every-s", "20"]

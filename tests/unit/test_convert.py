@@ -122,7 +122,7 @@ class TestEvents:
     def test_input_response_has_no_started(self) -> None:
         """Input streams carry the same events except started."""
         assert convert.input_response(OutputDropped(dropped_bytes=1)).WhichOneof("event") == "dropped"
-        with pytest.raises(AssertionError):
+        with pytest.raises(TypeError):
             convert.input_response(ExecStarted(process_id="p", pid=1, start_time=datetime.datetime.now(datetime.UTC)))
 
 
