@@ -45,12 +45,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import docker
 from sandboxd_client import (
+    AlreadyExistsError,
     NotFoundError,
     SandboxClient,
     SandboxError,
@@ -202,7 +204,9 @@ class Caller:
             try:
                 await getattr(self, f"do_{kind}")()
             except SandboxError as exc:
-                self.report.errors[(kind, f"{type(exc).__name__}: {exc.message[:120]}")] += 1
+                # The start says what failed, the end why (a broken stream's cause comes last).
+                said = exc.message if len(exc.message) <= 320 else f"{exc.message[:120]} ... {exc.message[-200:]}"
+                self.report.errors[(kind, f"{type(exc).__name__}: {said}")] += 1
             else:
                 self.report.latencies[kind].append(time.monotonic() - began)
             self.report.calls[kind] += 1
@@ -329,9 +333,29 @@ class Caller:
         marker = secrets.token_hex(8)
         name = f"{self.name}-{marker}"
         await self.retried("fork", lambda: self.ws.write_file(f"/workspace/{self.name}.marker", marker))
-        await self.retried("fork", lambda: self.ws.snapshot(name))
+        sent: list[bool] = []
+
+        async def snapshot() -> None:
+            try:
+                sent.append(True)
+                await self.ws.snapshot(name)
+            except AlreadyExistsError:
+                if len(sent) == 1:
+                    raise
+                # Sent again after UNAVAILABLE: the first one made it before the daemon went (the
+                # name is this call's own).
+
+        await self.retried("fork", snapshot)
+        # One create, however often it is sent: the same id and request id each time, so a
+        # daemon that made it before it went answers with it (or makes it if it never did).
+        workspace_id, request_id = f"ws-{secrets.token_hex(6)}", str(uuid.uuid4())
         try:
-            fork = await self.retried("fork", lambda: self.client.create_workspace(from_snapshot=name))
+            fork = await self.retried(
+                "fork",
+                lambda: self.client.create_workspace(
+                    from_snapshot=name, workspace_id=workspace_id, request_id=request_id
+                ),
+            )
             try:
                 result = await self.retried("fork", lambda: fork.exec(f"cat /workspace/{self.name}.marker").wait())
                 if result.stdout != marker:
