@@ -37,6 +37,7 @@ STATE_CHANGING = frozenset(
         "SnapshotWorkspace",
         "RestoreWorkspace",
         "DeleteSnapshot",
+        "BuildTemplate",
         "Exec",
         "Input",
         "Signal",

@@ -40,6 +40,7 @@ __all__ = [
     "QUOTED_CHARS",
     "AlreadyExistsError",
     "BackendError",
+    "BuildFailedError",
     "DaemonStoppingError",
     "DockerUnavailableError",
     "ExecTimeoutError",
@@ -158,6 +159,19 @@ class WorkspaceNotRunningError(FailedPreconditionError):
 
 class ProcessExitedError(FailedPreconditionError):
     """The process has already exited."""
+
+
+class BuildFailedError(FailedPreconditionError):
+    """An image build's step failed (a command's non-zero exit, a COPY of what the context lacks).
+
+    Args:
+        message: the caller-facing message, with the step's last output.
+        step: the failing step, counted from 1 (0: not known).
+    """
+
+    def __init__(self, message: str, *, step: int = 0) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class QuotaExceededError(SandboxdError):

@@ -173,6 +173,12 @@ class Snapshot:
     """The source's resolved spec: what a fork takes for the fields it leaves unset."""
     memory_bytes: int = 0
     """Bytes of its processes' memory as the runtime saved them; 0: files only."""
+    start_command: str = ""
+    """A template's: run in the background at each start of a workspace from it."""
+    ready_command: str = ""
+    """A template's: run after the start command until it exits 0, before the workspace is handed out."""
+    build_digest: str = ""
+    """A template's: the digest of what it was built from; empty for a snapshot of a workspace."""
 
     @property
     def include_memory(self) -> bool:

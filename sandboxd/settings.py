@@ -196,6 +196,18 @@ class Settings:
     tenant_max_snapshots: int = 0
     """Most snapshots one tenant may keep; 0 means no limit."""
 
+    template_build_timeout_s: float = 1800.0
+    """Longest a template build may take (BuildTemplate's own timeout may be shorter), in seconds."""
+
+    template_context_bytes: int = 1 * _GIB
+    """Largest build context a template build accepts, in bytes; refused as it arrives past that."""
+
+    template_build_memory_bytes: int = 4 * _GIB
+    """Memory each step of a template build may use, in bytes."""
+
+    template_max_bytes: int = 16 * _GIB
+    """Largest image a template build may make, in bytes; a bigger one is removed and the build fails."""
+
     tenant_max_sessions: int = 0
     """Live process sessions per tenant across its workspaces; 0 means no cap but each
     workspace's. Past it, a new command evicts the tenant's own sessions as a full workspace

@@ -43,6 +43,7 @@ from .workspaces import (
     LABEL_SNAPSHOT_MEMORY,
     LABEL_SNAPSHOT_OF,
     LABEL_SPEC,
+    LABEL_TEMPLATE_DIGEST,
     LABEL_TENANT,
     WorkspaceManager,
     check_labels,
@@ -58,6 +59,10 @@ log = structlog.get_logger(__name__)
 
 LABEL_SNAPSHOT_LABELS = "sandboxd.snapshot_labels"
 """On a snapshot's image: the caller's labels, as JSON (the image also carries its source's)."""
+LABEL_TEMPLATE_START = "sandboxd.template_start"
+"""On a template's image: the command run in the background at each workspace start."""
+LABEL_TEMPLATE_READY = "sandboxd.template_ready"
+"""On a template's image: the command that says a workspace started from it is ready."""
 LABEL_SNAPSHOT_TIME = "sandboxd.snapshot_time"
 """On a snapshot's image: when it was taken, to the microsecond (the engine's image times are to the second)."""
 REPOSITORY = "sandboxd/snapshot"
@@ -175,7 +180,7 @@ class SnapshotStore:
                 )
         self.manager.touch(workspace_id)
         log.info("snapshot.taken", snapshot=name, workspace_id=workspace_id, size_bytes=image.size_bytes)
-        return self._snapshot(image)
+        return self.describe(image)
 
     async def _with_memory(
         self, info: ContainerInfo, spec: WorkspaceSpec, ref: str, marks: Mapping[str, str], limit: int
@@ -321,13 +326,13 @@ class SnapshotStore:
 
     async def get(self, name: str) -> Snapshot:
         """The caller's snapshot ``name``; NotFoundError when there is none."""
-        return self._snapshot(await self.find(name))
+        return self.describe(await self.find(name))
 
     async def list(self, label_selector: Mapping[str, str]) -> list[Snapshot]:
         """The caller's snapshots carrying every label in ``label_selector``, oldest first."""
         check_labels(label_selector, "label_selector")
         images = await self.backend.list_images({LABEL_TENANT: current_tenant()})
-        found = sorted((self._snapshot(i) for i in images if i.labels.get(LABEL_SNAPSHOT)), key=_order)
+        found = sorted((self.describe(i) for i in images if i.labels.get(LABEL_SNAPSHOT)), key=_order)
         return [s for s in found if all(s.labels.get(k) == v for k, v in label_selector.items())]
 
     async def delete(self, name: str) -> None:
@@ -344,8 +349,8 @@ class SnapshotStore:
         await self.backend.remove_unused_images()
         log.info("snapshot.deleted", snapshot=name)
 
-    def _snapshot(self, image: ImageInfo) -> Snapshot:
-
+    def describe(self, image: ImageInfo) -> Snapshot:
+        """The snapshot (or template) an image of the caller's is."""
         try:
             labels = json.loads(image.labels.get(LABEL_SNAPSHOT_LABELS, "{}"))
         except ValueError:
@@ -362,7 +367,19 @@ class SnapshotStore:
             size_bytes=image.size_bytes,
             spec=spec_from_json(image.labels[LABEL_SPEC]),
             memory_bytes=_int(image.labels.get(LABEL_SNAPSHOT_MEMORY, "")),
+            start_command=_command(image.labels.get(LABEL_TEMPLATE_START, "")),
+            ready_command=_command(image.labels.get(LABEL_TEMPLATE_READY, "")),
+            build_digest=image.labels.get(LABEL_TEMPLATE_DIGEST, ""),
         )
+
+
+def _command(label: str) -> str:
+    """A template's command as its label keeps it (a JSON string); empty for none or a malformed one."""
+    try:
+        command = json.loads(label) if label else ""
+    except ValueError:
+        return ""
+    return command if isinstance(command, str) else ""
 
 
 def _int(text: str) -> int:

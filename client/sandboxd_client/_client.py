@@ -40,6 +40,7 @@ __all__ = [
     "ReadResult",
     "SandboxClient",
     "SnapshotInfo",
+    "TemplateBuildResult",
     "Workspace",
     "WorkspaceInfo",
     "WriteResult",
@@ -201,6 +202,17 @@ class SnapshotInfo:
     working_dir: str
     memory_bytes: int = 0
     """Bytes of the processes' memory it holds (``include_memory``); 0: files only."""
+    start_command: str = ""
+    """A template's: run in the background at each start of a workspace from it."""
+    ready_command: str = ""
+    """A template's: run until it exits 0 before a workspace from it is handed out."""
+    build_digest: str = ""
+    """A template's: the digest of what it was built from (empty: a snapshot of a workspace)."""
+
+    @property
+    def is_template(self) -> bool:
+        """Whether it was built (:meth:`SandboxClient.build_template`) rather than taken of a workspace."""
+        return bool(self.build_digest)
 
     @property
     def include_memory(self) -> bool:
@@ -220,7 +232,20 @@ class SnapshotInfo:
             user=message.spec.security.user,
             working_dir=message.spec.working_dir,
             memory_bytes=message.memory_bytes,
+            start_command=message.start_command,
+            ready_command=message.ready_command,
+            build_digest=message.build_digest,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class TemplateBuildResult:
+    """A finished template build."""
+
+    template: SnapshotInfo
+    """The template, kept as a snapshot of yours: ``create_workspace(from_snapshot=name)`` starts from it."""
+    cached: bool
+    """Whether it was already built from the same content (nothing was built)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -696,6 +721,75 @@ class SandboxClient:
         request = wpb.DeleteSnapshotRequest(name=name)
         await self._unary(lambda: self._workspaces.DeleteSnapshot(request))
 
+    async def build_template(
+        self,
+        name: str,
+        dockerfile: str,
+        *,
+        context: AsyncIterable[bytes] | bytes = b"",
+        start_command: str = "",
+        ready_command: str = "",
+        working_dir: str = "",
+        labels: Mapping[str, str] | None = None,
+        force: bool = False,
+        timeout_s: float = 0.0,
+        on_log: Callable[[str], None] | None = None,
+    ) -> TemplateBuildResult:
+        """Build an image from ``dockerfile`` and keep it as your template (a snapshot) ``name``.
+
+        Args:
+            name: 1-63 letters, digits, '.', '_' or '-'; a successful build replaces a template
+                of that name.
+            dockerfile: the Dockerfile's text; its FROM images must be on the daemon's engine.
+            context: the build context as an uncompressed tar archive (bytes, or its pieces).
+            start_command: run in the background (``bash -lc``) at each start of a workspace from it.
+            ready_command: run after it until it exits 0 before such a workspace is handed out.
+            working_dir: the working directory of workspaces from it (empty: the image's).
+            labels: the template's labels.
+            force: build every step again, ignoring an unchanged template and the build cache.
+            timeout_s: how long the build may take (0: the daemon's limit).
+            on_log: called with each line of the build's log as it comes.
+
+        Raises:
+            FailedPreconditionError: a step failed (the message ends with its output).
+            NotFoundError: a FROM image the engine does not have and cannot pull.
+            InvalidArgumentError: a bad name, Dockerfile, command or context.
+            ResourceExhaustedError: the context or the image is past the daemon's limit.
+            DeadlineExceededError: the build took longer than its timeout (it was stopped).
+        """
+        build = wpb.TemplateBuild(
+            name=name,
+            dockerfile=dockerfile,
+            start_command=start_command,
+            ready_command=ready_command,
+            working_dir=working_dir,
+            labels=dict(labels or {}),
+            force=force,
+        )
+        if timeout_s:
+            build.timeout.FromNanoseconds(int(timeout_s * 1e9))
+
+        async def requests() -> AsyncIterator[wpb.BuildTemplateRequest]:
+            yield wpb.BuildTemplateRequest(build=build)
+            pieces = _once(context) if isinstance(context, bytes | bytearray) else context
+            async for piece in pieces:
+                for start in range(0, len(piece), MAX_UPLOAD_CHUNK_BYTES):
+                    yield wpb.BuildTemplateRequest(context_chunk=bytes(piece[start : start + MAX_UPLOAD_CHUNK_BYTES]))
+
+        call = self._workspaces.BuildTemplate(requests())
+        try:
+            async for message in call:
+                if message.HasField("snapshot"):
+                    return TemplateBuildResult(SnapshotInfo.from_proto(message.snapshot), cached=message.cached)
+                if on_log is not None:
+                    on_log(message.log.text)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        finally:
+            call.cancel()  # a caller that stops waiting ends the call: the daemon stops the build
+        msg = "the daemon ended the template build without the template"
+        raise SandboxError(msg)
+
     async def get_pool(self) -> list[PoolClassInfo]:
         """The daemon's warm pool, class by class."""
         response = await self._unary(lambda: self._workspaces.GetPool(wpb.GetPoolRequest()), idempotent=True)
@@ -1149,3 +1243,9 @@ class Workspace:
     def __repr__(self) -> str:
         """Show the id and state."""
         return f"<Workspace {self.workspace_id} {self.info.state}>"
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    """``data`` as an async iterable of one piece (none when empty)."""
+    if data:
+        yield data

@@ -12,7 +12,16 @@ import threading
 from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
-from ._client import EditResult, FileInfo, ReadResult, SandboxClient, SnapshotInfo, WorkspaceInfo, WriteResult
+from ._client import (
+    EditResult,
+    FileInfo,
+    ReadResult,
+    SandboxClient,
+    SnapshotInfo,
+    TemplateBuildResult,
+    WorkspaceInfo,
+    WriteResult,
+)
 from ._exec import ExecResult
 
 __all__ = ["SyncSandboxClient", "SyncWorkspace"]
@@ -104,6 +113,12 @@ class SyncSandboxClient:
     def delete_snapshot(self, name: str) -> None:
         """See :meth:`SandboxClient.delete_snapshot`."""
         self._run(self._client.delete_snapshot(name))
+
+    def build_template(
+        self, name: str, dockerfile: str, *, context: bytes = b"", **options: Any
+    ) -> TemplateBuildResult:
+        """See :meth:`SandboxClient.build_template` (``context`` as bytes; ``on_log`` runs on the loop's thread)."""
+        return self._run(self._client.build_template(name, dockerfile, context=context, **options))
 
     def exec(self, workspace_id: str, command: str, *, check: bool = False, **options: Any) -> ExecResult:
         """Run a command to completion (following yields) and return its result.

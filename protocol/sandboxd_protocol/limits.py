@@ -105,6 +105,8 @@ MAX_REQUEST_BYTES: dict[str, int] = {
     "WriteFile": MAX_WRITE_BYTES + _ENVELOPE_BYTES,
     "EditFile": 2 * MAX_EDIT_STRING_BYTES + _ENVELOPE_BYTES,
     "Upload": MAX_UPLOAD_CHUNK_BYTES + _ENVELOPE_BYTES,
+    # A build's first message: its Dockerfile (at most a chunk's size), two commands and labels.
+    "BuildTemplate": MAX_UPLOAD_CHUNK_BYTES + 2 * MAX_COMMAND_BYTES + MAX_LABELS_BYTES + _ENVELOPE_BYTES,
     "ForwardPort": MAX_FORWARD_CHUNK_BYTES + _ENVELOPE_BYTES,
 }
 """Largest serialised request per RPC name; every other RPC takes at most ``_ENVELOPE_BYTES``.

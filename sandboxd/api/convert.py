@@ -233,6 +233,9 @@ def snapshot_to_proto(snapshot: Snapshot) -> wpb.Snapshot:
         spec=_spec_to_proto(snapshot.spec),
         include_memory=snapshot.include_memory,
         memory_bytes=snapshot.memory_bytes,
+        start_command=snapshot.start_command,
+        ready_command=snapshot.ready_command,
+        build_digest=snapshot.build_digest,
     )
 
 

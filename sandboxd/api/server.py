@@ -228,7 +228,7 @@ def _tcp_credentials(settings: Settings, authenticator: Authenticator) -> grpc.S
 
 
 def _start_e2b(settings: Settings, authenticator: Authenticator) -> E2BServer | None:
-    """The E2B plane's server, bound, when ``e2b_address`` is set (SPEC §2.1 holds for it too).
+    """The E2B plane's server, bound, when ``e2b_address`` is set (off loopback only with TLS and tokens).
 
     Cleartext is for a loopback address only; any other needs the TLS certificate and tokens.
 
@@ -263,6 +263,7 @@ def _start_e2b(settings: Settings, authenticator: Authenticator) -> E2BServer | 
             max_timeout_s=settings.max_exec_timeout_s,
             certfile=settings.tls_cert_file if tls else None,
             keyfile=settings.tls_key_file if tls else None,
+            max_upload_bytes=settings.template_context_bytes,
         )
     except OSError as exc:
         msg = f"cannot serve the E2B API on {address}: {exc.strerror or exc}"

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 from sandboxd_protocol.v1 import workspace_service_pb2_grpc as wgrpc
 
+from ..errors import InvalidSpecError
 from ..snapshots import SnapshotStore
+from ..templates import Built, TemplateBuild, TemplateBuilder
 from ..workspaces import WorkspaceManager
 from . import convert
 from ._types import Context
@@ -20,6 +24,7 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
         """Serve ``workspaces`` and their ``snapshots``."""
         self.workspaces = workspaces
         self.snapshots = snapshots or SnapshotStore(workspaces)
+        self.templates = TemplateBuilder(self.snapshots)
 
     async def CreateWorkspace(
         self, request: wpb.CreateWorkspaceRequest, context: Context
@@ -107,3 +112,38 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
         """Remove one of the caller's snapshots."""
         await self.snapshots.delete(request.name)
         return wpb.DeleteSnapshotResponse(name=request.name)
+
+    async def BuildTemplate(
+        self, request_iterator: AsyncIterator[wpb.BuildTemplateRequest], context: Context
+    ) -> AsyncIterator[wpb.BuildTemplateResponse]:
+        """Build a template from a Dockerfile and the context that follows it; stream its log, then it."""
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("content") != "build":
+            msg = "the first BuildTemplate message must carry the build"
+            raise InvalidSpecError(msg)
+        asked = first.build
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for message in request_iterator:
+                if message.WhichOneof("content") != "context_chunk":
+                    msg = "only the first BuildTemplate message may carry the build"
+                    raise InvalidSpecError(msg)
+                yield message.context_chunk
+
+        build = TemplateBuild(
+            name=asked.name,
+            dockerfile=asked.dockerfile,
+            start_command=asked.start_command,
+            ready_command=asked.ready_command,
+            working_dir=asked.working_dir,
+            labels=dict(asked.labels),
+            force=asked.force,
+            timeout_s=convert.duration_s(asked.timeout, "timeout") if asked.HasField("timeout") else 0.0,
+        )
+        async for event in self.templates.build(build, chunks()):
+            if isinstance(event, Built):
+                yield wpb.BuildTemplateResponse(snapshot=convert.snapshot_to_proto(event.snapshot), cached=event.cached)
+            else:
+                line = wpb.BuildLogLine(text=event.text, step=event.step)
+                line.time.FromDatetime(event.time)
+                yield wpb.BuildTemplateResponse(log=line)

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import datetime
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -135,6 +135,8 @@ class ImageInfo:
     size_bytes: int = 0
     """Bytes of all its layers."""
     created: datetime.datetime | None = None
+    working_dir: str = ""
+    """The image's configured working directory (``WORKDIR``), possibly empty."""
 
 
 class ExecStream(Protocol):
@@ -223,6 +225,31 @@ class Backend(Protocol):
 
         Raises:
             BackendError: the build failed (the message carries the failing step).
+        """
+        ...
+
+    def build_archive(
+        self,
+        archive: Path,
+        ref: str,
+        *,
+        dockerfile: str,
+        labels: Mapping[str, str],
+        no_cache: bool,
+        memory_bytes: int,
+    ) -> AsyncGenerator[str, None]:
+        """Build the tar ``archive`` with the Dockerfile ``dockerfile`` (its text) as ``ref``, yielding its log lines.
+
+        The Dockerfile is added to the archive, with a last step that sets ``labels``.
+
+        Steps run in the engine's build containers, each limited to ``memory_bytes``. Closing
+        the iterator before its end (a cancel, a timeout) cuts the build's connection, and the
+        engine stops the step that runs and tags nothing.
+
+        Raises:
+            BuildFailedError: a step failed (the message carries its output's end).
+            ImageNotFoundError: a FROM image the engine does not have and cannot pull.
+            InvalidSpecError: the Dockerfile does not parse.
         """
         ...
 

@@ -42,7 +42,7 @@ from starlette.routing import Route
 
 from .gateway import Caller, Gateway, http_status
 
-__all__ = ["ENVD_VERSION", "METADATA_PREFIX", "control_routes"]
+__all__ = ["ENVD_VERSION", "METADATA_PREFIX", "Refused", "control_routes", "json_body", "rest_endpoint"]
 
 # The envd version the SDK is told: 0.6.4 turns on every code path of the SDK 2.63.0 this plane
 # serves (e2b/envd/versions.py); below 0.4.0 it would send a user of its own, "user".
@@ -61,7 +61,7 @@ _MAX_LISTED = 10_000
 log = structlog.get_logger(__name__)
 
 
-class _Refused(Exception):
+class Refused(Exception):
     """A request this plane answers with an E2B error (status and words) instead of a result."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -77,7 +77,7 @@ def _missing_is_404(what: str) -> Iterator[None]:
         yield
     except grpc.aio.AioRpcError as exc:
         if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
-            raise _Refused(404, f"{what} was not found") from None
+            raise Refused(404, f"{what} was not found") from None
         raise
 
 
@@ -89,12 +89,14 @@ def error_response(status: int, message: str) -> JSONResponse:
 Handler = Callable[[Request, Gateway, Caller], Awaitable[Response]]
 
 
-def _endpoint(handler: Handler, gateway: Gateway) -> Callable[[Request], Awaitable[Response]]:
+def rest_endpoint(handler: Handler, gateway: Gateway) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` as a route's endpoint: the caller from ``X-API-Key``; refusals and RPC errors in E2B's shape."""
+
     async def endpoint(request: Request) -> Response:
         caller = Caller(token=(request.headers.get("x-api-key") or "").strip())
         try:
             return await handler(request, gateway, caller)
-        except _Refused as exc:
+        except Refused as exc:
             return error_response(exc.status, exc.message)
         except grpc.aio.AioRpcError as exc:
             return error_response(http_status(exc), exc.details() or exc.code().name.lower())
@@ -105,22 +107,23 @@ def _endpoint(handler: Handler, gateway: Gateway) -> Callable[[Request], Awaitab
     return endpoint
 
 
-async def _body(request: Request) -> dict[str, Any]:
+async def json_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object ({} when empty); 400 when it is not one."""
     raw = await request.body()
     if not raw:
         return {}
     try:
         body = json.loads(raw)
     except ValueError:
-        raise _Refused(400, "the request body is not JSON") from None
+        raise Refused(400, "the request body is not JSON") from None
     if not isinstance(body, dict):
-        raise _Refused(400, "the request body must be a JSON object")
+        raise Refused(400, "the request body must be a JSON object")
     return body
 
 
 def _timeout(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _MAX_TIMEOUT_S:
-        raise _Refused(400, f"timeout must be whole seconds, 1 to {_MAX_TIMEOUT_S}; got {value!r}")
+        raise Refused(400, f"timeout must be whole seconds, 1 to {_MAX_TIMEOUT_S}; got {value!r}")
     return value
 
 
@@ -128,7 +131,7 @@ def _strings(value: object, field: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise _Refused(400, f"{field} must be an object of strings")
+        raise Refused(400, f"{field} must be an object of strings")
     return value
 
 
@@ -136,11 +139,11 @@ def metadata_labels(metadata: dict[str, str]) -> dict[str, str]:
     """Workspace labels for E2B metadata (``e2b.metadata/KEY``).
 
     Raises:
-        _Refused: 400 for a key a label cannot carry.
+        Refused: 400 for a key a label cannot carry.
     """
     for key in metadata:
         if not _METADATA_KEY_RE.fullmatch(key):
-            raise _Refused(
+            raise Refused(
                 400, f"metadata key {key[:64]!r} is not supported: letters, digits, '.', '_', '/', '-'; at most 115"
             )
     return {METADATA_PREFIX + key: value for key, value in metadata.items()}
@@ -214,10 +217,10 @@ async def _source(request: Request, gateway: Gateway, caller: Caller, template: 
 
 async def create(request: Request, gateway: Gateway, caller: Caller) -> Response:
     """``POST /v2/sandboxes`` (and ``/sandboxes``): a new workspace, 201 and its ``Sandbox``."""
-    body = await _body(request)
+    body = await json_body(request)
     template = body.get("templateID") or DEFAULT_TEMPLATE
     if not isinstance(template, str):
-        raise _Refused(400, "templateID must be a string")
+        raise Refused(400, "templateID must be a string")
     timeout = _timeout(body["timeout"]) if body.get("timeout") is not None else DEFAULT_TIMEOUT_S
     image, working_dir, snapshot = await _source(request, gateway, caller, template)
     spec = wpb.WorkspaceSpec(
@@ -239,7 +242,7 @@ async def create(request: Request, gateway: Gateway, caller: Caller) -> Response
         spec.network = wpb.NETWORK_POLICY_NONE
     if body.get("network"):
         # Egress rules are security settings: never accepted and then not applied.
-        raise _Refused(400, "the network options are not served by sandboxd's E2B API; use allow_internet_access")
+        raise Refused(400, "the network options are not served by sandboxd's E2B API; use allow_internet_access")
     idempotency = request.headers.get("idempotency-key", "")
     try:
         created = await gateway.workspaces.CreateWorkspace(
@@ -249,7 +252,7 @@ async def create(request: Request, gateway: Gateway, caller: Caller) -> Response
     except grpc.aio.AioRpcError as exc:
         if template != DEFAULT_TEMPLATE or exc.code() != grpc.StatusCode.NOT_FOUND:
             raise
-        raise _Refused(
+        raise Refused(
             404, f"E2B's base template image {image} is not built: run `sandboxd images build` ({exc.details()})"
         ) from None
     return JSONResponse(_sandbox(created.workspace, caller), status_code=201)
@@ -283,9 +286,9 @@ def _after(token: str) -> tuple[int, str]:
     try:
         nanos, workspace_id = json.loads(base64.urlsafe_b64decode(token.encode()))
     except (ValueError, TypeError):
-        raise _Refused(400, "nextToken is not one this API gave") from None
+        raise Refused(400, "nextToken is not one this API gave") from None
     if not isinstance(nanos, int) or not isinstance(workspace_id, str):
-        raise _Refused(400, "nextToken is not one this API gave")
+        raise Refused(400, "nextToken is not one this API gave")
     return nanos, workspace_id
 
 
@@ -299,22 +302,22 @@ async def list_sandboxes(request: Request, gateway: Gateway, caller: Caller) -> 
     query = request.query_params
     states = {s for s in query.get("state", "running,paused").split(",") if s}
     if not states <= {"running", "paused"}:
-        raise _Refused(400, f"state must be running and/or paused, got {query.get('state')!r}")
+        raise Refused(400, f"state must be running and/or paused, got {query.get('state')!r}")
     try:
         limit = int(query.get("limit", "100"))
     except ValueError:
-        raise _Refused(400, "limit must be a whole number") from None
+        raise Refused(400, "limit must be a whole number") from None
     if not 1 <= limit <= _MAX_PAGE:
-        raise _Refused(400, f"limit must be 1 to {_MAX_PAGE}")
+        raise Refused(400, f"limit must be 1 to {_MAX_PAGE}")
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
-        raise _Refused(400, f"order must be asc or desc, got {order!r}")
+        raise Refused(400, f"order must be asc or desc, got {order!r}")
     started_after = None
     if query.get("startedAfter"):
         try:
             started_after = datetime.datetime.fromisoformat(query["startedAfter"])
         except ValueError:
-            raise _Refused(400, "startedAfter is not an ISO 8601 time") from None
+            raise Refused(400, "startedAfter is not an ISO 8601 time") from None
         if started_after.tzinfo is None:
             started_after = started_after.replace(tzinfo=datetime.UTC)
     selector = _metadata_filter(query.get("metadata", ""))
@@ -364,7 +367,7 @@ async def kill(request: Request, gateway: Gateway, caller: Caller) -> Response:
 async def set_timeout(request: Request, gateway: Gateway, caller: Caller) -> Response:
     """``POST /sandboxes/{id}/timeout``: the sandbox now ends ``timeout`` seconds from now; 204."""
     sandbox_id = request.path_params["sandbox_id"]
-    given = (await _body(request)).get("timeout")
+    given = (await json_body(request)).get("timeout")
     # E2B takes 0 as "time out now": the shortest lifetime sandboxd has, a second.
     timeout = 1 if given == 0 and not isinstance(given, bool) else _timeout(given)
     await _get(gateway, caller, sandbox_id)  # a 404 of E2B's shape for a sandbox that is not there
@@ -379,7 +382,7 @@ async def pause(request: Request, gateway: Gateway, caller: Caller) -> Response:
     """``POST /sandboxes/{id}/pause``: 204, 409 when it is paused already, or 404."""
     workspace = await _get(gateway, caller, request.path_params["sandbox_id"])
     if workspace.state == wpb.WORKSPACE_STATE_PAUSED:
-        raise _Refused(409, f"sandbox {workspace.workspace_id} is paused already")
+        raise Refused(409, f"sandbox {workspace.workspace_id} is paused already")
     await gateway.workspaces.PauseWorkspace(
         wpb.PauseWorkspaceRequest(workspace_id=workspace.workspace_id), metadata=caller.metadata()
     )
@@ -393,7 +396,7 @@ async def connect(request: Request, gateway: Gateway, caller: Caller) -> Respons
     shortens a sandbox's life on connect).
     """
     sandbox_id = request.path_params["sandbox_id"]
-    body = await _body(request)
+    body = await json_body(request)
     workspace = await _get(gateway, caller, sandbox_id)
     status = 200
     if workspace.state == wpb.WORKSPACE_STATE_PAUSED:
@@ -423,9 +426,9 @@ def _snapshot_info(snapshot: wpb.Snapshot) -> dict[str, Any]:
 async def create_snapshot(request: Request, gateway: Gateway, caller: Caller) -> Response:
     """``POST /sandboxes/{id}/snapshots``: the sandbox's files as a snapshot (a template); 201."""
     workspace = await _get(gateway, caller, request.path_params["sandbox_id"])
-    name = (await _body(request)).get("name") or f"snap-{secrets.token_hex(6)}"
+    name = (await json_body(request)).get("name") or f"snap-{secrets.token_hex(6)}"
     if not isinstance(name, str):
-        raise _Refused(400, "name must be a string")
+        raise Refused(400, "name must be a string")
     made = await gateway.workspaces.SnapshotWorkspace(
         wpb.SnapshotWorkspaceRequest(workspace_id=workspace.workspace_id, name=name), metadata=caller.metadata()
     )
@@ -460,10 +463,10 @@ async def fork(request: Request, gateway: Gateway, caller: Caller) -> Response:
     ``{"sandbox": ...}`` or an ``{"error": ...}``, as E2B gives them.
     """
     workspace = await _get(gateway, caller, request.path_params["sandbox_id"])
-    body = await _body(request)
+    body = await json_body(request)
     count = body.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 20:
-        raise _Refused(400, f"count must be 1 to 20, got {count!r}")
+        raise Refused(400, f"count must be 1 to 20, got {count!r}")
     timeout = _timeout(body["timeout"]) if body.get("timeout") is not None else DEFAULT_TIMEOUT_S
     name = f"fork-{secrets.token_hex(6)}"
     await gateway.workspaces.SnapshotWorkspace(
@@ -505,7 +508,7 @@ def control_routes(gateway: Gateway) -> list[Route]:
     """The REST routes, each calling sandboxd's services through ``gateway``."""
 
     def route(path: str, handler: Handler, method: str) -> Route:
-        return Route(path, _endpoint(handler, gateway), methods=[method])
+        return Route(path, rest_endpoint(handler, gateway), methods=[method])
 
     return [
         route("/v2/sandboxes", create, "POST"),
@@ -528,5 +531,4 @@ def control_routes(gateway: Gateway) -> list[Route]:
         route("/sandboxes/{sandbox_id}/network", unsupported, "PUT"),
         route("/templates", unsupported, "POST"),
         route("/v2/templates", unsupported, "POST"),
-        route("/v3/templates", unsupported, "POST"),
     ]

@@ -34,6 +34,7 @@ from .files import file_routes
 from .filesystem import FilesystemService
 from .gateway import Gateway
 from .process import ProcessHub, ProcessService
+from .templates import TemplatePlane
 
 __all__ = ["E2BServer", "create_app"]
 
@@ -65,7 +66,9 @@ class _Refusing:
             raise ConnectError(Code.INVALID_ARGUMENT, f"the request message does not decode: {exc}") from None
 
 
-def create_app(gateway: Gateway, hub: ProcessHub, *, base_image: str, max_timeout_s: float) -> ASGIApp:
+def create_app(
+    gateway: Gateway, hub: ProcessHub, *, base_image: str, max_timeout_s: float, templates: TemplatePlane
+) -> ASGIApp:
     """The E2B plane as one ASGI app over ``gateway``.
 
     Args:
@@ -73,6 +76,7 @@ def create_app(gateway: Gateway, hub: ProcessHub, *, base_image: str, max_timeou
         hub: the pumps of the processes started through this app.
         base_image: the image of E2B's ``base`` template (``images/e2b``).
         max_timeout_s: the daemon's longest command timeout.
+        templates: the template builds' routes and state.
     """
     options: dict[str, Any] = {
         "read_max_bytes": _READ_MAX_BYTES,
@@ -81,7 +85,7 @@ def create_app(gateway: Gateway, hub: ProcessHub, *, base_image: str, max_timeou
     }
     processes = ProcessASGIApplication(ProcessService(gateway, hub, max_timeout_s), **options)
     filesystem = FilesystemASGIApplication(FilesystemService(gateway), **options)
-    rest = Starlette(routes=[*control_routes(gateway), *file_routes(gateway)])
+    rest = Starlette(routes=[*templates.routes(), *control_routes(gateway), *file_routes(gateway)])
     rest.state.base_image = base_image
 
     async def route(scope: Scope, receive: Any, send: Any) -> None:
@@ -125,6 +129,7 @@ class E2BServer:
         max_timeout_s: the daemon's longest command timeout.
         certfile: PEM certificate for TLS (HTTP/2 by ALPN); None serves cleartext HTTP/1.1.
         keyfile: its key.
+        max_upload_bytes: the largest template build upload accepted, in bytes.
 
     Raises:
         OSError: the address cannot be bound.
@@ -139,8 +144,10 @@ class E2BServer:
         max_timeout_s: float,
         certfile: str | None = None,
         keyfile: str | None = None,
+        max_upload_bytes: int = 1 << 30,
     ) -> None:
         self.gateway = Gateway(socket_path)
+        self.templates = TemplatePlane(self.gateway, base_image=base_image, max_upload_bytes=max_upload_bytes)
         self.hub = ProcessHub()
         self._socket = _bind(address)
         host, port = self._socket.getsockname()[:2]
@@ -157,7 +164,9 @@ class E2BServer:
             config.certfile = certfile
             config.keyfile = keyfile
         self._config = config
-        self._app = create_app(self.gateway, self.hub, base_image=base_image, max_timeout_s=max_timeout_s)
+        self._app = create_app(
+            self.gateway, self.hub, base_image=base_image, max_timeout_s=max_timeout_s, templates=self.templates
+        )
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -173,6 +182,7 @@ class E2BServer:
     async def stop(self) -> None:
         """Stop serving: streams end once their processes' pumps do; then close the channel."""
         await self.hub.close()
+        self.templates.close()
         self._stopping.set()
         if self._task is not None:
             with contextlib.suppress(Exception):

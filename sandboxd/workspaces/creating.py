@@ -30,6 +30,7 @@ from .specs import (
     LABEL_CREATE_DIGEST,
     LABEL_SNAPSHOT,
     LABEL_SPEC,
+    LABEL_TEMPLATE_DIGEST,
     LABEL_TENANT,
     check_request_id,
     check_restorable,
@@ -190,6 +191,9 @@ class Creates:
                 msg = "spec.image must be empty when forking a snapshot: the snapshot is the image"
                 raise InvalidSpecError(msg)
             spec = inherit(spec, spec_from_json(snapshot.labels[LABEL_SPEC]), image=snapshot.ref)
+            if not spec.working_dir and snapshot.labels.get(LABEL_TEMPLATE_DIGEST) and snapshot.working_dir:
+                # A template's steps chose where its workspaces start (WORKDIR), unless its build said.
+                spec = dataclasses.replace(spec, working_dir=snapshot.working_dir)
         resolved = resolve_spec(spec, self.settings, self.secrets, tenant)
         if snapshot is not None and restored_from(snapshot):
             check_restorable(snapshot.labels.get(LABEL_SNAPSHOT, ""), resolved)

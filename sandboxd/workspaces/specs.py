@@ -88,6 +88,8 @@ LABEL_SNAPSHOT_MEMORY = "sandboxd.snapshot_memory"
 """On a memory snapshot's image: the bytes of its checkpoint (whose key is the image's tag)."""
 LABEL_SNAPSHOT_CONTAINER = "sandboxd.snapshot_container"
 """On a memory snapshot's image: the container it was taken of, whose id its sessions carry."""
+LABEL_TEMPLATE_DIGEST = "sandboxd.template_digest"
+"""On a template's image (a snapshot built from a Dockerfile): the digest of what it was built from."""
 LABEL_RESTORED_FROM = "sandboxd.restored_from"
 """On a fork restored with its snapshot's memory: ``WORKSPACE_ID CONTAINER_ID`` of the source, whose
 sessions it adopts under ids of its own."""

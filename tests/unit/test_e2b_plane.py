@@ -32,7 +32,7 @@ def test_the_metadata_filter_is_unquoted_twice_as_the_sdk_quotes_it() -> None:
 def test_metadata_keys_a_label_cannot_carry_are_refused() -> None:
     assert control.metadata_labels({"team/a.b_c-1": "x"}) == {"e2b.metadata/team/a.b_c-1": "x"}
     for bad in ("", "has space", "-lead", "é", "k" * 116):
-        with pytest.raises(control._Refused) as refused:
+        with pytest.raises(control.Refused) as refused:
             control.metadata_labels({bad: "v"})
         assert refused.value.status == 400
 

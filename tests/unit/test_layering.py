@@ -101,7 +101,7 @@ LAYERS = (
     ("engine", ("backend",)),
     ("agent", ("agent", "fileops", "images", "agentbuild", "lease")),
     ("processes", ("relay", "processes")),
-    ("domain", ("egress", "pool", "workspaces", "files", "forwards", "snapshots")),
+    ("domain", ("egress", "pool", "workspaces", "files", "forwards", "snapshots", "templates")),
     ("api", ("api", "e2b", "__main__")),
 )
 

@@ -255,7 +255,7 @@ class ResumeWorkspaceResponse(_message.Message):
     def __init__(self, workspace: _Optional[_Union[Workspace, _Mapping]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("name", "source_workspace_id", "create_time", "labels", "size_bytes", "spec", "include_memory", "memory_bytes")
+    __slots__ = ("name", "source_workspace_id", "create_time", "labels", "size_bytes", "spec", "include_memory", "memory_bytes", "start_command", "ready_command", "build_digest")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +271,9 @@ class Snapshot(_message.Message):
     SPEC_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_MEMORY_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    START_COMMAND_FIELD_NUMBER: _ClassVar[int]
+    READY_COMMAND_FIELD_NUMBER: _ClassVar[int]
+    BUILD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     name: str
     source_workspace_id: str
     create_time: _timestamp_pb2.Timestamp
@@ -279,7 +282,10 @@ class Snapshot(_message.Message):
     spec: WorkspaceSpec
     include_memory: bool
     memory_bytes: int
-    def __init__(self, name: _Optional[str] = ..., source_workspace_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., size_bytes: _Optional[int] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., include_memory: _Optional[bool] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    start_command: str
+    ready_command: str
+    build_digest: str
+    def __init__(self, name: _Optional[str] = ..., source_workspace_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., size_bytes: _Optional[int] = ..., spec: _Optional[_Union[WorkspaceSpec, _Mapping]] = ..., include_memory: _Optional[bool] = ..., memory_bytes: _Optional[int] = ..., start_command: _Optional[str] = ..., ready_command: _Optional[str] = ..., build_digest: _Optional[str] = ...) -> None: ...
 
 class SnapshotWorkspaceRequest(_message.Message):
     __slots__ = ("workspace_id", "name", "labels", "include_memory")
@@ -390,3 +396,58 @@ class GetPoolResponse(_message.Message):
     CLASSES_FIELD_NUMBER: _ClassVar[int]
     classes: _containers.RepeatedCompositeFieldContainer[PoolClass]
     def __init__(self, classes: _Optional[_Iterable[_Union[PoolClass, _Mapping]]] = ...) -> None: ...
+
+class BuildTemplateRequest(_message.Message):
+    __slots__ = ("build", "context_chunk")
+    BUILD_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    build: TemplateBuild
+    context_chunk: bytes
+    def __init__(self, build: _Optional[_Union[TemplateBuild, _Mapping]] = ..., context_chunk: _Optional[bytes] = ...) -> None: ...
+
+class TemplateBuild(_message.Message):
+    __slots__ = ("name", "dockerfile", "start_command", "ready_command", "labels", "force", "timeout", "working_dir")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DOCKERFILE_FIELD_NUMBER: _ClassVar[int]
+    START_COMMAND_FIELD_NUMBER: _ClassVar[int]
+    READY_COMMAND_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dockerfile: str
+    start_command: str
+    ready_command: str
+    labels: _containers.ScalarMap[str, str]
+    force: bool
+    timeout: _duration_pb2.Duration
+    working_dir: str
+    def __init__(self, name: _Optional[str] = ..., dockerfile: _Optional[str] = ..., start_command: _Optional[str] = ..., ready_command: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., force: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., working_dir: _Optional[str] = ...) -> None: ...
+
+class BuildTemplateResponse(_message.Message):
+    __slots__ = ("log", "snapshot", "cached")
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    log: BuildLogLine
+    snapshot: Snapshot
+    cached: bool
+    def __init__(self, log: _Optional[_Union[BuildLogLine, _Mapping]] = ..., snapshot: _Optional[_Union[Snapshot, _Mapping]] = ..., cached: _Optional[bool] = ...) -> None: ...
+
+class BuildLogLine(_message.Message):
+    __slots__ = ("time", "text", "step")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    time: _timestamp_pb2.Timestamp
+    text: str
+    step: int
+    def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., text: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...

@@ -96,6 +96,11 @@ class WorkspaceServiceStub:
                 request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotRequest.SerializeToString,
                 response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotResponse.FromString,
                 _registered_method=True)
+        self.BuildTemplate = channel.stream_stream(
+                '/sandboxd.v1.WorkspaceService/BuildTemplate',
+                request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.BuildTemplateRequest.SerializeToString,
+                response_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.BuildTemplateResponse.FromString,
+                _registered_method=True)
         self.GetPool = channel.unary_unary(
                 '/sandboxd.v1.WorkspaceService/GetPool',
                 request_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.GetPoolRequest.SerializeToString,
@@ -203,6 +208,23 @@ class WorkspaceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BuildTemplate(self, request_iterator, context):
+        """BuildTemplate builds an image from a Dockerfile and a build context and keeps it as a
+        snapshot of the caller's (a template): CreateWorkspace(from_snapshot) starts workspaces from
+        it. The first message carries the build, every later one the next bytes of the context (an
+        uncompressed tar archive, at most the daemon's context limit). The stream answers with the
+        build's log lines as they come, then the snapshot. A build whose Dockerfile, context and
+        commands are those the snapshot was built from is answered at once from it (cached) unless
+        force; two builds of one name at once run one after the other, so the second is cached.
+        A failing step is FAILED_PRECONDITION with the step's last output; a base image the engine
+        does not have and cannot pull is NOT_FOUND naming it; a build past its timeout is
+        DEADLINE_EXCEEDED; a context past the limit is RESOURCE_EXHAUSTED. Steps run in the engine's
+        build containers, never on the daemon's host; a build the caller cancels stops them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetPool(self, request, context):
         """GetPool describes the warm pool: started, idle workspaces per class that a matching
         CreateWorkspace takes instead of starting a container.
@@ -273,6 +295,11 @@ def add_WorkspaceServiceServicer_to_server(servicer, server):
                     servicer.DeleteSnapshot,
                     request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotRequest.FromString,
                     response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotResponse.SerializeToString,
+            ),
+            'BuildTemplate': grpc.stream_stream_rpc_method_handler(
+                    servicer.BuildTemplate,
+                    request_deserializer=sandboxd_dot_v1_dot_workspace__service__pb2.BuildTemplateRequest.FromString,
+                    response_serializer=sandboxd_dot_v1_dot_workspace__service__pb2.BuildTemplateResponse.SerializeToString,
             ),
             'GetPool': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPool,
@@ -606,6 +633,33 @@ class WorkspaceService:
             '/sandboxd.v1.WorkspaceService/DeleteSnapshot',
             sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotRequest.SerializeToString,
             sandboxd_dot_v1_dot_workspace__service__pb2.DeleteSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BuildTemplate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sandboxd.v1.WorkspaceService/BuildTemplate',
+            sandboxd_dot_v1_dot_workspace__service__pb2.BuildTemplateRequest.SerializeToString,
+            sandboxd_dot_v1_dot_workspace__service__pb2.BuildTemplateResponse.FromString,
             options,
             channel_credentials,
             insecure,

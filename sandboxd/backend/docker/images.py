@@ -5,10 +5,18 @@ Also the engine's own facts (ping, architecture) and the agent volume an image f
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
-from collections.abc import Callable, Mapping
+import io
+import re
+import secrets
+import socket
+import tarfile
+import threading
+from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import docker.errors
 import structlog
@@ -16,6 +24,7 @@ from docker.types import Mount
 
 from ...errors import (
     BackendError,
+    BuildFailedError,
     DockerUnavailableError,
     ImageNotFoundError,
     InvalidSpecError,
@@ -23,10 +32,60 @@ from ...errors import (
 )
 from ..base import LABEL_SNAPSHOT_PART, ImageInfo
 from .claims import ClaimsMixin
-from .client import LABEL_INSTANCE, LABEL_MANAGED, _parse_time
+from .client import API_VERSION, LABEL_INSTANCE, LABEL_MANAGED, _parse_time
 from .errors import EngineErrorKind, kind_of, reason
 
 SNAPSHOT_REPOSITORY = "sandboxd/snapshot"
+_BUILD_QUEUE = 256
+"""Log events of a build held for its reader at most (the engine's builder waits meanwhile)."""
+_MAX_BUILD_LINE = 16 * 1024
+"""Characters of a build's log line kept (a step that prints one huge line)."""
+_STEP_RE = re.compile(r"^Step (\d+)/\d+ : ")
+_BUILD_STEP_FAILED = ("returned a non-zero code", "COPY failed", "ADD failed", "failed to compute cache key")
+_BUILD_NO_IMAGE = ("pull access denied", "repository does not exist", "manifest unknown", "not found: manifest")
+
+
+def _word(value: str) -> str:
+    """``value`` as one double-quoted Dockerfile word, nothing in it expanded.
+
+    Raises:
+        InvalidSpecError: it holds a line break, which a Dockerfile word cannot.
+    """
+    if "\n" in value or "\r" in value:
+        msg = f"a label holds a line break: {value[:80]!r}"
+        raise InvalidSpecError(msg)
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
+def _add_member(archive: Path, name: str, data: bytes) -> None:
+    """Append file ``name`` holding ``data`` to the uncompressed tar ``archive``."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    with tarfile.open(archive, "a:") as tar:
+        tar.addfile(info, io.BytesIO(data))
+
+
+def _build_error(cause: object, ref: str, step: int) -> SandboxdError:
+    """The error a failed build raises: a step's failure, a FROM image missing, or the engine's."""
+    if isinstance(cause, SandboxdError):
+        return cause
+    if isinstance(cause, docker.errors.APIError):
+        text = str(cause.explanation or cause)
+    elif isinstance(cause, Exception):
+        return DockerUnavailableError(f"building {ref}: the engine's connection broke: {cause}")
+    else:
+        text = str(cause)
+    text = text.strip()
+    lowered = text.lower()
+    if any(marker.lower() in lowered for marker in _BUILD_NO_IMAGE):
+        return ImageNotFoundError(f"a FROM image is not on the engine and could not be pulled: {text}")
+    if "dockerfile parse error" in lowered or "unknown instruction" in lowered:
+        return InvalidSpecError(f"the Dockerfile does not parse: {text}")
+    if any(marker.lower() in lowered for marker in _BUILD_STEP_FAILED) or step:
+        return BuildFailedError(f"step {step} failed: {text}" if step else text, step=step)
+    return BackendError(f"building {ref} failed: {text}")
+
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +126,7 @@ class ImagesMixin(ClaimsMixin):
             ref=ref,
             size_bytes=int(attrs.get("Size") or 0),
             created=_parse_time(attrs["Created"]) if attrs.get("Created") else None,
+            working_dir=config.get("WorkingDir") or "",
         )
 
     async def pull_image(self, ref: str) -> ImageInfo:
@@ -123,6 +183,107 @@ class ImagesMixin(ClaimsMixin):
                         on_line(line.rstrip())
 
         await self._call(build)
+
+    async def build_archive(
+        self,
+        archive: Path,
+        ref: str,
+        *,
+        dockerfile: str,
+        labels: Mapping[str, str],
+        no_cache: bool,
+        memory_bytes: int,
+    ) -> AsyncGenerator[str, None]:
+        """Build the tar ``archive`` with ``dockerfile`` (its text, added to it) as ``ref``; yield each log line.
+
+        Closing the iterator early cancels the build.
+
+        The build has an engine connection of its own: cutting it (shutdown of its socket) is
+        how a build is stopped, since the engine ends a build whose client went away and
+        removes its step's container.
+        """
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        room = threading.Semaphore(_BUILD_QUEUE)
+        stopped = threading.Event()
+        sockets: list[socket.socket] = []
+        # The labels as one LABEL step of the Dockerfile's own (the engine's ``labels`` parameter
+        # adds a step, and a container, per label).
+        marks = {**labels, LABEL_MANAGED: "true", LABEL_INSTANCE: self.instance}
+        name = f".sandboxd-{secrets.token_hex(8)}.Dockerfile"
+        text = (
+            dockerfile.rstrip("\n") + "\nLABEL " + " ".join(f"{_word(k)}={_word(v)}" for k, v in marks.items()) + "\n"
+        )
+        await asyncio.to_thread(_add_member, archive, name, text.encode())
+        params = {
+            "t": ref,
+            "dockerfile": name,
+            "rm": "1",
+            "forcerm": "1",
+            "nocache": "1" if no_cache else "0",
+            "memory": str(memory_bytes),
+            "memswap": str(memory_bytes),
+        }
+
+        def put(kind: str, value: Any) -> None:
+            # Back-pressure: a step that prints faster than the caller reads waits here.
+            while not room.acquire(timeout=0.5):
+                if stopped.is_set():
+                    return
+            loop.call_soon_threadsafe(items.put_nowait, (kind, value))
+
+        def run() -> None:
+            api = docker.APIClient(base_url=self.docker_host, version=API_VERSION, timeout=int(self._timeout_s))
+            try:
+                with archive.open("rb") as data:
+                    response = api._post(
+                        api._url("/build"),
+                        params=params,
+                        data=data,
+                        headers={"Content-Type": "application/x-tar"},
+                        stream=True,
+                        timeout=None,
+                    )
+                    raw = api._get_raw_response_socket(response)
+                    sockets.append(getattr(raw, "_sock", raw))
+                    if stopped.is_set():
+                        return
+                    for item in api._stream_helper(response, decode=True):
+                        put("item", item)
+                        if stopped.is_set():
+                            return
+                put("end", None)
+            except Exception as exc:  # handed to the caller, who raises what it means
+                put("error", exc)
+            finally:
+                api.close()
+
+        thread = threading.Thread(target=run, name="image-build", daemon=True)
+        thread.start()
+        step = 0
+        try:
+            while True:
+                kind, value = await items.get()
+                room.release()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise _build_error(value, ref, step) from value
+                if "error" in value:
+                    detail = value.get("errorDetail") or {}
+                    raise _build_error(str(detail.get("message") or value["error"]), ref, step)
+                for line in str(value.get("stream", "")).splitlines():
+                    if line.strip():
+                        match = _STEP_RE.match(line)
+                        if match:
+                            step = int(match.group(1))
+                        yield line.rstrip()[:_MAX_BUILD_LINE]
+        finally:
+            stopped.set()
+            for sock in sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            await asyncio.to_thread(thread.join)
 
     async def remove_image(self, ref: str, *, prune: bool = False) -> None:
         """Untag ``ref`` (its layers stay as build cache, unless ``prune``); nothing happens if it is not there.

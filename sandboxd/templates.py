@@ -1,0 +1,317 @@
+"""Templates: images built from a Dockerfile and a build context, kept as the tenant's snapshots.
+
+A template is a snapshot whose image was built rather than committed: the engine's builder runs
+the Dockerfile's steps in its own build containers (never on the daemon's host), each limited
+in memory, the whole build in time, its context in size before it is read and its image in size
+once made. Workspaces start from it as from any snapshot (``CreateWorkspace(from_snapshot)``),
+and it is listed, fetched and deleted as one. Its labels add what a snapshot taken of a
+workspace does not have: the command a workspace started from it runs in the background at its
+start, the one that says it is ready, and a digest of everything it was built from, so that
+building the same content again is answered from the image at once.
+
+Builds of one name by one tenant run one after the other: two callers building the same
+template at once get one build, the second answered from the first's image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import datetime
+import hashlib
+import json
+import re
+import tarfile
+import tempfile
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import structlog
+from sandboxd_protocol.limits import MAX_UPLOAD_CHUNK_BYTES
+
+from .backend.base import ImageInfo
+from .errors import (
+    BuildFailedError,
+    ExecTimeoutError,
+    ImageNotFoundError,
+    InvalidSpecError,
+    NotFoundError,
+    QuotaExceededError,
+)
+from .models import Snapshot, WorkspaceSpec
+from .snapshots import (
+    LABEL_SNAPSHOT_LABELS,
+    LABEL_SNAPSHOT_TIME,
+    LABEL_TEMPLATE_DIGEST,
+    LABEL_TEMPLATE_READY,
+    LABEL_TEMPLATE_START,
+    SnapshotStore,
+    check_snapshot_name,
+)
+from .tenancy import current_tenant
+from .workspaces import LABEL_SNAPSHOT, LABEL_SNAPSHOT_OF, LABEL_SPEC, LABEL_TENANT, check_labels, spec_to_json
+
+__all__ = [
+    "BuildLine",
+    "Built",
+    "TemplateBuild",
+    "TemplateBuilder",
+    "base_images",
+]
+
+log = structlog.get_logger(__name__)
+
+MAX_DOCKERFILE_BYTES = MAX_UPLOAD_CHUNK_BYTES
+"""Largest Dockerfile a build takes (it travels in one message)."""
+MAX_COMMAND_BYTES = 64 * 1024
+_TAIL_LINES = 30
+_FROM_RE = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*$", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TemplateBuild:
+    """What to build and how a workspace started from it begins."""
+
+    name: str
+    dockerfile: str
+    start_command: str = ""
+    ready_command: str = ""
+    working_dir: str = ""
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    force: bool = False
+    timeout_s: float = 0.0
+    """Seconds the build may take; 0: the daemon's limit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildLine:
+    """One line of a build's log."""
+
+    text: str
+    step: int
+    """The Dockerfile step it belongs to, from 1; 0: the daemon's own words or before the first."""
+    time: datetime.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A build's end: the template, and whether it was there already (nothing was built)."""
+
+    snapshot: Snapshot
+    cached: bool
+
+
+def base_images(dockerfile: str) -> list[str]:
+    """The images the Dockerfile's stages start FROM, but earlier stages and references to build args.
+
+    Continuation lines are joined first; ``scratch`` is no image.
+    """
+    joined = re.sub(r"\\\r?\n", " ", dockerfile)
+    stages: set[str] = set()
+    found: list[str] = []
+    for line in joined.splitlines():
+        match = _FROM_RE.match(line)
+        if not match:
+            continue
+        image, alias = match.group(1), match.group(2)
+        if image.lower() not in stages and "$" not in image and image != "scratch" and image not in found:
+            found.append(image)
+        if alias:
+            stages.add(alias.lower())
+    return found
+
+
+class TemplateBuilder:
+    """Builds the tenant's templates and keeps them as its snapshots."""
+
+    def __init__(self, snapshots: SnapshotStore) -> None:
+        """Build into ``snapshots`` (its backend, its settings, its names)."""
+        self.snapshots = snapshots
+        self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = weakref.WeakValueDictionary()
+
+    def _lock(self, tenant: str, name: str) -> asyncio.Lock:
+        lock = self._locks.get((tenant, name))
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[(tenant, name)] = lock
+        return lock
+
+    async def build(self, build: TemplateBuild, context: AsyncIterator[bytes]) -> AsyncIterator[BuildLine | Built]:
+        """Build ``build`` from the tar archive ``context`` arrives as; yield its log, then :class:`Built`.
+
+        Raises:
+            InvalidSpecError: a bad name, labels, Dockerfile, commands, or a context that is no tar archive.
+            QuotaExceededError: the context or the image is past the daemon's limit.
+            ImageNotFoundError: a FROM image the engine does not have and cannot pull.
+            BuildFailedError: a step failed; its message ends with the step's output.
+            ExecTimeoutError: the build took longer than its timeout.
+        """
+        settings = self.snapshots.manager.settings
+        _check(build)
+        timeout_s = min(build.timeout_s or settings.template_build_timeout_s, settings.template_build_timeout_s)
+        tenant = current_tenant()
+        with tempfile.TemporaryDirectory(prefix="sandboxd-template-") as scratch:
+            archive = Path(scratch) / "context.tar"
+            context_digest = await _spool(context, archive, settings.template_context_bytes)
+            digest = _digest(build, context_digest)
+            async with self._lock(tenant, build.name):
+                existing = await self._existing(build.name)
+                if existing is not None and not build.force and existing.labels.get(LABEL_TEMPLATE_DIGEST) == digest:
+                    yield BuildLine(f"template {build.name!r} is built from this content already", 0, _now())
+                    yield Built(self.snapshots.describe(existing), cached=True)
+                    return
+                limit = settings.tenant_max_snapshots
+                if existing is None and limit and len(await self.snapshots.list({})) >= limit:
+                    msg = f"tenant {tenant!r} already has {limit} snapshots and templates, its limit"
+                    raise QuotaExceededError(msg)
+                await self._check_bases(build.dockerfile)
+                ref = self.snapshots.ref(build.name, tenant)
+                labels = {
+                    LABEL_TENANT: tenant,
+                    LABEL_SNAPSHOT: build.name,
+                    LABEL_SNAPSHOT_OF: "",
+                    LABEL_SNAPSHOT_LABELS: json.dumps(dict(build.labels), sort_keys=True),
+                    LABEL_SPEC: spec_to_json(WorkspaceSpec(working_dir=build.working_dir)),
+                    LABEL_SNAPSHOT_TIME: _now().isoformat(),
+                    # JSON: a command may span lines, a label value may not.
+                    LABEL_TEMPLATE_START: json.dumps(build.start_command),
+                    LABEL_TEMPLATE_READY: json.dumps(build.ready_command),
+                    LABEL_TEMPLATE_DIGEST: digest,
+                }
+                lines = self.snapshots.backend.build_archive(
+                    archive,
+                    ref,
+                    dockerfile=build.dockerfile,
+                    labels=labels,
+                    no_cache=build.force,
+                    memory_bytes=settings.template_build_memory_bytes,
+                )
+                step = 0
+                tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        async for line in lines:
+                            if line.startswith("Step "):
+                                step += 1
+                                tail.clear()
+                            tail.append(line)
+                            yield BuildLine(line, step, _now())
+                except BuildFailedError as exc:
+                    # The engine's words say only that the step failed: its output says why.
+                    exc.message = f"template {build.name!r}: {exc.message}; the step's last output:\n" + "\n".join(tail)
+                    raise
+                except TimeoutError:
+                    msg = f"template {build.name!r}: the build took longer than its {timeout_s:g} s and was stopped"
+                    raise ExecTimeoutError(msg) from None
+                finally:
+                    await lines.aclose()
+                image = await self.snapshots.backend.image_info(ref)
+                if image is None or image.labels.get(LABEL_TEMPLATE_DIGEST) != digest:
+                    msg = f"template {build.name!r}: the build ended but its image is not there"
+                    raise NotFoundError(msg)
+                if image.size_bytes > settings.template_max_bytes:
+                    await self.snapshots.backend.remove_image(ref, prune=True)
+                    msg = (
+                        f"template {build.name!r}'s image is {image.size_bytes} bytes, past the limit of "
+                        f"{settings.template_max_bytes} (SANDBOXD_TEMPLATE_MAX_BYTES); it was removed"
+                    )
+                    raise QuotaExceededError(msg)
+        log.info("template.built", template=build.name, size_bytes=image.size_bytes)
+        yield Built(self.snapshots.describe(image), cached=False)
+
+    async def _existing(self, name: str) -> ImageInfo | None:
+        with contextlib.suppress(NotFoundError):
+            return await self.snapshots.find(name)
+        return None
+
+    async def _check_bases(self, dockerfile: str) -> None:
+        """Refuse, naming it, a FROM image the engine has not and cannot pull, or a snapshot."""
+        backend = self.snapshots.backend
+        for image in base_images(dockerfile):
+            info = await backend.image_info(image)
+            if info is None:
+                try:
+                    info = await backend.pull_image(image)
+                except ImageNotFoundError as exc:
+                    msg = f"the Dockerfile's base image {image!r} is not on the engine and could not be pulled: {exc}"
+                    raise ImageNotFoundError(msg) from None
+            if info.labels.get(LABEL_SNAPSHOT):
+                # A snapshot is reached by its tenant's name for it, never by its image reference.
+                msg = f"the Dockerfile's base image {image!r} is a snapshot; build FROM images, not snapshots"
+                raise InvalidSpecError(msg)
+
+
+def _check(build: TemplateBuild) -> None:
+    check_snapshot_name(build.name)
+    check_labels(build.labels, "labels")
+    if not build.dockerfile.strip():
+        msg = "the Dockerfile is empty"
+        raise InvalidSpecError(msg)
+    if len(build.dockerfile.encode()) > MAX_DOCKERFILE_BYTES:
+        msg = f"the Dockerfile is {len(build.dockerfile.encode())} bytes; the limit is {MAX_DOCKERFILE_BYTES}"
+        raise InvalidSpecError(msg)
+    for field, command in (("start_command", build.start_command), ("ready_command", build.ready_command)):
+        if len(command.encode()) > MAX_COMMAND_BYTES or "\x00" in command:
+            msg = f"{field} must be at most {MAX_COMMAND_BYTES} bytes with no NUL"
+            raise InvalidSpecError(msg)
+    if build.working_dir and not build.working_dir.startswith("/"):
+        msg = f"working_dir must be absolute, got {build.working_dir[:80]!r}"
+        raise InvalidSpecError(msg)
+    if build.timeout_s < 0:
+        msg = f"timeout must not be negative, got {build.timeout_s}"
+        raise InvalidSpecError(msg)
+
+
+async def _spool(context: AsyncIterator[bytes], archive: Path, limit: int) -> str:
+    """Write the context to ``archive`` as it comes, refusing it past ``limit`` bytes; its sha256.
+
+    An empty context is an empty archive; anything else must be an uncompressed tar archive.
+    """
+    digest = hashlib.sha256()
+    size = 0
+    with archive.open("wb") as out:
+        async for chunk in context:
+            size += len(chunk)
+            if size > limit:
+                msg = f"the build context is past the limit of {limit} bytes (SANDBOXD_TEMPLATE_CONTEXT_BYTES)"
+                raise QuotaExceededError(msg)
+            digest.update(chunk)
+            await asyncio.to_thread(out.write, chunk)
+    if size == 0:
+        with tarfile.open(archive, "w"):
+            pass
+    elif not await asyncio.to_thread(_is_plain_tar, archive):
+        msg = "the build context is not an uncompressed tar archive"
+        raise InvalidSpecError(msg)
+    return digest.hexdigest()
+
+
+def _is_plain_tar(archive: Path) -> bool:
+    try:
+        with tarfile.open(archive, "r:") as tar:
+            tar.getmembers()
+    except (tarfile.TarError, OSError, EOFError):
+        return False
+    return True
+
+
+def _digest(build: TemplateBuild, context_digest: str) -> str:
+    described = json.dumps(
+        {
+            "dockerfile": build.dockerfile,
+            "context": context_digest,
+            "start": build.start_command,
+            "ready": build.ready_command,
+            "working_dir": build.working_dir,
+            "labels": dict(sorted(build.labels.items())),
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(described.encode()).hexdigest()
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
