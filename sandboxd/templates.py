@@ -45,14 +45,21 @@ from .models import Snapshot, WorkspaceSpec
 from .snapshots import (
     LABEL_SNAPSHOT_LABELS,
     LABEL_SNAPSHOT_TIME,
-    LABEL_TEMPLATE_DIGEST,
     LABEL_TEMPLATE_READY,
     LABEL_TEMPLATE_START,
     SnapshotStore,
     check_snapshot_name,
 )
 from .tenancy import current_tenant
-from .workspaces import LABEL_SNAPSHOT, LABEL_SNAPSHOT_OF, LABEL_SPEC, LABEL_TENANT, check_labels, spec_to_json
+from .workspaces import (
+    LABEL_SNAPSHOT,
+    LABEL_SNAPSHOT_OF,
+    LABEL_SPEC,
+    LABEL_TEMPLATE_DIGEST,
+    LABEL_TENANT,
+    check_labels,
+    spec_to_json,
+)
 
 __all__ = [
     "BuildLine",
