@@ -16,6 +16,7 @@ import signal
 import stat
 import sys
 import tarfile
+import tempfile
 import termios
 import threading
 import tty as ttymode
@@ -129,6 +130,22 @@ def _parser(*, command_split: bool = False) -> argparse.ArgumentParser:
     snapshots.add_argument("-q", "--quiet", action="store_true", help="print names only")
     rmsnapshot = commands.add_parser("rmsnapshot", help="delete snapshots")
     rmsnapshot.add_argument("names", nargs="+")
+
+    template = commands.add_parser("template", help="build templates (snapshots made from a Dockerfile)")
+    template_commands = template.add_subparsers(dest="template_command", required=True)
+    build = template_commands.add_parser("build", help="build DIR's Dockerfile (DIR the context) as template NAME")
+    build.add_argument("context", nargs="?", default="", help="the build context directory (default: none)")
+    build.add_argument("--name", "-n", required=True, help="the template's name")
+    build.add_argument("--dockerfile", "-f", default="", help="the Dockerfile (default: CONTEXT/Dockerfile)")
+    build.add_argument("--start", default="", metavar="CMD", help="run in the background at each workspace start")
+    build.add_argument("--ready", default="", metavar="CMD", help="run until it exits 0 before a workspace is ready")
+    build.add_argument("--workdir", default="", help="where its workspaces start (default: its last WORKDIR)")
+    build.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="add a label")
+    build.add_argument("--force", action="store_true", help="build every step again, ignoring the cache")
+    build.add_argument("--timeout", type=float, default=0.0, help="seconds the build may take")
+    build.add_argument("-q", "--quiet", action="store_true", help="print the name only, not the build's log")
+    templates = commands.add_parser("templates", help="list templates")
+    templates.add_argument("-q", "--quiet", action="store_true", help="print names only")
 
     commands.add_parser("pool", help="show the daemon's warm pool")
 
@@ -327,6 +344,12 @@ async def _run(opts: argparse.Namespace) -> int:
             for name in opts.names:
                 await client.delete_snapshot(name)
                 print(name)
+            return 0
+        if opts.command == "template":
+            return await _build_template(client, opts)
+        if opts.command == "templates":
+            found = [info for info in await client.list_snapshots() if info.is_template]
+            _print_templates(found, quiet=opts.quiet)
             return 0
         if opts.command == "pool":
             _print_pool(await client.get_pool())
@@ -866,6 +889,75 @@ def _print_snapshots(infos: Sequence[SnapshotInfo], *, quiet: bool) -> None:
                 info.image,
                 f"{info.size_bytes / 1024**2:.1f}MiB",
                 f"{info.memory_bytes / 1024**2:.1f}MiB" if info.include_memory else "-",
+                info.create_time.strftime("%Y-%m-%d %H:%M:%S"),
+            )
+        )
+    _print_table(rows)
+
+
+async def _build_template(client: SandboxClient, opts: argparse.Namespace) -> int:
+    """``template build``: DIR as the context (a tar archive streamed as it is read), its Dockerfile."""
+    context = Path(opts.context) if opts.context else None
+    if context is not None and not context.is_dir():
+        print(f"error: {opts.context} is not a directory", file=sys.stderr)
+        return 2
+    dockerfile = Path(opts.dockerfile) if opts.dockerfile else (context / "Dockerfile" if context else None)
+    if dockerfile is None:
+        print("error: give a context directory holding a Dockerfile, or --dockerfile", file=sys.stderr)
+        return 2
+    try:
+        text = dockerfile.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"error: cannot read the Dockerfile {dockerfile}: {exc}", file=sys.stderr)
+        return 2
+
+    async def archive() -> AsyncIterator[bytes]:
+        if context is None:
+            return
+        with tempfile.TemporaryFile() as spool:
+            await asyncio.to_thread(_tar_directory, context, spool)
+            spool.seek(0)
+            while piece := await asyncio.to_thread(spool.read, 1 << 20):
+                yield piece
+
+    built = await client.build_template(
+        opts.name,
+        text,
+        context=archive(),
+        start_command=opts.start,
+        ready_command=opts.ready,
+        working_dir=opts.workdir,
+        labels=_pairs(opts.label, "--label"),
+        force=opts.force,
+        timeout_s=opts.timeout,
+        on_log=None if opts.quiet else (lambda line: print(line, file=sys.stderr, flush=True)),
+    )
+    if not opts.quiet and built.cached:
+        print(f"template {built.template.name} is built from this content already", file=sys.stderr)
+    print(built.template.name)
+    return 0
+
+
+def _tar_directory(directory: Path, out: Any) -> None:
+    """``directory``'s tree as an uncompressed tar archive into ``out``, links kept as links."""
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for entry in sorted(directory.iterdir()):
+            tar.add(entry, arcname=entry.name)
+
+
+def _print_templates(infos: Sequence[SnapshotInfo], *, quiet: bool) -> None:
+    if quiet:
+        for info in infos:
+            print(info.name)
+        return
+    rows: list[Sequence[str]] = [("TEMPLATE", "SIZE", "START", "CREATED")]
+    for info in infos:
+        start = info.start_command.replace("\n", " ")
+        rows.append(
+            (
+                info.name,
+                f"{info.size_bytes / 1024**2:.1f}MiB",
+                (start[:37] + "...") if len(start) > 40 else (start or "-"),
                 info.create_time.strftime("%Y-%m-%d %H:%M:%S"),
             )
         )

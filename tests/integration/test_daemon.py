@@ -318,6 +318,30 @@ class TestCli:
         assert (gone.returncode, gone.stderr) == (1, f"sandboxctl: snapshot {name!r} not found\n")
         assert "keeps no warm pool" in self._ctl(daemon, "pool", check=True).stdout
 
+    def test_template_build_lists_and_forks(self, daemon, tmp_path, default_image: str) -> None:
+        """`template build DIR --name N` streams the log and prints N; `templates` lists it; `fork` starts
+        from it in its WORKDIR with the context's file; a failing step is one error line with its output."""
+        (tmp_path / "Dockerfile").write_text(f"FROM {default_image}\nCOPY hello.txt /opt/tpl/\nWORKDIR /opt/tpl\n")
+        (tmp_path / "hello.txt").write_text("from the context\n")
+        name = f"cli-tpl-{tmp_path.name[-8:].lower().replace('_', '-')}"
+        built = self._ctl(daemon, "template", "build", str(tmp_path), "--name", name, "--start", "sleep 1", check=True)
+        assert built.stdout == f"{name}\n"
+        assert "COPY hello.txt /opt/tpl/" in built.stderr  # the build's log, as it came
+        rows = self._ctl(daemon, "templates", check=True).stdout.splitlines()
+        assert rows[0].split() == ["TEMPLATE", "SIZE", "START", "CREATED"]
+        assert [row.split()[0] for row in rows[1:]].count(name) == 1
+        assert next(row for row in rows if row.startswith(name)).split()[2:4] == ["sleep", "1"]
+        fork = self._ctl(daemon, "fork", name, check=True).stdout.strip()
+        try:
+            assert self._ctl(daemon, "exec", fork, "--", "pwd; cat hello.txt").stdout == "/opt/tpl\nfrom the context\n"
+        finally:
+            self._ctl(daemon, "rm", fork, check=True)
+        (tmp_path / "Dockerfile").write_text(f"FROM {default_image}\nRUN echo why-it-failed; exit 9\n")
+        failed = self._ctl(daemon, "template", "build", str(tmp_path), "--name", name, "-q")
+        assert failed.returncode == 1 and failed.stderr.startswith("sandboxctl: template")
+        assert "why-it-failed" in failed.stderr and "non-zero code: 9" in failed.stderr
+        assert self._ctl(daemon, "rmsnapshot", name, check=True).stdout == f"{name}\n"
+
     def test_error_is_one_line(self, daemon) -> None:
         """A refused call prints exactly one `sandboxctl: ...` line and exits 1."""
         run = self._ctl(daemon, "exec", "ws-nope", "--", "true")
