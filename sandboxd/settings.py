@@ -205,6 +205,9 @@ class Settings:
     template_build_memory_bytes: int = 4 * _GIB
     """Memory each step of a template build may use, in bytes."""
 
+    template_ready_timeout_s: float = 120.0
+    """Longest a workspace started from a template waits for its ready command to succeed, in seconds."""
+
     template_max_bytes: int = 16 * _GIB
     """Largest image a template build may make, in bytes; a bigger one is removed and the build fails."""
 

@@ -53,7 +53,7 @@ from .workspaces import (
     spec_to_json,
 )
 
-__all__ = ["LABEL_SNAPSHOT", "SnapshotStore", "check_snapshot_name"]
+__all__ = ["LABEL_SNAPSHOT", "SnapshotStore", "check_snapshot_name", "template_command"]
 
 log = structlog.get_logger(__name__)
 
@@ -367,13 +367,13 @@ class SnapshotStore:
             size_bytes=image.size_bytes,
             spec=spec_from_json(image.labels[LABEL_SPEC]),
             memory_bytes=_int(image.labels.get(LABEL_SNAPSHOT_MEMORY, "")),
-            start_command=_command(image.labels.get(LABEL_TEMPLATE_START, "")),
-            ready_command=_command(image.labels.get(LABEL_TEMPLATE_READY, "")),
+            start_command=template_command(image.labels.get(LABEL_TEMPLATE_START, "")),
+            ready_command=template_command(image.labels.get(LABEL_TEMPLATE_READY, "")),
             build_digest=image.labels.get(LABEL_TEMPLATE_DIGEST, ""),
         )
 
 
-def _command(label: str) -> str:
+def template_command(label: str) -> str:
     """A template's command as its label keeps it (a JSON string); empty for none or a malformed one."""
     try:
         command = json.loads(label) if label else ""

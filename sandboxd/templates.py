@@ -25,6 +25,7 @@ import json
 import re
 import tarfile
 import tempfile
+import time
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -36,12 +37,14 @@ from .backend.base import ImageInfo
 from .errors import (
     BuildFailedError,
     ExecTimeoutError,
+    FailedPreconditionError,
     ImageNotFoundError,
     InvalidSpecError,
     NotFoundError,
     QuotaExceededError,
 )
-from .models import Snapshot, WorkspaceSpec
+from .models import ExecSpec, ExitStatus, OutputChunk, Snapshot, WorkspaceSpec
+from .processes import ProcessTable
 from .snapshots import (
     LABEL_SNAPSHOT_LABELS,
     LABEL_SNAPSHOT_TIME,
@@ -49,6 +52,7 @@ from .snapshots import (
     LABEL_TEMPLATE_START,
     SnapshotStore,
     check_snapshot_name,
+    template_command,
 )
 from .tenancy import current_tenant
 from .workspaces import (
@@ -75,6 +79,8 @@ MAX_DOCKERFILE_BYTES = MAX_UPLOAD_CHUNK_BYTES
 """Largest Dockerfile a build takes (it travels in one message)."""
 MAX_COMMAND_BYTES = 64 * 1024
 _TAIL_LINES = 30
+_READY_TRY_S = 10.0
+_READY_PAUSE_S = 0.2
 _FROM_RE = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*$", re.IGNORECASE)
 
 
@@ -228,6 +234,61 @@ class TemplateBuilder:
                     raise QuotaExceededError(msg)
         log.info("template.built", template=build.name, size_bytes=image.size_bytes)
         yield Built(self.snapshots.describe(image), cached=False)
+
+    async def begin(self, workspace_id: str, image: ImageInfo, processes: ProcessTable) -> None:
+        """Start a new workspace from template ``image``: its start command, then its ready command until it succeeds.
+
+        The start command runs in the background as a process session of the workspace (its
+        timeout the daemon's longest); the ready command runs (``bash -lc``, 10 s at most each
+        time) until it exits 0, every 0.2 s, for at most ``SANDBOXD_TEMPLATE_READY_TIMEOUT_S``.
+        Nothing happens for a snapshot that is no template or a template with neither command.
+
+        Raises:
+            FailedPreconditionError: the ready command did not succeed in time (with its last
+                output); the caller removes the workspace.
+        """
+        labels = image.labels
+        start = template_command(labels.get(LABEL_TEMPLATE_START, ""))
+        ready = template_command(labels.get(LABEL_TEMPLATE_READY, ""))
+        if not (start or ready):
+            return
+        settings = self.snapshots.manager.settings
+        context = await self.snapshots.manager.exec_context(workspace_id)
+        if start:
+            spec = ExecSpec(command=start, stdin_closed=True, timeout_s=settings.max_exec_timeout_s)
+            session, _ = await processes.start(context, spec)
+            log.info("template.started", workspace_id=workspace_id, process_id=session.process_id)
+        if not ready:
+            return
+        deadline = time.monotonic() + settings.template_ready_timeout_s
+        said = ""
+        while True:
+            spec = ExecSpec(command=ready, stdin_closed=True, timeout_s=_READY_TRY_S, yield_after_s=_READY_TRY_S + 5)
+            session, started = await processes.start(context, spec)
+            output: list[str] = []
+            status: ExitStatus | None = None
+            try:
+                async with contextlib.aclosing(session.exec_events(started)) as events:
+                    async for event in events:
+                        if isinstance(event, OutputChunk):
+                            output.append(event.data.decode(errors="replace"))
+                        elif isinstance(event, ExitStatus):
+                            status = event
+            finally:
+                # The daemon's own command: no caller polls it, so it leaves no session behind.
+                processes.drop(session)
+                await session.discard()
+            if status is not None and status.exit_code == 0:
+                return
+            said = "".join(output)[-2000:]
+            if time.monotonic() >= deadline:
+                code = "no exit" if status is None else f"exit {status.exit_code}"
+                msg = (
+                    f"the template's ready command did not succeed within {settings.template_ready_timeout_s:g} s "
+                    f"(last: {code}; output: {said!r})"
+                )
+                raise FailedPreconditionError(msg)
+            await asyncio.sleep(_READY_PAUSE_S)
 
     async def _existing(self, name: str) -> ImageInfo | None:
         with contextlib.suppress(NotFoundError):

@@ -430,7 +430,9 @@ class _Listening:
         trimmer = HeapTrimmer()
         drain = Drain()
         server = _new_server(server_interceptors(self.authenticator, self.audit, trimmer, drain))
-        workspace_service_pb2_grpc.add_WorkspaceServiceServicer_to_server(WorkspaceServicer(workspaces), server)
+        workspace_service_pb2_grpc.add_WorkspaceServiceServicer_to_server(
+            WorkspaceServicer(workspaces, processes=processes), server
+        )
         process_service_pb2_grpc.add_ProcessServiceServicer_to_server(ProcessServicer(workspaces, processes), server)
         files = FileManager(backend, workspaces)
         file_service_pb2_grpc.add_FileServiceServicer_to_server(FileServicer(files), server)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 from sandboxd_protocol.v1 import workspace_service_pb2_grpc as wgrpc
 
-from ..errors import InvalidSpecError
+from ..errors import InvalidSpecError, SandboxdError
+from ..processes import ProcessTable
 from ..snapshots import SnapshotStore
 from ..templates import Built, TemplateBuild, TemplateBuilder
 from ..workspaces import WorkspaceManager
@@ -20,11 +23,17 @@ __all__ = ["WorkspaceServicer"]
 class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
     """Serves ``sandboxd.v1.WorkspaceService``."""
 
-    def __init__(self, workspaces: WorkspaceManager, snapshots: SnapshotStore | None = None) -> None:
-        """Serve ``workspaces`` and their ``snapshots``."""
+    def __init__(
+        self,
+        workspaces: WorkspaceManager,
+        snapshots: SnapshotStore | None = None,
+        processes: ProcessTable | None = None,
+    ) -> None:
+        """Serve ``workspaces`` and their ``snapshots``; ``processes`` runs templates' start and ready commands."""
         self.workspaces = workspaces
         self.snapshots = snapshots or SnapshotStore(workspaces)
         self.templates = TemplateBuilder(self.snapshots)
+        self.processes = processes
 
     async def CreateWorkspace(
         self, request: wpb.CreateWorkspaceRequest, context: Context
@@ -35,6 +44,14 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
         workspace = await self.workspaces.create(
             spec, workspace_id=request.workspace_id, request_id=request.request_id, snapshot=snapshot
         )
+        if snapshot is not None and self.processes is not None:
+            try:
+                await self.templates.begin(workspace.workspace_id, snapshot, self.processes)
+            except BaseException:
+                # Handed out only once ready: one that never got there is not left behind.
+                with contextlib.suppress(SandboxdError):
+                    await asyncio.shield(self.workspaces.delete(workspace.workspace_id))
+                raise
         return wpb.CreateWorkspaceResponse(workspace=convert.workspace_to_proto(workspace))
 
     async def GetWorkspace(self, request: wpb.GetWorkspaceRequest, context: Context) -> wpb.GetWorkspaceResponse:

@@ -59,8 +59,9 @@ def build_containers(docker_client, marker: str) -> list[str]:  # type: ignore[n
 
 @pytest.fixture
 async def own(tmp_path: Path, default_image: str):  # type: ignore[no-untyped-def]
-    """A daemon of its own with a small context limit, and its client."""
-    thread = DaemonThread(make_settings(tmp_path, template_context_bytes=2 * 1024 * 1024)).start()
+    """A daemon of its own with a small context limit and a 3 s ready bound, and its client."""
+    settings = make_settings(tmp_path, template_context_bytes=2 * 1024 * 1024, template_ready_timeout_s=3.0)
+    thread = DaemonThread(settings).start()
     try:
         async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:
             yield client
@@ -225,3 +226,40 @@ async def test_a_cancelled_build_stops_its_step(own: SandboxClient, default_imag
         await asyncio.sleep(0.2)
     assert build_containers(docker_client, marker) == []
     assert await own.list_snapshots() == []
+
+
+SERVER = "python3 -m http.server 8123 --bind 127.0.0.1 --directory /opt/site"
+FETCH = "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8123/').read().decode())\""
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+async def test_a_workspace_from_a_template_is_handed_out_once_ready(
+    own: SandboxClient, default_image: str, runtime: str, request: pytest.FixtureRequest
+) -> None:
+    """The start command (a web server) runs in the background; the create returns once the ready
+    command (a fetch from it) succeeds, so the first command reaches the server without waiting."""
+    skip_without(runtime, request)
+    dockerfile = f"FROM {default_image}\nUSER root\nRUN mkdir -p /opt/site && echo served-page > /opt/site/index.html\n"
+    await own.build_template("tpl-ready", dockerfile, start_command=SERVER, ready_command=FETCH)
+    workspace = await own.create_workspace(from_snapshot="tpl-ready", runtime=runtime)
+    try:
+        assert (await workspace.exec(FETCH).wait()).stdout == "served-page\n\n"  # the page, and print's newline
+        listed = await own.list_processes(workspace.workspace_id)
+        assert [p.running for p in listed if p.command == SERVER] == [True]
+        # The ready command's tries left no sessions: the one fetch listed is the test's own.
+        assert [p.command for p in listed if p.command == FETCH] == [FETCH]
+    finally:
+        await workspace.delete()
+
+
+async def test_a_template_that_never_gets_ready_is_no_workspace(own: SandboxClient, default_image: str) -> None:
+    """A ready command that always fails: FAILED_PRECONDITION after its 3 s bound, with its output; nothing left."""
+    await own.build_template(
+        "tpl-never", f"FROM {default_image}\n", ready_command="echo not-yet-because-reasons; exit 1"
+    )
+    started = time.monotonic()
+    with pytest.raises(FailedPreconditionError) as caught:
+        await own.create_workspace(from_snapshot="tpl-never")
+    assert 3 <= time.monotonic() - started < 30
+    assert "not-yet-because-reasons" in caught.value.message and "exit 1" in caught.value.message
+    assert await own.list_workspaces() == []
