@@ -56,6 +56,7 @@ from sandboxd_client import (
     NotFoundError,
     SandboxClient,
     SandboxError,
+    StreamBrokenError,
     UnavailableError,
     Workspace,
 )
@@ -97,10 +98,10 @@ class Report:
 class Daemon:
     """The daemon under test, as its own process: started, killed and started again on one instance."""
 
-    def __init__(self, directory: Path, instance: str, env: dict[str, str]) -> None:
-        """Describe it (``env``: more settings, DOCKER_HOST among them); :meth:`start` runs it."""
+    def __init__(self, directory: Path, instance: str, env: dict[str, str], log_path: Path | None = None) -> None:
+        """Describe it (``env``: more settings, DOCKER_HOST among them); its log to ``log_path`` or ``directory``."""
         self.socket_path = str(directory / "soak.sock")
-        self.log_path = directory / "daemon.log"
+        self.log_path = log_path or directory / "daemon.log"
         self.instance = instance
         self.env = {
             **os.environ,
@@ -204,14 +205,17 @@ class Caller:
             try:
                 await getattr(self, f"do_{kind}")()
             except SandboxError as exc:
-                # The start says what failed, the end why (a broken stream's cause comes last).
-                said = exc.message if len(exc.message) <= 320 else f"{exc.message[:120]} ... {exc.message[-200:]}"
-                self.report.errors[(kind, f"{type(exc).__name__}: {said}")] += 1
+                self.failed(kind, exc)
             else:
                 self.report.latencies[kind].append(time.monotonic() - began)
             self.report.calls[kind] += 1
             await self.poll_later(force=False)
         await self.poll_later(force=True)
+
+    def failed(self, kind: str, exc: SandboxError) -> None:
+        """Count a call that failed, by kind and words (the start says what failed, the end why)."""
+        said = exc.message if len(exc.message) <= 320 else f"{exc.message[:120]} ... {exc.message[-200:]}"
+        self.report.errors[(kind, f"{type(exc).__name__}: {said}")] += 1
 
     async def exec_result(self, kind: str, command: str, **options: Any) -> Any:
         return await self.retried(kind, lambda: self.ws.exec(command, **options).wait())
@@ -319,6 +323,16 @@ class Caller:
                 ended = await self.retried("later", lambda pid=process_id: self.client.kill(pid, grace_s=0.5))
             except NotFoundError as exc:
                 self.report.lost.append(f"later {process_id}: {exc.message}")
+                continue
+            except StreamBrokenError as exc:
+                # A poll whose stream broke (the daemon went) and whose resume was refused.
+                if "not found" in exc.message:
+                    self.report.lost.append(f"later {process_id}: {exc.message}")
+                else:
+                    self.failed("later", exc)
+                continue
+            except SandboxError as exc:
+                self.failed("later", exc)
                 continue
             if _fault_ended(polled) or _fault_ended(ended):
                 self.report.fault_ended.append(f"later {process_id}")
@@ -479,7 +493,12 @@ async def soak(opts: argparse.Namespace, directory: Path) -> Report:
     instance = f"soak-{secrets.token_hex(4)}"
     report = Report()
     with _engine(opts) as (engine_env, engine_client, restart_engine):
-        daemon = Daemon(directory, instance, {"SANDBOXD_DEFAULT_RUNTIME": opts.runtime, **engine_env})
+        daemon = Daemon(
+            directory,
+            instance,
+            {"SANDBOXD_DEFAULT_RUNTIME": opts.runtime, **engine_env},
+            log_path=Path(opts.keep_log) if opts.keep_log else None,
+        )
         daemon.start()
         try:
             async with SandboxClient(socket_path=daemon.socket_path, resume_s=RETRY_BUDGET_S) as client:
@@ -575,7 +594,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--daemon-kill-every-s", type=float, default=0.0)
     parser.add_argument("--engine-restart-at-s", type=float, default=0.0)
     parser.add_argument("--agent-kill-every-s", type=float, default=0.0)
-    parser.add_argument("--keep-log", default="", help="copy the daemon's log (SOAK_LOG_LEVEL, default warning) here")
+    parser.add_argument(
+        "--keep-log",
+        default="",
+        help="the daemon's log (SOAK_LOG_LEVEL, default warning), written as it goes",
+    )
     return parser
 
 
@@ -584,8 +607,6 @@ def main() -> int:
     started = datetime.datetime.now(datetime.UTC)
     with tempfile.TemporaryDirectory(prefix="sandboxd-soak-") as tmp:
         report = asyncio.run(soak(opts, Path(tmp)))
-        if opts.keep_log:
-            Path(opts.keep_log).write_bytes((Path(tmp) / "daemon.log").read_bytes())
     print_report(report, opts, started)
     return 1 if report.wrong else 0
 

@@ -131,8 +131,13 @@ class ProcessSession:
 
     @property
     def idle(self) -> bool:
-        """Whether no call is attached and the first call has had its stream (eviction may pick it)."""
+        """Whether eviction picks it first: detached, and not just taken over from a restart."""
         return self.stream.idle
+
+    @property
+    def detached(self) -> bool:
+        """Whether no call is attached and the first call has had its stream (eviction may pick it)."""
+        return self.stream.detached
 
     @property
     def elapsed_s(self) -> float:

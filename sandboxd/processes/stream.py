@@ -110,6 +110,9 @@ class OutputStream:
         self.awaited_until = 0.0
         """Until when (``time.monotonic()``) a caller that was reading before a daemon restart is
         waited for: the agent keeps its back-pressure meanwhile (a reader, to the pulls)."""
+        self.resumable_until = 0.0
+        """Until when (``time.monotonic()``) a session taken over after a restart is kept from
+        eviction but as a last resort: its caller may be coming back to resume it."""
 
     def _readers_changed(self) -> None:
         if self._budget is not None:
@@ -118,9 +121,19 @@ class OutputStream:
             self._output.forget()  # the session was let go: no call will take what is left
 
     @property
-    def idle(self) -> bool:
+    def detached(self) -> bool:
         """Whether no call is attached and the first call has had its stream (eviction may pick it)."""
         return self.attached == 0 and not self.fresh
+
+    @property
+    def idle(self) -> bool:
+        """Detached, and not taken over from a restart moments ago (eviction picks these first).
+
+        A session the last daemon left may have a caller coming back to resume it (the agent
+        cannot say whose exit was delivered): evicting an exited one meanwhile would lose its
+        last output and its exit, so it goes only when nothing else can.
+        """
+        return self.detached and time.monotonic() >= max(self.awaited_until, self.resumable_until)
 
     def adopted(self, *, reading: bool, grace_s: float) -> None:
         """A session taken over after a restart: no call holds it.
@@ -128,9 +141,11 @@ class OutputStream:
         Args:
             reading: a caller was reading it when the last daemon went: it is waited for
                 ``grace_s`` seconds, the output held back for it rather than dropped.
-            grace_s: how long, in seconds.
+            grace_s: how long, in seconds; every adopted session is kept from eviction that
+                long but as a last resort (:attr:`idle`).
         """
         self.attached, self.fresh = 0, False
+        self.resumable_until = time.monotonic() + grace_s
         self._readers_changed()
         if reading:
             self.awaited_until = time.monotonic() + grace_s

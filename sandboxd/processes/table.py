@@ -194,23 +194,38 @@ class ProcessTable:
         The tool contract's order: an exited session first, else the least recently used
         idle one (both by when a call last used them). A session a call is streaming, or
         whose starting call has not streamed yet, is no candidate: its caller is about to
-        read it (an exited one may still be delivering its last output).
+        read it (an exited one may still be delivering its last output). Sessions taken over
+        from a restart in the last moments go only when nothing else can (their callers may be
+        coming back to resume them), the one that started first first.
 
         Raises:
             QuotaExceededError: nothing may go: every session is in use by a call.
         """
+        adopted = [s for s in sessions if s.detached and not s.idle]
         candidates = (
             ([s for s in sessions if not s.running and s.idle], f"it had exited and {whose} sessions were full"),
             (
                 [s for s in sessions if s.running and s.idle],
                 f"it was the least recently used idle session when {whose} sessions were full",
             ),
+            # Taken over from a restart moments ago, as a last resort: the oldest first, since a
+            # caller coming back to resume is one whose command ran when the last daemon went.
+            (
+                [s for s in adopted if not s.running],
+                f"it had exited before the daemon restarted and {whose} sessions were full",
+            ),
+            (
+                [s for s in adopted if s.running],
+                f"it was the oldest session taken over at the daemon's restart when {whose} sessions were full",
+            ),
         )
-        found = next(((group, why) for group, why in candidates if group), None)
+        found = next((tier for tier, (group, _why) in enumerate(candidates) if group), None)
         if found is None:
             msg = f"{full} and none can be evicted: all {len(sessions)} are in use by active calls"
             raise QuotaExceededError(msg)
-        victim, why = min(found[0], key=lambda s: s.last_used), found[1]
+        group, why = candidates[found]
+        # Adopted sessions were all last used at the adoption: their start says which is oldest.
+        victim = min(group, key=(lambda s: s.start_time) if found >= 2 else (lambda s: s.last_used))
         self._sessions.pop(victim.process_id, None)
         self._remember_evicted(victim.process_id, f"was evicted: {why}", victim.context.tenant)
         log.info("process.evicted", process_id=victim.process_id, reason=why)

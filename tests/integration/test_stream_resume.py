@@ -14,7 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandboxd_client import Dropped, Exited, InvalidArgumentError, Output, SandboxClient, StreamBrokenError
+from sandboxd_client import (
+    Dropped,
+    Exited,
+    InvalidArgumentError,
+    Output,
+    SandboxClient,
+    SandboxError,
+    StreamBrokenError,
+)
 
 from tests.conftest import new_instance, spawned_daemon
 from tests.integration.helpers import skip_without
@@ -145,6 +153,49 @@ async def test_a_daemon_that_does_not_come_back_says_where_to_attach(daemons: Da
         assert (await rest.wait()).stdout == ""  # nothing of what it had comes again
         await client.kill(broken.value.process_id)
         await client.delete_workspace(workspace_id)
+
+
+async def test_an_exited_session_whose_caller_comes_back_is_not_evicted_for_a_new_command(
+    tmp_path: Path, default_image: str, docker_client
+) -> None:  # type: ignore[no-untyped-def]
+    """A full workspace (2 sessions) after a restart: a command that ended while no daemon ran, and
+    whose caller was reading, stays for that caller; a new command evicts the other exited session
+    (used more recently), and the caller resumes to the whole output and exit 0."""
+    daemons = Daemons(tmp_path, SANDBOXD_WORKSPACE_MAX_SESSIONS="2")
+    try:
+        async with SandboxClient(socket_path=daemons.socket_path, retries=False) as client:
+            ws = await client.create_workspace(labels={"test": "stream-resume"})
+            other = await ws.exec("echo other").wait()
+            command = "echo ready; while [ ! -e /tmp/go ]; do sleep 0.05; done; seq 1 5000; touch /tmp/done"
+            handle = ws.exec(command, follow=True)
+            position = -1
+
+            async def follow() -> None:
+                nonlocal position
+                async for event in handle:
+                    if isinstance(event, Output) and event.text == "ready\n":
+                        position = event.position
+                        daemons._process.kill()  # type: ignore[attr-defined]
+
+            with pytest.raises(SandboxError):  # no retries: the stream breaks with the daemon
+                await follow()
+            assert position > 0
+            # The command runs on and ends while no daemon runs.
+            finished = docker_client.containers.get(ws.info.container_id).exec_run(
+                ["sh", "-c", "touch /tmp/go; while [ ! -e /tmp/done ]; do sleep 0.05; done"]
+            )
+            assert finished.exit_code == 0
+        daemons.stop()
+        daemons._start()
+        async with SandboxClient(socket_path=daemons.socket_path, retries=False) as client:
+            # The other session is used now: the awaited one is the least recently used.
+            assert (await client.input(other.process_id, yield_after_s=0.3).wait()).exit_code == 0
+            assert (await client.exec(ws.workspace_id, "echo new", follow=True).wait()).stdout == "new\n"
+            rest = await client.input(handle.process_id, resume_from=position, yield_after_s=10).wait()
+            assert (rest.exit_code, rest.stdout) == (0, "".join(f"{i}\n" for i in range(1, 5001)))
+            await client.delete_workspace(ws.workspace_id)
+    finally:
+        daemons.stop()
 
 
 async def test_a_position_past_the_output_is_refused_and_an_honest_one_goes_on(client, workspace) -> None:  # type: ignore[no-untyped-def]

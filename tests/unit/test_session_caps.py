@@ -28,6 +28,13 @@ class Session:
     idle: bool
     last_used: float
     killed: bool = False
+    adopted: bool = False
+    """Taken over from a restart moments ago: detached, but not idle."""
+    start_time: float = 0.0
+
+    @property
+    def detached(self) -> bool:
+        return self.idle or self.adopted
 
     async def kill(self, **_: object) -> None:
         self.killed = True
@@ -70,6 +77,22 @@ class TestEviction:
         assert await evict(processes, [old_running, exited, newer_running]) == exited.process_id
         assert await evict(processes, [old_running, newer_running]) == old_running.process_id
         assert old_running.killed
+
+    async def test_sessions_taken_over_at_a_restart_go_last_the_oldest_first(self) -> None:
+        """After a restart a caller may come back for its session: any idle one goes before it; among
+        adopted ones only, the exited one that started first goes (the caller coming back ran last)."""
+        ws = Context("ws")
+        awaited = Session("p-000000000001", ws, running=False, idle=False, adopted=True, last_used=1.0, start_time=9.0)
+        older = Session("p-000000000002", ws, running=False, idle=False, adopted=True, last_used=2.0, start_time=1.0)
+        running = Session("p-000000000003", ws, running=True, idle=False, adopted=True, last_used=0.5, start_time=0.5)
+        used_since = Session("p-000000000004", ws, running=False, idle=True, last_used=50.0)
+        processes = table()
+        assert await evict(processes, [awaited, older, running, used_since]) == used_since.process_id
+        assert await evict(processes, [awaited, older, running]) == older.process_id
+        assert await evict(processes, [awaited, running]) == awaited.process_id
+        with pytest.raises(ProcessNotFoundError, match="had exited before the daemon restarted"):
+            processes.get(awaited.process_id)
+        assert await evict(processes, [running]) == running.process_id and running.killed
 
     async def test_nothing_in_use_by_a_call_goes_and_the_refusal_says_why(self) -> None:
         ws = Context("ws")
