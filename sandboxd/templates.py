@@ -290,6 +290,13 @@ class TemplateBuilder:
                 raise FailedPreconditionError(msg)
             await asyncio.sleep(_READY_PAUSE_S)
 
+    async def find(self, name: str) -> ImageInfo | None:
+        """The caller's template ``name`` (a snapshot it built, not one taken of a workspace), or None."""
+        with contextlib.suppress(NotFoundError, InvalidSpecError):
+            image = await self.snapshots.find(name)
+            return image if image.labels.get(LABEL_TEMPLATE_DIGEST) else None
+        return None
+
     async def _existing(self, name: str) -> ImageInfo | None:
         with contextlib.suppress(NotFoundError):
             return await self.snapshots.find(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 
 from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
@@ -38,9 +39,12 @@ class WorkspaceServicer(wgrpc.WorkspaceServiceServicer):
     async def CreateWorkspace(
         self, request: wpb.CreateWorkspaceRequest, context: Context
     ) -> wpb.CreateWorkspaceResponse:
-        """Create and start a workspace (a fork of a snapshot, with ``from_snapshot``)."""
+        """Create and start a workspace (a fork of ``from_snapshot``; ``spec.image`` may name a template)."""
         spec = convert.workspace_spec(request.spec)
         snapshot = await self.snapshots.find(request.from_snapshot) if request.from_snapshot else None
+        if snapshot is None and spec.image and (template := await self.templates.find(spec.image)) is not None:
+            # A template of the caller's by name, as an image: it wins over an image of that name.
+            snapshot, spec = template, dataclasses.replace(spec, image="")
         workspace = await self.workspaces.create(
             spec, workspace_id=request.workspace_id, request_id=request.request_id, snapshot=snapshot
         )

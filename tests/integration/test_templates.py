@@ -103,6 +103,16 @@ async def test_a_built_template_holds_what_its_steps_made(
     finally:
         await workspace.delete()
     assert [s.name for s in await own.list_snapshots()] == ["tpl-steps"]
+    # Its name works as an image too; a snapshot taken of a workspace does not.
+    by_image = await own.create_workspace(image="tpl-steps", runtime=runtime)
+    try:
+        assert (await by_image.exec("pwd; cat one").wait()).stdout == "/srv/made\nstep-one\n"
+        await by_image.snapshot("taken-not-built")
+        with pytest.raises(NotFoundError):
+            await own.create_workspace(image="taken-not-built")
+        await own.delete_snapshot("taken-not-built")
+    finally:
+        await by_image.delete()
     await own.delete_snapshot("tpl-steps")
     with pytest.raises(NotFoundError):
         await own.get_snapshot("tpl-steps")

@@ -115,7 +115,9 @@ class SnapshotsMixin(ImagesMixin):
                 await frozen(True)
             try:
                 if not paused:
-                    await self._call(api.pause, attrs["Id"])
+                    # Under load the kernel's freezer can fail to stop every task in time ("unable
+                    # to freeze", a 500, after which runc thaws it): the pause is tried again.
+                    await self._call(api.pause, attrs["Id"], idempotent=True)
                 try:
                     merged = ((attrs.get("GraphDriver") or {}).get("Data") or {}).get("MergedDir")
                     if merged:
