@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 import structlog
 from google.protobuf import duration_pb2
+from sandboxd_protocol.v1 import network_service_pb2 as npb
 from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -149,6 +150,49 @@ def metadata_labels(metadata: dict[str, str]) -> dict[str, str]:
     return {METADATA_PREFIX + key: value for key, value in metadata.items()}
 
 
+_ALL_TRAFFIC = frozenset({"0.0.0.0/0", "::/0"})
+_NETWORK_FIELDS = frozenset({"allowOut", "denyOut", "allowPublicTraffic", "dnsServers"})
+
+
+def egress_of(network: object, *, internet_default: bool) -> tuple[wpb.NetworkPolicy, list[wpb.EgressRule]]:
+    """E2B's ``network`` options as sandboxd's policy and allowlist, or 400 for what it cannot express.
+
+    E2B allows all egress unless ``denyOut`` says otherwise, and ``allowOut`` wins over it. Denying
+    everything (``0.0.0.0/0``) with ``allowOut`` entries is sandboxd's ALLOWLIST of those entries
+    (host names, ``*.`` patterns, IP addresses and CIDR blocks; ports 80 and 443, through its egress
+    proxy); denying everything alone is no network; nothing denied is the internet (Docker's
+    bridge) unless ``allow_internet_access`` is false. Denying only some destinations, and E2B's
+    header rules, SOCKS proxy, HTTPS ports and host masks, cannot be expressed: 400, never
+    accepted and then not applied.
+    """
+    if not isinstance(network, dict):
+        raise Refused(400, "network must be an object")
+    unknown = sorted(k for k, v in network.items() if k not in _NETWORK_FIELDS and v not in (None, [], {}, ""))
+    if unknown:
+        raise Refused(400, f"network options {', '.join(unknown)} are not served by sandboxd (egress rules only)")
+    if network.get("allowPublicTraffic") is False:
+        raise Refused(400, "allowPublicTraffic false: sandboxd does not route public traffic to sandboxes at all")
+    allow, deny = network.get("allowOut") or [], network.get("denyOut") or []
+    if (
+        not all(isinstance(x, str) for x in [*allow, *deny])
+        or not isinstance(allow, list)
+        or not isinstance(deny, list)
+    ):
+        raise Refused(400, "allowOut and denyOut must be lists of strings")
+    denies_all = bool(_ALL_TRAFFIC & set(deny)) or not internet_default
+    if deny and not _ALL_TRAFFIC & set(deny):
+        raise Refused(
+            400,
+            "denyOut of some destinations only cannot be expressed by sandboxd's allowlist: deny 0.0.0.0/0 "
+            "and list what is allowed in allowOut",
+        )
+    if not denies_all:
+        return wpb.NETWORK_POLICY_BRIDGE, []
+    if not allow:
+        return wpb.NETWORK_POLICY_NONE, []
+    return wpb.NETWORK_POLICY_ALLOWLIST, [wpb.EgressRule(host=host) for host in allow]
+
+
 def _sandbox(workspace: wpb.Workspace, caller: Caller) -> dict[str, Any]:
     """The ``Sandbox`` body of create, connect and fork."""
     return {
@@ -240,9 +284,10 @@ async def create(request: Request, gateway: Gateway, caller: Caller) -> Response
         spec.network = wpb.NETWORK_POLICY_BRIDGE
     elif internet is False:
         spec.network = wpb.NETWORK_POLICY_NONE
-    if body.get("network"):
-        # Egress rules are security settings: never accepted and then not applied.
-        raise Refused(400, "the network options are not served by sandboxd's E2B API; use allow_internet_access")
+    if body.get("network") is not None:
+        policy, rules = egress_of(body["network"], internet_default=internet is not False)
+        spec.network = policy
+        spec.allowed_hosts.extend(rules)
     idempotency = request.headers.get("idempotency-key", "")
     try:
         created = await gateway.workspaces.CreateWorkspace(
@@ -497,6 +542,17 @@ async def fork(request: Request, gateway: Gateway, caller: Caller) -> Response:
     return JSONResponse(items, status_code=201)
 
 
+async def update_network(request: Request, gateway: Gateway, caller: Caller) -> Response:
+    """``PUT /sandboxes/{id}/network``: the sandbox's egress replaced whole (:func:`egress_of`); 204."""
+    workspace = await _get(gateway, caller, request.path_params["sandbox_id"])
+    policy, rules = egress_of(await json_body(request), internet_default=True)
+    await gateway.network.UpdateNetwork(
+        npb.UpdateNetworkRequest(workspace_id=workspace.workspace_id, network=policy, allowed_hosts=rules),
+        metadata=caller.metadata(),
+    )
+    return Response(status_code=204)
+
+
 async def unsupported(request: Request, gateway: Gateway, caller: Caller) -> Response:
     """E2B's cloud features sandboxd has no counterpart for: 501, in E2B's error shape."""
     return error_response(
@@ -528,7 +584,7 @@ def control_routes(gateway: Gateway) -> list[Route]:
         route("/templates/{template_id:path}", delete_snapshot, "DELETE"),
         route("/sandboxes/{sandbox_id}/fork", fork, "POST"),
         route("/sandboxes/{sandbox_id}/metrics", unsupported, "GET"),
-        route("/sandboxes/{sandbox_id}/network", unsupported, "PUT"),
+        route("/sandboxes/{sandbox_id}/network", update_network, "PUT"),
         route("/templates", unsupported, "POST"),
         route("/v2/templates", unsupported, "POST"),
     ]

@@ -22,6 +22,7 @@ from connectrpc.errors import ConnectError
 from protobuf import Oneof
 from sandboxd_protocol.v1 import (
     file_service_pb2_grpc,
+    network_service_pb2_grpc,
     process_service_pb2_grpc,
     workspace_service_pb2_grpc,
 )
@@ -139,6 +140,7 @@ class Gateway:
         self.workspaces = workspace_service_pb2_grpc.WorkspaceServiceStub(self.channel)
         self.processes = process_service_pb2_grpc.ProcessServiceStub(self.channel)
         self.files = file_service_pb2_grpc.FileServiceStub(self.channel)
+        self.network = network_service_pb2_grpc.NetworkServiceStub(self.channel)
         self._working_dirs: dict[str, tuple[str, float]] = {}
 
     async def resolve(self, workspace_id: str, caller: Caller, path: str) -> str:

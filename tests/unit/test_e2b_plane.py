@@ -13,6 +13,7 @@ import pytest
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from sandboxd_protocol.v1 import process_service_pb2 as ppb
+from sandboxd_protocol.v1 import workspace_service_pb2 as wpb
 
 from sandboxd.e2b import control
 from sandboxd.e2b.envd.process import process_pb as epb
@@ -170,3 +171,35 @@ def test_a_follower_that_leaves_never_holds_the_pump_back() -> None:
         return await reading
 
     asyncio.run(scenario())
+
+
+def test_e2b_network_options_become_a_policy_and_an_allowlist_or_a_400() -> None:
+    """Deny-all with allowOut is the allowlist; deny-all alone no network; nothing denied the internet."""
+    policy, rules = control.egress_of(
+        {"denyOut": ["0.0.0.0/0"], "allowOut": ["example.com", "*.pypi.org", "10.1.0.0/16", "1.1.1.1"]},
+        internet_default=True,
+    )
+    assert policy == wpb.NETWORK_POLICY_ALLOWLIST
+    assert [r.host for r in rules] == ["example.com", "*.pypi.org", "10.1.0.0/16", "1.1.1.1"]
+    assert all(list(r.ports) == [] for r in rules)  # 80 and 443
+    assert control.egress_of({"denyOut": ["0.0.0.0/0"]}, internet_default=True) == (wpb.NETWORK_POLICY_NONE, [])
+    assert control.egress_of({}, internet_default=True) == (wpb.NETWORK_POLICY_BRIDGE, [])
+    assert control.egress_of({"allowOut": ["example.com"]}, internet_default=True) == (wpb.NETWORK_POLICY_BRIDGE, [])
+    # allow_internet_access false is E2B's deny-all: allowOut then narrows it to those hosts.
+    assert control.egress_of({"allowOut": ["example.com"]}, internet_default=False)[0] == wpb.NETWORK_POLICY_ALLOWLIST
+    assert control.egress_of({"allowPublicTraffic": True, "dnsServers": []}, internet_default=True)[0] == (
+        wpb.NETWORK_POLICY_BRIDGE
+    )
+    refused = [
+        {"denyOut": ["10.0.0.0/8"]},  # deny some only: not an allowlist
+        {"rules": {"api.example.com": {"headers": {"x": "y"}}}},
+        {"egressProxy": {"address": "socks5://x:1080"}},
+        {"maskRequestHost": "x.{PORT}.example"},
+        {"allowPublicTraffic": False},
+        {"allowOut": "example.com"},
+        "not an object",
+    ]
+    for network in refused:
+        with pytest.raises(control.Refused) as caught:
+            control.egress_of(network, internet_default=True)
+        assert caught.value.status == 400
