@@ -1,6 +1,6 @@
 """Workspace file semantics: ``cat -n`` reads, exact-string edits, atomic writes, images, trees.
 
-The semantics (SPEC §2.4 and §6, seed 000) are pure functions here:
+The semantics are pure functions here:
 :func:`format_page`, :func:`apply_edit`, :func:`unified_diff`,
 :func:`write_summary`, :func:`sniff_image`. :class:`FileManager` runs the
 primitive operations inside the container as the workspace user through the
@@ -83,21 +83,21 @@ log = structlog.get_logger(__name__)
 
 WORKSPACE_ROOT = "/workspace"
 DEFAULT_READ_LIMIT = 2000
-"""Lines per ReadFile page when the caller sets no limit (seed 000)."""
+"""Lines per ReadFile page when the caller sets no limit."""
 MAX_LINE_CHARS = 2000
-"""Characters of one line shown before it is cut (seed 000)."""
+"""Characters of one line shown before it is cut."""
 MAX_EDIT_BYTES = MAX_WRITE_BYTES
 """Largest file EditFile loads, in bytes."""
 DIFF_OLD_MAX_BYTES = 1024 * 1024
 """Largest old content WriteFile fetches to diff against, in bytes."""
 MAX_DIFF_HUNKS = 5
-"""Hunks shown before the rest of an edit is summarised (seed 000: "the first few")."""
+"""Hunks shown before the rest of an edit is summarised (the first few)."""
 MAX_WRITE_DIFF_LINES = 40
 """Changed lines a WriteFile report shows as a diff before it falls back to a +X/-Y summary."""
 MAX_DIFFED_LINES = 20000
 """Largest old + new line count WriteFile runs a diff search on (difflib is quadratic at worst)."""
 IMAGE_MAX_BYTES = 5 * 1024 * 1024
-"""Largest image ReadImage returns (seed 000: 5 MB)."""
+"""Largest image ReadImage returns: 5 MB."""
 _IMAGE_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "WEBP": "image/webp"}
 _BOM = b"\xef\xbb\xbf"
 _EDIT_ATTEMPTS = 50
@@ -148,7 +148,7 @@ class Page:
 
 
 def format_page(lines: Sequence[tuple[int, bytes]], *, first_line: int, total_lines: int) -> Page:
-    """Render lines in ``cat -n`` form (seed 000).
+    """Render lines in ``cat -n`` form.
 
     Args:
         lines: per line, its full length in characters and its first bytes.
@@ -226,7 +226,7 @@ class EditOutcome:
 def apply_edit(data: bytes, old: str, new: str, *, replace_all: bool, path: str) -> EditOutcome:
     """Replace ``old`` with ``new`` in a file's bytes, keeping everything else byte for byte.
 
-    Matching is exact (SPEC §6), except that in a file whose lines all end in
+    Matching is exact, except that in a file whose lines all end in
     CRLF, LF in ``old``/``new`` stands for CRLF. A UTF-8 BOM, tabs, invalid
     UTF-8 bytes, and the presence or absence of a final newline are kept.
 
@@ -451,7 +451,7 @@ def _diff_lines(prefix: str, lines: Sequence[str]) -> list[str]:
 
 
 def write_summary(path: str, new: bytes, old: bytes | None, *, old_size: int, created: bool) -> tuple[str, str]:
-    """The WriteFile report (seed 000): ``Created``/``Overwrote`` with counts, then a diff or ``+X/-Y``.
+    """The WriteFile report: ``Created``/``Overwrote`` with counts, then a diff or ``+X/-Y``.
 
     Args:
         path: the resolved path.
@@ -543,7 +543,7 @@ class WriteOutcome:
     """What WriteFile did, as it reports it."""
 
     message: str
-    """The report (seed 000): ``Created``/``Overwrote`` with counts, then a diff or ``+X/-Y``."""
+    """The report: ``Created``/``Overwrote`` with counts, then a diff or ``+X/-Y``."""
     created: bool
     """There was no file before."""
     diff: str
@@ -766,7 +766,7 @@ class FileManager:
         """Delete a file, link or (recursive) directory; return its resolved path.
 
         Raises:
-            InvalidSpecError: ``path`` is the root directory (C11: refused in plain words, before
+            InvalidSpecError: ``path`` is the root directory (refused in plain words, before
                 a recursive removal empties the workspace's root filesystem and then fails on
                 its mounts).
         """

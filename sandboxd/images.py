@@ -4,7 +4,7 @@ The recipe is ``images/base`` (shipped as the ``sandboxd_images`` package). Its
 Dockerfile takes the Debian base as a build argument: from a registry
 (``debian:bookworm-slim``) or, offline, a root filesystem made by
 ``debootstrap`` from Debian's package mirror and imported into Docker
-(SPEC §4: same result either way).
+(the same result either way).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def configure_logging(
         fmt: ``json``, ``console``, or ``auto`` (console on a TTY, JSON otherwise).
         stream: where log lines go; standard error by default.
         cache: cache loggers on first use (tests turn it off so they can capture logs).
-        mask: applied to every string field (hides secret values, seed 002).
+        mask: applied to every string field (hides secret values).
     """
     out = stream or sys.stderr
     use_console = fmt == "console" or (fmt == "auto" and out.isatty())

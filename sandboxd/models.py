@@ -79,7 +79,7 @@ class IdleAction(enum.StrEnum):
 
 
 class StopReason(enum.StrEnum):
-    """Why a process stopped; SPEC §2.3 ranks interrupted > timeout > failed > the rest."""
+    """Why a process stopped; ranked interrupted > timeout > failed > the rest."""
 
     EXITED = "exited"
     INTERRUPTED = "interrupted"
@@ -194,7 +194,7 @@ class ExecSpec:
     workdir: str = ""
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     yield_after_s: float | None = None
-    """Seconds to stream before yielding; None means the default (seed 000: 60 s)."""
+    """Seconds to stream before yielding; None means the default: 60 s."""
     timeout_s: float | None = None
     """Seconds before the command is killed; None means the daemon default."""
     max_output_bytes: int = 0
@@ -247,7 +247,7 @@ class ExitStatus:
     """Terminal event: how the top-level command ended."""
 
     exit_code: int
-    """The exit code; a death by signal N is 128+N (SPEC §6)."""
+    """The exit code; a death by signal N is 128+N."""
     signal: str = ""
     """Name of the signal that ended it, or empty."""
     stop_reason: StopReason = StopReason.EXITED

@@ -306,8 +306,8 @@ class OutputRelay:
 
         What lies beyond the head, here and still on its way up to ``end``, counts as dropped,
         reported where the head ends like a gap of the agent's own and acknowledged with it:
-        a caller that walked away from a fast stream finds at most the head unread (SPEC 2.3:
-        keep the head, count the rest). When it all fits in the head, what was held back is
+        a caller that walked away from a fast stream finds at most the head unread (the
+        head is kept, the rest counted). When it all fits in the head, what was held back is
         let go to callers. Returns the bytes dropped.
         """
         dropped = self._settle(end)

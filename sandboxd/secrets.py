@@ -1,4 +1,4 @@
-"""Secrets by reference (seed 002): ``secret:NAME`` env values, resolved late, masked on the way out.
+"""Secrets by reference: ``secret:NAME`` env values, resolved late, masked on the way out.
 
 A workspace or exec env value of exactly ``secret:NAME`` is replaced, only in
 the environment handed to the command, by the value from the secrets file

@@ -5,7 +5,7 @@ façade); ``Workspace`` handles run commands (``exec`` returns an ``ExecHandle``
 to iterate for live events or to ``wait()`` for an ``ExecResult``) and work on
 files. Errors are the ``SandboxError`` tree in ``errors``.
 
-For agent engines: ``Environment`` runs seed 000's tool calls (``tools``) with
+For agent engines: ``Environment`` runs the built-in tool calls (``tools``) with
 ``Approval`` and a ``Trace``; ``exports`` gives OpenAI and Anthropic schemas,
 ``config`` reads ``system_config.yaml``, ``mcp_server`` serves MCP.
 """

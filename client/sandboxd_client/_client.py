@@ -875,7 +875,7 @@ class SandboxClient:
         """Write ``chars`` (then raw ``data``) to a process's stdin and stream what it prints next.
 
         ``"\u0003"`` alone is Ctrl-C; empty ``chars`` only polls. The window
-        defaults to 250 ms after a write and 5 s for a poll (seed 000). While
+        defaults to 250 ms after a write and 5 s for a poll. While
         another call streams the process's output, this one returns at once.
         ``terminal_size`` resizes a tty process's terminal. ``data`` is written as
         it is and never read as Ctrl-C. Each call carries at most 1 MiB.

@@ -1,12 +1,12 @@
-"""Approval: exactly one allow/deny decision per complete tool call (seed 000, seed 003).
+"""Approval: exactly one allow/deny decision per complete tool call.
 
-Who asks (seed 003): a ``user`` call is never asked about -- the click is the
+Who asks: a ``user`` call is never asked about -- the click is the
 intent; an ``agent`` call follows the policy; a ``scheduler`` call may only run
 ``read`` tools, and "ask" counts as deny for it since nobody is there to answer.
 ``user_only`` tools refuse agent and scheduler calls.
 
 What the policy is: a per-effect policy (``{"read": "allow", "write": "ask"}``)
-when one is given for the tool's effect, otherwise the mode (seed 000):
+when one is given for the tool's effect, otherwise the mode:
 ``allow-all``, ``deny-all``, ``read-only`` (``r`` tools whose effect is
 ``read`` allowed, the rest asked) or ``always-ask``. Asking calls the ``approve`` callback; with no
 callback the answer is deny (the conservative default for unattended runs).
@@ -46,8 +46,8 @@ class Approval:
 
     Args:
         approve: the callback consulted when the rule is "ask".
-        mode: seed 000's approval mode.
-        policy: per-effect rules (seed 003) that take precedence over the mode.
+        mode: the approval mode.
+        policy: per-effect rules that take precedence over the mode.
     """
 
     def __init__(

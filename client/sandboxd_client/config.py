@@ -1,4 +1,4 @@
-"""``system_config.yaml``: ``tools.builtin`` replaces the default tool list (seed 000).
+"""``system_config.yaml``: ``tools.builtin`` replaces the default tool list.
 
 The list is not merged with the defaults: omit ``tools.builtin`` to get every
 default tool; write it, and exactly the tools listed are offered, each with its
@@ -46,7 +46,7 @@ ENTRY_SCHEMA: dict[str, Any] = {
         },
     },
 }
-"""JSON Schema of one ``tools.builtin`` entry (seed 000's ToolDefinitionConfig keys)."""
+"""JSON Schema of one ``tools.builtin`` entry (the keys of a ``ToolDefinitionConfig``)."""
 
 
 def tools_from_config(config: Mapping[str, Any] | None) -> list[ToolDefinitionConfig]:

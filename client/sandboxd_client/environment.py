@@ -1,4 +1,4 @@
-r"""The Environment: every tool call finishes the same way (seed 000's finishing rules).
+r"""The Environment: every tool call finishes the same way.
 
 For each complete call, in order: framing ``start`` (with the tool_call_id);
 exactly one approval decision (a denial is an ``aborted`` output of exactly
@@ -6,7 +6,7 @@ exactly one approval decision (a denial is an ``aborted`` output of exactly
 engine's abort signal, its partial output streamed as it comes; then the final
 output is built:
 
-1. model-facing text: ANSI sequences stripped, ``\r`` redraws collapsed (SPEC §6);
+1. model-facing text: ANSI sequences stripped, ``\r`` redraws collapsed;
 2. known secret values masked;
 3. cut to ``max_output_length`` characters keeping the head, with a marker
    counting what was left out (and naming the spill file with the whole output);
@@ -66,7 +66,7 @@ _CANCEL_WAIT_S = 5.0
 
 
 def merge_stop_reasons(*reasons: StopReason | None) -> StopReason:
-    """Seed 000's priority: interrupted > timeout > failed > the tool's own (default completed)."""
+    """The priority: interrupted > timeout > failed > the tool's own (default completed)."""
     present = [r for r in reasons if r]
     for reason in _PRIORITY:
         if reason in present:
@@ -103,7 +103,7 @@ class ToolCallOutput:
     note: str
     images: tuple[str, ...]
     untrusted: bool
-    """The text comes from the workspace: third-party content, not instructions (seed 003)."""
+    """The text comes from the workspace: third-party content, not instructions."""
     metadata: Mapping[str, Any]
     omitted_chars: int
 
@@ -213,7 +213,7 @@ class Environment:
 
     Args:
         workspace: where the tools act.
-        tools: the tools on offer; None means seed 000's defaults.
+        tools: the tools on offer; None means the default tools.
         approval: the approval rules; None means mode ``always-ask`` with no
             callback, i.e. every call that needs asking is denied.
         trace: where events go; None keeps them in memory (``trace.events``).

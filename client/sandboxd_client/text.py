@@ -1,6 +1,6 @@
 """Model-facing text: ANSI stripped, carriage-return redraws collapsed, head kept under a cap.
 
-SPEC §6: the model sees clean text (the raw bytes stay available to clients
+The model sees clean text (the raw bytes stay available to clients
 that want them); output over the cap is cut on a character boundary keeping
 the head, with a marker saying how many characters were left out.
 """
@@ -61,7 +61,7 @@ def clean(text: str) -> str:
 
 
 def cap(text: str, limit: int, *, omitted_before: int = 0) -> tuple[str, int]:
-    """Keep the first ``limit`` characters (seed 000: keep the head).
+    """Keep the first ``limit`` characters.
 
     Args:
         text: the text.
@@ -83,7 +83,7 @@ _ESCAPE_TAIL_CHARS = 256
 class CleanStream:
     """Clean text (``clean``) computed as chunks arrive, keeping at most ``limit`` characters.
 
-    Cleaning comes before the cap (SPEC §6), so a progress bar redrawn a million
+    Cleaning comes before the cap, so a progress bar redrawn a million
     times costs its final state, not a million frames, and nothing printed after
     a flood of escape codes is lost. Memory stays bounded: finished lines are kept
     up to ``limit`` characters and only counted past that; the line being drawn

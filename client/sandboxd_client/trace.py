@@ -1,4 +1,4 @@
-"""The trace: every tool-call event as one JSON line, keyed by tool_call_id (seed 000's Trace)."""
+"""The trace: every tool-call event as one JSON line, keyed by tool_call_id."""
 
 from __future__ import annotations
 

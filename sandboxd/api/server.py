@@ -205,7 +205,7 @@ def _read_pem(path: str, what: str) -> bytes:
 
 
 def _tcp_credentials(settings: Settings, authenticator: Authenticator) -> grpc.ServerCredentials:
-    """TLS credentials for the TCP listener (SPEC §2.1: TCP never goes unencrypted or unauthenticated).
+    """TLS credentials for the TCP listener: TCP never goes unencrypted or unauthenticated.
 
     Raises:
         InvalidSpecError: no certificate and key, or neither tokens nor a client CA.

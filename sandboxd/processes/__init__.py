@@ -6,7 +6,7 @@ callers have taken it (bounded, head kept, drops counted), and enforces its
 timeout; Exec and Input calls attach to the session and stream that output until
 the command exits or the caller's yield window closes. The :class:`ProcessTable`
 holds at most ``max_sessions`` sessions, a fair share per tenant, and evicts
-exited ones first, then the least recently used idle one (seed 000). Sessions
+exited ones first, then the least recently used idle one. Sessions
 outlive the daemon: a restarted daemon adopts them from the agents.
 
 Modules, lowest first: ``rules`` (the pure rules: yield windows, Ctrl-C, exit statuses),

@@ -26,7 +26,7 @@ NON_INTERACTIVE_ENV = {
     "VISUAL": "true",
     "GIT_MERGE_AUTOEDIT": "no",
 }
-"""SPEC §6 defaults for commands without a terminal; the caller's values win."""
+"""Environment defaults for commands without a terminal; the caller's values win."""
 
 EDITOR_ENV = frozenset({"GIT_EDITOR", "EDITOR", "VISUAL"})
 """Set together or not at all: a caller naming any of them has an editor that works without a

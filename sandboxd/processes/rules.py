@@ -43,16 +43,16 @@ MAX_TERMINAL_CELLS = 10_000
 
 
 MIN_YIELD_S = 0.25
-"""Shortest yield window (seed 000: 250 ms)."""
+"""Shortest yield window: 250 ms."""
 
 DEFAULT_YIELD_S = 60.0
-"""Exec yield window when the caller sets none (seed 000: 60000 ms)."""
+"""Exec yield window when the caller sets none: 60000 ms."""
 
 INPUT_WRITE_YIELD_S = 0.25
-"""Input window after a write when the caller sets none (seed 000: 250 ms)."""
+"""Input window after a write when the caller sets none: 250 ms."""
 
 INPUT_POLL_YIELD_S = 5.0
-"""Input window of a pure poll when the caller sets none (seed 000: 5000 ms)."""
+"""Input window of a pure poll when the caller sets none: 5000 ms."""
 
 CTRL_C_EXIT_WAIT_S = 1.0
 """Shortest window of an Input call that delivers Ctrl-C, in seconds. Dying of SIGINT takes a
@@ -60,17 +60,17 @@ loaded machine longer than the 250 ms of a write; the call still returns the mom
 exits, and a command that survives Ctrl-C (a REPL) costs the call this long at most."""
 
 CTRL_C = "\u0003"
-"""Input ``chars`` that mean Ctrl-C (seed 000), when they are all the call writes."""
+"""Input ``chars`` that mean Ctrl-C, when they are all the call writes."""
 
 _STOP_PRIORITY = (StopReason.INTERRUPTED, StopReason.TIMEOUT, StopReason.FAILED, StopReason.KILLED)
 
 
 MAX_KILL_GRACE_S = 60.0
-"""Longest grace a Kill may ask for between SIGTERM and SIGKILL (C12: a ladder always ends)."""
+"""Longest grace a Kill may ask for between SIGTERM and SIGKILL (a ladder always ends)."""
 
 
 def clamp_yield(requested_s: float | None, timeout_s: float, default_s: float = DEFAULT_YIELD_S) -> float:
-    """Clamp a yield window to ``[250 ms, timeout - 1 s]`` (SPEC §6).
+    """Clamp a yield window to ``[250 ms, timeout - 1 s]``.
 
     Args:
         requested_s: the caller's window in seconds, or None for ``default_s``.
@@ -85,10 +85,10 @@ def clamp_yield(requested_s: float | None, timeout_s: float, default_s: float = 
 
 
 def input_window(requested_s: float | None, *, wrote: bool, ctrl_c: bool, timeout_s: float) -> float:
-    """The window of one Input call, in seconds (seed 000, SPEC §2.3).
+    """The window of one Input call, in seconds.
 
     Args:
-        requested_s: the caller's window, or None for seed 000's default: 250 ms after
+        requested_s: the caller's window, or None for the default: 250 ms after
             a write (chars, raw data or closing stdin), 5 s for a pure poll.
         wrote: the call writes something.
         ctrl_c: the call delivers Ctrl-C; its window is then at least ``CTRL_C_EXIT_WAIT_S``,
@@ -116,7 +116,7 @@ def exit_status(
     spill_path: str = "",
     ctrl_c_delivered: bool = False,
 ) -> ExitStatus:
-    """Build the terminal status from the agent's report (SPEC §6 rules).
+    """Build the terminal status from the agent's report.
 
     A death by signal N is exit code 128+N with the signal's name. A shell's own
     exit code 129..192 is read the same way: that is how a shell reports a child
@@ -190,7 +190,7 @@ class InterruptPlan(enum.Enum):
 
 
 def interrupt_plan(os_name: str, *, tty: bool) -> InterruptPlan:
-    """Choose how Ctrl-C is delivered, from the container's OS (seed 000).
+    """Choose how Ctrl-C is delivered, from the container's OS.
 
     On Windows the agent's tree kill (a Job Object, else ``taskkill /T /F``) stands in for
     Ctrl-C, which cannot reach processes whose console is a pipe.

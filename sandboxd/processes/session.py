@@ -365,7 +365,7 @@ class ProcessSession:
 
         POSIX: SIGINT to the command's process group, or ETX (0x03) written to the
         terminal in tty mode so the line discipline delivers it. Windows: a tree
-        kill. Never escalates by itself (SPEC §6): a command that catches SIGINT
+        kill. Never escalates by itself: a command that catches SIGINT
         keeps running.
         """
         self.last_used = time.monotonic()
@@ -388,7 +388,7 @@ class ProcessSession:
                 await self._deliver(lambda channel: channel.kill(0.0))
 
     async def abandon(self) -> None:
-        """Ctrl-C a command whose starting call left before it streamed (a cancel, SPEC §2.3).
+        """Ctrl-C a command whose starting call left before it streamed (a cancel).
 
         If it still runs ``kill_grace_s`` later and no call has streamed it since, its whole
         tree is ended (stop reason ``interrupted``): its caller may never have received the
@@ -472,7 +472,7 @@ class ProcessSession:
             raise FailedPreconditionError(msg)
 
     async def kill(self, *, reason: StopReason = StopReason.KILLED, grace_s: float | None = None) -> ExitStatus:
-        """SIGTERM everything the command started, wait ``grace_s``, then SIGKILL (SPEC §6).
+        """SIGTERM everything the command started, wait ``grace_s``, then SIGKILL.
 
         An exited command's leftovers (``server &``) are killed at once.
 

@@ -319,7 +319,7 @@ class OutputStream:
                 await self.caller_left(streamed=True)
 
     async def caller_left(self, *, streamed: bool) -> None:
-        """A call left before its terminal event: that is a cancel, so Ctrl-C (SPEC §2.3).
+        """A call left before its terminal event: that is a cancel, so Ctrl-C.
 
         The one place of this rule. A daemon that stops leaves its commands alone (its drain
         ended the call; the next daemon adopts them). A caller that left right after

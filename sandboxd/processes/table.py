@@ -318,7 +318,7 @@ class ProcessTable:
     def yield_all(self) -> None:
         """The daemon's grace is over: every call streaming a command yields now, with its process id.
 
-        The caller polls that process id again once a daemon serves (C13): the command runs on,
+        The caller polls that process id again once a daemon serves: the command runs on,
         for the next daemon to adopt; nothing is interrupted.
         """
         self.stop_interrupting()
@@ -329,7 +329,7 @@ class ProcessTable:
     def stop_interrupting(self) -> None:
         """The daemon is stopping: a stream that ends now (its call ended by the stop) Ctrl-Cs nothing.
 
-        A caller who leaves an exec's stream early means Ctrl-C (SPEC §2.3); a daemon that stops
+        A caller who leaves an exec's stream early means Ctrl-C; a daemon that stops
         does not: its commands run on, for the next daemon to adopt.
         """
         self._stopping = True

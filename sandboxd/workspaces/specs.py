@@ -164,7 +164,7 @@ CAPABILITIES = frozenset(
         "WAKE_ALARM",
     ]
 )
-"""Linux capability names a caller may add back (SPEC §2.2: all are dropped by default)."""
+"""Linux capability names a caller may add back (all are dropped by default)."""
 
 MIN_IDLE_TTL_S = 1.0
 """Shortest idle TTL other than 0 (never): the idle reaper looks once a second."""
@@ -437,7 +437,7 @@ def container_spec(
 
 
 def workspace_dirs(resolved: WorkspaceSpec) -> tuple[str, ...]:
-    """The directories a workspace is made with, each to belong to its user (shared/cases/C15).
+    """The directories a workspace is made with, each to belong to its user.
 
     The agent makes each one that is missing and gives the user what it made, and each the
     engine made for it (empty, root's); an image's own directory is left as it is
@@ -581,7 +581,7 @@ def _resolve_limits(limits: ResourceLimits, s: Settings) -> ResourceLimits:
     cpu = limits.cpu_millis or s.default_cpu_millis
     max_cpu = 1000 * (os.cpu_count() or 1)
     if not MIN_CPU_MILLIS <= cpu <= max_cpu:
-        # Checked here (C11): the engine's own refusal is a Go unmarshalling error.
+        # Checked here: the engine's own refusal is a Go unmarshalling error.
         msg = f"limits.cpu_millis must be between {MIN_CPU_MILLIS} and {max_cpu} (this machine's CPUs), got {cpu}"
         raise InvalidSpecError(msg)
     pids = limits.pids or s.default_pids

@@ -1,4 +1,4 @@
-"""Seed 000's tools through the Environment, against a real daemon and real Docker (issue 5)."""
+"""The built-in agent tools through the Environment, against a real daemon and real Docker (issue 5)."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ class TestExecOutputCap:
         [("x\\r\\ny\\n", "x\r\ny\n"), ("a\\rb\\n", "b\n"), ("a\\r\\r\\nb\\n", "a\r\nb\n")],
     )
     async def test_crlf_reaches_the_model(self, workspace, printed: str, shown: str) -> None:
-        """An intentional CRLF stays in the model's text and in the partial events; a redraw collapses (C04)."""
+        """An intentional CRLF stays in the model's text and in the partial events; a redraw collapses."""
         env = environment(workspace)
         call = ToolCall(
             tool_call_id="crlf", name="exec_command", arguments={"description": "d", "cmd": f"printf '{printed}'"}
@@ -142,7 +142,7 @@ class TestCommandSessions:
         assert (ended.metadata["process_id"], ended.metadata["exit_code"]) == (None, 0)
 
     async def test_short_yield_is_clamped_and_said(self, workspace) -> None:
-        """yield_time_ms 100 waits 250 ms and says so; a negative one is an error in words (C05)."""
+        """yield_time_ms 100 waits 250 ms and says so; a negative one is an error in words."""
         env = environment(workspace)
         first = await run(env, "exec_command", cmd="sleep 3", yield_time_ms=100)
         process_id = first.metadata["process_id"]
@@ -253,7 +253,7 @@ class TestCommandSessions:
 
 class TestFileTools:
     async def test_write_read_edit(self, workspace) -> None:
-        """write_file, read_file and edit_file give seed 000's messages."""
+        """write_file, read_file and edit_file give their standard messages."""
         env = environment(workspace)
         written = await run(env, "write_file", file_path="notes.txt", content="alpha\nbeta\n")
         assert written.output == "Created /workspace/notes.txt (2 lines, 11 bytes)"
@@ -395,7 +395,7 @@ class TestCommandLineAndMcp:
             3,
             "completed",
         )
-        assert message["process_id"] is None  # finished: seed 000 gives a process_id only to a running command
+        assert message["process_id"] is None  # finished: only a running command has a process_id
 
     async def test_mcp_client_session(self, daemon, workspace_id) -> None:
         """A real MCP client lists the tools and runs exec_command on a real workspace."""

@@ -1,4 +1,4 @@
-"""A create either completes or leaves nothing its caller cannot find (C14).
+"""A create either completes or leaves nothing its caller cannot find.
 
 A container stays provisionally named until its create is complete (its agent answered);
 a daemon killed before then leaves it to its successor, which removes it. The client holds

@@ -1,4 +1,4 @@
-"""A Ctrl-C is never lost, however early it lands in a command's start (C10).
+"""A Ctrl-C is never lost, however early it lands in a command's start.
 
 A login shell swallows a SIGINT that arrives while it waits for a child that then exits
 normally: Debian's ``/etc/profile`` runs ``$(id -u)``, so a Ctrl-C some 12 ms into
@@ -93,8 +93,8 @@ async def test_ctrl_c_while_the_profile_waits_on_a_child_is_delivered(client, wo
 async def test_ctrl_c_through_a_profile_longer_than_the_bound_is_not_swallowed(client, workspace) -> None:
     """A start slower than the 3 s a Ctrl-C is held for (a loaded machine's): the bound sends it to
     the shell while it waits for a profile's child that ignores it and then exits normally, which
-    swallows it; the shell then reaches the command, and gets it once more there (C17: under 128
-    callers a ``sleep 30`` Ctrl-C'd 0.6 s into a 3.8 s start ran its course)."""
+    swallows it; the shell then reaches the command, and gets it once more there (once, under 128
+    callers, a ``sleep 30`` Ctrl-C'd 0.6 s into a 3.8 s start ran its course)."""
     # The child closes its output at once: the shell is past reading it, in its wait, when the
     # bound's SIGINT comes, as a loaded `$(id -u)` can leave it.
     await _write_profile(workspace, "echo in-profile; swallow=$(exec >&-; trap '' INT; sleep 4)\n")

@@ -1,4 +1,4 @@
-"""Ctrl-C's stop reason says what ended the command, not which call saw it or how the Ctrl-C came (C08).
+"""Ctrl-C's stop reason says what ended the command, not which call saw it or how the Ctrl-C came.
 
 ``interrupted`` exactly when the command died of SIGINT after a Ctrl-C reached it; a command
 that caught the Ctrl-C keeps the reason of whatever ended it later.
@@ -128,9 +128,9 @@ async def load(client) -> AsyncIterator[None]:  # type: ignore[no-untyped-def]
     """One of the two cores kept busy in a neighbour workspace, and loops of `true` keeping the engine
     and the daemon busy.
 
-    Much lighter than the trial that found C08 (31 workspaces x 4 loops on both cores): the suite's
-    other tests run beside this one and must not be starved, and the tests above pin the rule
-    deterministically; this one checks it end to end under load.
+    Much lighter than the trial that first showed a wrong stop reason (31 workspaces x 4 loops on both
+    cores): the suite's other tests run beside this one and must not be starved, and the tests above pin
+    the rule deterministically; this one checks it end to end under load.
     """
     neighbours = [await client.create_workspace(cpu_millis=1000, labels={"test": "ctrl-c-load"}) for _ in range(2)]
     stop = asyncio.Event()

@@ -96,7 +96,7 @@ async def test_sigterm_under_load_drains_within_the_grace_and_loses_no_workspace
         # Before the signal: all fine. After it: results, or UNAVAILABLE (nothing else, no hang).
         assert {outcome for at, outcome in outcomes if at < signalled} == {"ok"}
         # The stream still open at the grace ended with a final event: yielded, naming the process
-        # to poll once a daemon serves again (C13).
+        # to poll once a daemon serves again.
         assert isinstance(long_end, Yielded), long_end
         assert long_end.process_id == long_call.process_id
         assert {outcome for _, outcome in outcomes} <= {"ok", "UNAVAILABLE"}, [

@@ -99,7 +99,7 @@ class TestTeardown:
         """A command whose Exec was cancelled before it streamed, and which survives the Ctrl-C
         (here it ignores SIGINT), is ended
         after the kill grace: its caller may never have had its process id. One that a call
-        streams in the meantime is somebody's, and Ctrl-C never escalates for it (SPEC §6)."""
+        streams in the meantime is somebody's, and Ctrl-C never escalates for it."""
         thread = DaemonThread(make_settings(tmp_path, kill_grace_s=0.5)).start()
         try:
             async with SandboxClient(socket_path=thread.socket_path, retries=False) as client:

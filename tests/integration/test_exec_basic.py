@@ -138,7 +138,7 @@ class TestEnvironmentAndWorkdir:
         assert result.stdout == "hi there"
 
     async def test_login_shell(self, workspace) -> None:
-        """Commands run under bash as a login shell (seed 000: bash -lc)."""
+        """Commands run under bash as a login shell: bash -lc."""
         result = await workspace.exec("shopt -q login_shell && echo login; echo $0").wait()
         assert result.stdout == "login\nbash\n"
 

@@ -219,7 +219,7 @@ class TestKillAndTimeout:
         assert (exited.exit_code, exited.signal, exited.stop_reason) == (143, "SIGTERM", "killed")
 
     async def test_a_shorter_kill_brings_a_running_ladder_forward(self, client, workspace) -> None:
-        """C12: Kill(grace 50 s) of a command ignoring SIGTERM, then Kill(grace 0.5 s): SIGKILL within seconds."""
+        """Kill(grace 50 s) of a command ignoring SIGTERM, then Kill(grace 0.5 s): SIGKILL within seconds."""
         process_id = await start_trapped(workspace, "trap 'echo TERM >> term' TERM", "while :; do sleep 0.1; done")
         first = asyncio.create_task(client.kill(process_id, grace_s=50))
         # The first ladder has begun once its SIGTERM has landed (and been shrugged off).
@@ -234,7 +234,7 @@ class TestKillAndTimeout:
         assert (await asyncio.wait_for(first, 10)).signal == "SIGKILL"
 
     async def test_a_kill_grace_past_the_bound_is_refused(self, client, workspace) -> None:
-        """C12: a grace over 60 s (a ladder that would never end) is INVALID_ARGUMENT, naming the bound."""
+        """A grace over 60 s (a ladder that would never end) is INVALID_ARGUMENT, naming the bound."""
         process_id = await start_yielded(workspace, "sleep 1000")
         with pytest.raises(InvalidArgumentError, match=r"grace must be at most 60 s, got 1e\+10 s"):
             await client.kill(process_id, grace_s=1e10)
@@ -251,7 +251,7 @@ class TestKillAndTimeout:
         exited = events[-1]
         assert isinstance(exited, Exited)
         assert exited.stop_reason == "timeout"
-        # The ladder reports the signal that actually ended the command (SPEC §6): all three obey SIGTERM.
+        # The ladder reports the signal that actually ended the command: all three obey SIGTERM.
         assert (exited.exit_code, exited.signal) == (143, "SIGTERM")
         assert elapsed < 5
         assert await ps(workspace, r"sleep 100[01]|python3 -c while True: pass") == []
@@ -640,7 +640,7 @@ class TestSessions:
         return task
 
     async def test_an_exited_session_still_delivering_is_never_evicted(self, tmp_path, docker_client) -> None:
-        """C17: a command has exited but its output has not come yet; a caller streams it; a new command
+        """A command has exited but its output has not come yet; a caller streams it; a new command
         fills the workspace. The streamed session is not evicted (the idle one is), and its caller gets
         every byte and the exit: never a clean exit with output missing."""
         settings = make_settings(tmp_path, workspace_max_sessions=2, heartbeat_interval_s=0.2, output_memory_bytes=1)

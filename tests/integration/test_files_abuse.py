@@ -393,21 +393,21 @@ class TestAgentTools:
 class TestRootDirectory:
     @pytest.mark.parametrize("path", ["/", "//", "/./", "/tmp/.."])
     async def test_removing_the_root_is_refused_in_plain_words(self, client, workspace, path: str) -> None:
-        """C11: Remove("/") was INTERNAL "Device or resource busy", after emptying what it could."""
+        """Remove("/") was INTERNAL "Device or resource busy", after emptying what it could."""
         with pytest.raises(InvalidArgumentError, match=r"^refusing to remove / \(the workspace's root directory\)"):
             await client.remove(workspace.workspace_id, path, recursive=True)
         assert (await workspace.exec("ls /bin/sh /etc/hostname").wait()).exit_code == 0  # nothing went
 
     @pytest.mark.parametrize("path", ["/proc/self/root/", "/tmp/to-root/", "/tmp/to-root/."])
     async def test_the_root_reached_another_way_is_refused_too(self, client, workspace, path: str) -> None:
-        """C11: the agent refuses the directory that is its root, however it was named (a link, /proc)."""
+        """The agent refuses the directory that is its root, however it was named (a link, /proc)."""
         assert (await workspace.exec("ln -s / /tmp/to-root").wait()).exit_code == 0
         with pytest.raises(InvalidArgumentError, match=r": it is the workspace's root directory$"):
             await client.remove(workspace.workspace_id, path, recursive=True)
         assert (await workspace.exec("ls /bin/sh /etc/hostname /tmp/to-root").wait()).exit_code == 0
 
     async def test_a_mount_point_is_a_failed_precondition_not_internal(self, client) -> None:
-        """C11: EBUSY (the engine's /etc/hostname is a mount) was INTERNAL through the agent's "io" code."""
+        """EBUSY (the engine's /etc/hostname is a mount) was INTERNAL through the agent's "io" code."""
         ws = await client.create_workspace(user="root", labels={"test": "busy"})  # /etc is root's
         try:
             with pytest.raises(FailedPreconditionError, match=r"^/etc/hostname: Device or resource busy \(a mount"):

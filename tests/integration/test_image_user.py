@@ -1,4 +1,4 @@
-"""Any image's own user owns its workspace (shared/cases/C15, issue 27 item 1).
+"""Any image's own user owns its workspace (issue 27 item 1).
 
 The engine makes a missing ``/workspace`` (the volume's mount point) and a missing working
 directory as root, mode 0755, while commands run as the image's USER or the spec's user. The

@@ -1,4 +1,4 @@
-"""A client in a long-lived process reconnects at once after a daemon restart (C09)."""
+"""A client in a long-lived process reconnects at once after a daemon restart."""
 
 from __future__ import annotations
 

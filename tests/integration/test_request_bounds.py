@@ -1,4 +1,4 @@
-"""Oversized requests cost the daemon nothing but their bytes; every field is bounded; listings page (C06).
+"""Oversized requests cost the daemon nothing but their bytes; every field is bounded; listings page.
 
 Against a real daemon in its own process, so that its memory, log and audit trail can be measured.
 """

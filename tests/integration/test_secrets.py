@@ -1,4 +1,4 @@
-"""Secrets by reference (seed 002): injected into the command only, masked in everything that leaves."""
+"""Secrets by reference: injected into the command only, masked in everything that leaves."""
 
 from __future__ import annotations
 

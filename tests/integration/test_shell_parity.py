@@ -1,4 +1,4 @@
-"""A command behaves exactly as under a real ``bash -lc``, in a spare login shell or a cold one (C16, issue 25).
+"""A command behaves exactly as under a real ``bash -lc``, in a spare login shell or a cold one (issue 25).
 
 Each command of the battery runs three ways in the same container: a real ``bash -lc CMD``
 through ``docker exec`` (the reference, as the user with the same environment), sandboxd with
@@ -233,7 +233,7 @@ async def test_an_edited_profile_is_seen_by_the_next_command(workspace) -> None:
 
 
 async def test_a_sigterm_ignoring_command_under_the_ladder_reports_its_own_137(client, workspace) -> None:
-    """C16: a command that ignores SIGTERM is its shell's pid: the ladder's SIGKILL ends it, 137, cold and warm."""
+    """A command that ignores SIGTERM is its shell's pid: the ladder's SIGKILL ends it, 137, cold and warm."""
     command = (
         "python3 -c 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
         'signal.signal(signal.SIGINT, signal.SIG_IGN); print("ready", flush=True); time.sleep(3600)\''

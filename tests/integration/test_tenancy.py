@@ -360,7 +360,7 @@ class TestIsolation:
 
 
 class TestSessionCaps:
-    """The session cap is each workspace's: no tenant can take another's sessions (C07, C17)."""
+    """The session cap is each workspace's: no tenant can take another's sessions."""
 
     @pytest.fixture
     def two_tenants(self, tmp_path: Path, default_image: str):  # type: ignore[no-untyped-def]

@@ -42,7 +42,7 @@ class TestText:
         ],
     )
     def test_crlf_is_a_line_ending_not_a_redraw(self, raw: str, shown: str) -> None:
-        """A CR right before a newline is kept (CRLF); only a CR followed by more text redraws (C04)."""
+        """A CR right before a newline is kept (CRLF); only a CR followed by more text redraws."""
         assert collapse_redraws(raw) == shown
         for size in (1, 2, 3):  # the same, fed as a stream in any split
             stream = CleanStream(0)
@@ -143,7 +143,7 @@ class TestApproval:
         assert "only be used by the user" in refused.reason
 
     async def test_effect_policy_overrides_mode(self) -> None:
-        """A per-effect policy decides before the mode does (seed 003)."""
+        """A per-effect policy decides before the mode does."""
         approval = Approval(mode="allow-all", policy={"write": "deny"})
         definitions = builtin_definitions()
         assert (await approval.decide(_call("write_file"), definitions["write_file"], "agent")).decision == "deny"
@@ -161,8 +161,8 @@ class TestApproval:
 
 
 class TestDefinitions:
-    def test_seed_000_table(self) -> None:
-        """Names, permissions, timeouts and model kinds are seed 000's."""
+    def test_the_default_table(self) -> None:
+        """Names, permissions, timeouts and model kinds are the standard ones."""
         table = {d.name: (d.permission, d.timeout_ms, d.for_model) for d in default_definitions()}
         assert table == {
             "exec_command": ("rw", 120_000, None),
@@ -175,7 +175,7 @@ class TestDefinitions:
         }
         assert all(d.max_output_length == 16_000 for d in default_definitions())
 
-    def test_descriptions_follow_seed_002(self) -> None:
+    def test_descriptions_are_three_lines_of_what_when_and_precondition(self) -> None:
         """Three English lines (What / When / Precondition), each 60-200 characters."""
         for definition in builtin_definitions().values():
             lines = definition.description.split("\n")
@@ -195,7 +195,7 @@ class TestDefinitions:
                 assert "description" not in properties
 
     def test_optional_arguments_declare_defaults(self) -> None:
-        """Every optional argument has a default (seed 002)."""
+        """Every optional argument has a default."""
         for definition in builtin_definitions().values():
             required = set(definition.parameters["required"])
             for name, schema in definition.parameters["properties"].items():
@@ -271,7 +271,7 @@ class TestArguments:
         ],
     )
     def test_yield_is_clamped_with_a_note(self, tool: str, requested: int | None, window_s: float, note: str) -> None:
-        """Seed 000's yield range is a clamp: short or long values are moved into it and the note says so (C05)."""
+        """The yield range is a clamp: short or long values are moved into it and the note says so."""
         from sandboxd_client.tools._builtin import yield_window
 
         definition = builtin_definitions()[tool]

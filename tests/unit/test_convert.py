@@ -127,7 +127,7 @@ class TestEvents:
 
 
 class TestDurations:
-    """Every Duration a caller sends is checked as its field (C12): well-formed, not negative, bounded."""
+    """Every Duration a caller sends is checked as its field: well-formed, not negative, bounded."""
 
     @pytest.mark.parametrize(
         ("seconds", "nanos", "message"),

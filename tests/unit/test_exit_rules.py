@@ -1,4 +1,4 @@
-"""Exit status, stop reason and yield-window rules (SPEC §6; no Docker)."""
+"""Exit status, stop reason and yield-window rules (no Docker)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class TestExitStatus:
 
     @pytest.mark.parametrize(("code", "number"), [(130, 2), (130, 0)])
     def test_sigint_death_after_a_ctrl_c_is_interrupted(self, code: int, number: int) -> None:
-        """A death by SIGINT (or a shell's 130) after a Ctrl-C reached it is interrupted, seen whenever (C08)."""
+        """A death by SIGINT (or a shell's 130) after a Ctrl-C reached it is interrupted, seen whenever."""
         status = _status(exit_code=code, signal_number=number, ctrl_c_delivered=True)
         assert (status.signal, status.stop_reason) == ("SIGINT", StopReason.INTERRUPTED)
 
@@ -87,7 +87,7 @@ class TestExitStatus:
 
 class TestClampYield:
     def test_default_is_60_s(self) -> None:
-        """No request means 60 s (seed 000) when the timeout allows it."""
+        """No request means 60 s when the timeout allows it."""
         assert clamp_yield(None, 1800) == 60
 
     def test_minimum_250_ms(self) -> None:
@@ -106,7 +106,7 @@ class TestClampYield:
 
 class TestInputWindow:
     def test_seed_defaults(self) -> None:
-        """250 ms after a write, 5 s for a pure poll (seed 000)."""
+        """250 ms after a write, 5 s for a pure poll."""
         assert input_window(None, wrote=True, ctrl_c=False, timeout_s=1800) == 0.25
         assert input_window(None, wrote=False, ctrl_c=False, timeout_s=1800) == 5.0
 
@@ -116,7 +116,7 @@ class TestInputWindow:
         assert input_window(100, wrote=False, ctrl_c=False, timeout_s=30) == 29
 
     def test_ctrl_c_waits_for_the_death_a_little_longer(self) -> None:
-        """A Ctrl-C call's window is at least 1 s, so the death it causes is usually seen in it (C08)."""
+        """A Ctrl-C call's window is at least 1 s, so the death it causes is usually seen in it."""
         assert input_window(None, wrote=False, ctrl_c=True, timeout_s=1800) == 1.0
         assert input_window(0.25, wrote=False, ctrl_c=True, timeout_s=1800) == 1.0
         assert input_window(3.0, wrote=False, ctrl_c=True, timeout_s=1800) == 3.0

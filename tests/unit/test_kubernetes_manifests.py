@@ -366,7 +366,7 @@ def test_names_and_label_values_are_always_valid() -> None:
 
 
 def test_the_agent_gives_the_user_its_workspace_and_working_directory() -> None:
-    """The agent's command line names the user and each directory made for it (shared/cases/C15)."""
+    """The agent's command line names the user and each directory made for it."""
     spec = _container(WorkspaceSpec(working_dir="/srv/app", security=SecurityOptions(user="4242")))
     assert spec.entrypoint == ("/.sandboxd/sandboxd-agent", "serve", "--own", "4242", "/workspace", "/srv/app")
     assert _only(workspace_pod(spec, CLUSTER))["command"] == list(spec.entrypoint)

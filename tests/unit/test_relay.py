@@ -308,7 +308,7 @@ class Meter:
 
 
 class TestNothingLostSilently:
-    """A stream ends with all output and the exit, or a gap of the missing bytes and the exit (C17)."""
+    """A stream ends with all output and the exit, or a gap of the missing bytes and the exit."""
 
     def test_a_close_before_the_output_came_is_a_gap_of_what_is_missing(self) -> None:
         output = relay()

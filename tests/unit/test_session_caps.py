@@ -59,7 +59,7 @@ async def evict(processes: ProcessTable, sessions: list[Session]) -> str:
 
 class TestEviction:
     async def test_an_exited_session_a_call_still_streams_is_never_evicted(self) -> None:
-        """C17: the exited session whose caller is still taking its output stays; an idle one goes."""
+        """The exited session whose caller is still taking its output stays; an idle one goes."""
         ws = Context("ws")
         streamed = Session("p-000000000001", ws, running=False, idle=False, last_used=1.0)
         idle_exited = Session("p-000000000002", ws, running=False, idle=True, last_used=5.0)

@@ -10,7 +10,7 @@ from sandboxd.settings import Settings
 
 class TestFromEnv:
     def test_defaults(self) -> None:
-        """With an empty environment every default holds (seed 000 and SPEC values)."""
+        """With an empty environment every default holds."""
         settings = Settings.from_env({})
         assert (settings.workspace_max_sessions, settings.tenant_max_sessions) == (64, 0)
         assert settings.output_memory_bytes == 256 * 1024**2

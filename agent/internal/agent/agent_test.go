@@ -251,7 +251,7 @@ func TestExitStatuses(t *testing.T) {
 		{command: "echo hi", output: "hi\n", code: 0},
 		{command: "echo out; echo err >&2; exit 7", output: "out\nerr\n", code: 7, merge: true},
 		{command: "kill -9 $$", code: 137, signal: 9},
-		// A single simple command replaces its shell, as under a real bash -lc (C16): the
+		// A single simple command replaces its shell, as under a real bash -lc: the
 		// signal is the command's own, and bash prints no "Terminated" of its own.
 		{command: "sh -c 'kill -TERM $$'", code: 143, signal: 15, output: "", merge: true},
 		{command: "-version 2>&1", code: 127, output: "bash: line 1: -version: command not found\n", merge: true}, // not an option of bash's
@@ -276,7 +276,7 @@ func TestExitStatuses(t *testing.T) {
 }
 
 func TestTheKillLadderEndsTheCommandItself(t *testing.T) {
-	// C16: the command that ignores SIGTERM is the shell's pid (a single simple command
+	// The command that ignores SIGTERM is the shell's pid (a single simple command
 	// replaces its shell), so the ladder's SIGKILL ends it and its own 137 is reported, not
 	// the 143 of a shell that stayed between.
 	d, _ := connect(t)

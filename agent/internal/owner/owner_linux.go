@@ -1,5 +1,5 @@
 // Package owner gives the directories a workspace is made with (its /workspace, its working
-// directory) to the user its commands run as, whatever the image says (shared/cases/C15).
+// directory) to the user its commands run as, whatever the image says.
 //
 // The engine makes a missing mount point or working directory as root, mode 0755, while
 // commands run as the image's USER or the spec's user: without this, an image with USER 1000

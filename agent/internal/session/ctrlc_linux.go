@@ -22,7 +22,7 @@ const shellStartBound = 3 * time.Second
 
 // awaitShell holds a Ctrl-C until the shell has read its profile. A shell that gets
 // SIGINT while it waits for a child which then exits normally (the profile's `$(id -u)`)
-// takes the signal as the child's and goes on: the Ctrl-C was lost (C10). One that gets
+// takes the signal as the child's and goes on: the Ctrl-C was lost. One that gets
 // it as it forks can, under gVisor, spin for ever beside the child's zombie. Once it has
 // written its ready byte it forks nothing more before the command (the hook, package
 // shell): blocked in `read` for its command (alias mode) or for the go line, it dies of the
@@ -47,7 +47,7 @@ func (s *Session) awaitShell(l *launched) {
 	s.shellStarted()
 	if again {
 		// A Ctrl-C sent during a slow profile (by the bound, or by the caller after it), and the
-		// shell went on to its command: it took the signal as a child's (C10). Blocked in read
+		// shell went on to its command: it took the signal as a child's. Blocked in read
 		// now, it dies of this one at once.
 		_ = syscall.Kill(-pid, syscall.SIGINT)
 	}
@@ -163,7 +163,7 @@ func (s *Session) isTheShell(pid int) bool {
 //
 // The shell is watched for swallowWatch, and longer while it has not had the CPU to get
 // anywhere: on a loaded machine a shell may wait seconds between the signal and its execve,
-// runnable all along, and a watch that ended first lost the Ctrl-C (C17). One that sleeps
+// runnable all along, and a watch that ended first lost the Ctrl-C. One that sleeps
 // (it waits for a child: it did not take the execve path) or has run for swallowCPU since
 // is done with the signal.
 func (s *Session) interruptAgainIfSwallowed(pid int) {

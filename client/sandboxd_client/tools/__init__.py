@@ -1,4 +1,4 @@
-"""Seed 000's tool interface over sandboxd: definitions, built-in tools, and their assembly.
+"""The agent tool interface over sandboxd: definitions, built-in tools, and their assembly.
 
 ``default_tools(model="vision")`` gives the tools an engine offers a vision
 model (``read_image``); ``model="text-only"`` swaps in ``describe_image``.
@@ -58,5 +58,5 @@ def assemble(
 
 
 def default_tools(*, model: Literal["vision", "text-only"] = "vision") -> list[BuiltinTool]:
-    """Seed 000's default tool set for a vision or a text-only model."""
+    """The default tool set for a vision or a text-only model."""
     return assemble(default_definitions(), model=model)

@@ -1,4 +1,4 @@
-"""The built-in tools: thin adapters from seed 000's arguments to sandboxd calls.
+"""The built-in tools: thin adapters from the tools' arguments to sandboxd calls.
 
 Each ``execute`` yields partial output (``str``) and ends with one
 :class:`ToolResult`. Errors are raised; the Environment turns them into output.
@@ -16,7 +16,7 @@ from ._types import StopReason, ToolDefinitionConfig, ToolExecutionContext, Tool
 __all__ = ["IMPLEMENTATIONS", "ToolArgumentError", "ToolError", "make_tool"]
 
 MIN_YIELD_MS = 250
-"""Seed 000: yield_time_ms is at least 250."""
+"""yield_time_ms is at least 250."""
 DEFAULT_EXEC_YIELD_MS = 60_000
 INPUT_WRITE_YIELD_MS = 250
 INPUT_POLL_YIELD_MS = 5_000
@@ -61,7 +61,7 @@ def _integer(args: Mapping[str, Any], name: str, default: int | None) -> int | N
 def yield_window(args: Mapping[str, Any], default_ms: int, definition: ToolDefinitionConfig) -> tuple[float, str]:
     """The ``yield_time_ms`` argument as a window in seconds, clamped, and a note when it was.
 
-    Seed 000 / SPEC §6: at least 250 ms, and under the tool's timeout by a second. Models
+    At least 250 ms, and under the tool's timeout by a second. Models
     often send short yields (a quick look): a value outside the range is clamped, not
     refused, and the note (``[yield_time_ms 100 raised to 250]``) tells the model so.
 
@@ -131,7 +131,7 @@ async def _drive(handle: ExecHandle, clamped: str = "") -> AsyncIterator[str | T
                     metadata={
                         "exit_code": event.exit_code,
                         "signal": event.signal,
-                        # Seed 000: a process_id only while the command runs on; a finished one has none.
+                        # A process_id only while the command runs on; a finished one has none.
                         "process_id": None,
                         "spill_path": event.spill_path,
                     },

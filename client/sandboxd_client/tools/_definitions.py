@@ -1,4 +1,4 @@
-"""The built-in tool definitions (seed 000), written to seed 002's description rules.
+"""The built-in tool definitions, their descriptions written to the rules below.
 
 Descriptions are English, three lines -- What / When / Precondition -- each
 60 to 200 characters. Command tools carry a required ``description`` argument,
@@ -267,12 +267,12 @@ DEFAULT_TOOL_NAMES = (
     "read_image",
     "describe_image",
 )
-"""The default set (seed 000's tools that sandboxd serves); subagent tools belong to the engine."""
+"""The default set (every standard tool sandboxd serves); subagent tools belong to the engine."""
 EXTRA_TOOL_NAMES = ("kill_command",)
 """Built in, but only used when a configuration lists them."""
 
 
 def default_definitions() -> list[ToolDefinitionConfig]:
-    """The default tool list, in seed 000's order."""
+    """The default tool list, in the order of ``DEFAULT_TOOL_NAMES``."""
     every = builtin_definitions()
     return [every[name] for name in DEFAULT_TOOL_NAMES]

@@ -1,4 +1,4 @@
-"""The tool contract of seed 000: definitions, calls, contexts and results."""
+"""The tool contract: definitions, calls, contexts and results."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ __all__ = [
 ]
 
 StopReason = Literal["completed", "failed", "timeout", "interrupted", "aborted"]
-"""How a call ended. Merged by priority: interrupted > timeout > failed > the tool's own (seed 000)."""
+"""How a call ended. Merged by priority: interrupted > timeout > failed > the tool's own."""
 Permission = Literal["r", "rw"]
 ForModel = Literal["vision", "text-only"]
 Actor = Literal["user", "agent", "scheduler"]
-"""Who makes a call (seed 003): a user's click, the model, or a scheduled job."""
+"""Who makes a call: a user's click, the model, or a scheduled job."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,7 +43,7 @@ class ToolCall:
 
 
 ApproveFn = Callable[[ToolCall], Awaitable[Literal["allow", "deny"]]]
-"""Seed 000's approval callback: exactly one decision per complete tool call."""
+"""The approval callback: exactly one decision per complete tool call."""
 
 VisionFn = Callable[["ImageResult", str], Awaitable[str]]
 """An engine-supplied vision model for describe_image: (image, question) -> answer."""
@@ -51,9 +51,9 @@ VisionFn = Callable[["ImageResult", str], Awaitable[str]]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ToolDefinitionConfig:
-    """One tool as configured (seed 000 ``ToolDefinitionConfig``; YAML keys in camelCase).
+    """One tool as configured (YAML keys in camelCase).
 
-    ``effect`` (seed 003) defaults from ``permission``: ``r`` is ``read`` and
+    ``effect`` defaults from ``permission``: ``r`` is ``read`` and
     ``rw`` is ``write``; deployments may name stronger effects (``money``,
     ``public``) for their own tools.
     """
@@ -73,7 +73,7 @@ class ToolDefinitionConfig:
     """Keep the ``description`` argument; False drops it and its ``required`` entry from the schema."""
     effect: str = ""
     user_only: bool = False
-    """Hidden from the model; agent and scheduler calls are refused (seed 003)."""
+    """Hidden from the model; agent and scheduler calls are refused."""
     untrusted: bool = True
     """Results carry third-party text (workspace content), so mark them untrusted."""
 
@@ -93,7 +93,7 @@ class ToolDefinitionConfig:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> ToolDefinitionConfig:
-        """Build from a ``tools.builtin`` entry (seed 000's camelCase keys)."""
+        """Build from a ``tools.builtin`` entry (its camelCase keys)."""
         return cls(
             name=data["name"],
             description=data["description"],
@@ -130,9 +130,9 @@ class ToolDefinitionConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class ToolExecutionContext:
-    """What a tool gets besides its arguments (seed 000 ``ToolExecutionContext``).
+    """What a tool gets besides its arguments.
 
-    ``workspace`` stands for seed 000's ``workspaceDir``: the tool acts in that
+    ``workspace`` takes the place of a working directory (``workspaceDir``): the tool acts in that
     sandboxd workspace. ``signal`` is set when the engine aborts the call.
     """
 
@@ -147,7 +147,7 @@ class ToolExecutionContext:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ToolResult:
-    """A tool's own account of how it ended (seed 000 ``ToolResult``)."""
+    """A tool's own account of how it ended."""
 
     stop_reason: StopReason | None = None
     """The tool's own stop reason; lowest priority when merged."""
@@ -160,7 +160,7 @@ class ToolResult:
 
 
 class BuiltinTool(Protocol):
-    """Seed 000's ``BuiltinTool``.
+    """A built-in tool, as the Environment runs it.
 
     ``execute`` is an async generator: it yields partial output as ``str`` and
     finally (at most once, last) a :class:`ToolResult`. It may raise; the

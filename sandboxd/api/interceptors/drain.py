@@ -27,8 +27,8 @@ class Drain:
     while the server still accepts connections: stopping the server outright instead makes
     gRPC cancel whatever arrives in that moment, which callers see as CANCELLED, a word they
     take for their own cancel. Calls in flight get the grace to end. Then a call streaming a
-    command yields (its final event names the process, to poll once a daemon serves again:
-    C13); any other still running (a forward, an upload) ends with UNAVAILABLE saying so.
+    command yields (its final event names the process, to poll once a daemon serves
+    again); any other still running (a forward, an upload) ends with UNAVAILABLE saying so.
     Health checks and reflection are never refused: health says NOT_SERVING.
     """
 
