@@ -202,6 +202,10 @@ class Settings:
     template_context_bytes: int = 1 * _GIB
     """Largest build context a template build accepts, in bytes; refused as it arrives past that."""
 
+    template_build_network: Literal["default", "none"] = "default"
+    """The network of template build steps: the engine's default bridge (what package installs
+    need; the steps reach what the host's containers reach), or none."""
+
     template_build_memory_bytes: int = 4 * _GIB
     """Memory each step of a template build may use, in bytes."""
 

@@ -66,22 +66,26 @@ from .workspaces import (
 )
 
 __all__ = [
+    "BoundedTarInfo",
     "BuildLine",
     "Built",
+    "Canonical",
     "TemplateBuild",
     "TemplateBuilder",
-    "base_images",
+    "canonical_dockerfile",
 ]
 
 log = structlog.get_logger(__name__)
 
 MAX_DOCKERFILE_BYTES = MAX_UPLOAD_CHUNK_BYTES
 """Largest Dockerfile a build takes (it travels in one message)."""
-MAX_COMMAND_BYTES = 64 * 1024
+MAX_COMMAND_BYTES = 16 * 1024
 _TAIL_LINES = 30
 _READY_TRY_S = 10.0
 _READY_PAUSE_S = 0.2
-_FROM_RE = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*$", re.IGNORECASE)
+_READY_OUTPUT_BYTES = 64 * 1024
+"""Output of a ready command's try held at most (more is dropped: only its end is said)."""
+_READY_OUTPUT_KEPT = 2000
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,24 +121,115 @@ class Built:
     cached: bool
 
 
-def base_images(dockerfile: str) -> list[str]:
-    """The images the Dockerfile's stages start FROM, but earlier stages and references to build args.
+@dataclasses.dataclass(frozen=True)
+class Canonical:
+    """A Dockerfile as the daemon hands it to the engine: one instruction a line, checked.
 
-    Continuation lines are joined first; ``scratch`` is no image.
+    Attributes:
+        text: the Dockerfile the engine parses (no parser directive, no comment, no continuation;
+            after each FROM, a LABEL of the tenant's build scope, so that no two tenants share a
+            step of the engine's build cache).
+        bases: the images its stages start FROM (but earlier stages and ``scratch``).
+        steps: for each of ``text``'s instructions (its step numbers, from 1), the caller's
+            instruction it is (from 1; 0 for the daemon's own).
     """
-    joined = re.sub(r"\\\r?\n", " ", dockerfile)
-    stages: set[str] = set()
-    found: list[str] = []
-    for line in joined.splitlines():
-        match = _FROM_RE.match(line)
-        if not match:
+
+    text: str
+    bases: tuple[str, ...]
+    steps: tuple[int, ...]
+
+
+_INSTRUCTIONS = frozenset(
+    {
+        "FROM", "RUN", "COPY", "ADD", "ENV", "ARG", "WORKDIR", "USER", "LABEL", "EXPOSE", "CMD",
+        "ENTRYPOINT", "SHELL", "STOPSIGNAL", "HEALTHCHECK", "VOLUME", "MAINTAINER",
+    }
+)  # fmt: skip
+_LINE_BREAKS = frozenset("\f\v\x1c\x1d\x1e\x85\u2028\u2029\x00")
+_DIRECTIVE_RE = re.compile(r"^\s*#\s*[A-Za-z]+\s*=")
+"""A parser directive (``# escape=``, ``# syntax=``), which the engine honours before the first instruction."""
+_FROM_ARGS_RE = re.compile(r"^(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*$", re.IGNORECASE)
+_COPY_FROM_RE = re.compile(r"--from=(\S+)", re.IGNORECASE)
+
+
+def canonical_dockerfile(dockerfile: str, scope: str) -> Canonical:
+    """Check ``dockerfile`` and write it as the engine will read it (:class:`Canonical`).
+
+    The engine's builder takes images from more places than FROM lines (``COPY --from``, a build
+    argument in FROM, ONBUILD triggers) and reads a Dockerfile with parser directives that change
+    its escape character; a Dockerfile is refused rather than guessed at when it holds any of
+    those, or a line break other than a newline (LF or CRLF). So what the daemon checked is
+    exactly what the engine reads: every image a build can read is a FROM the daemon resolved.
+
+    Raises:
+        InvalidSpecError: naming the line and what of it is refused.
+    """
+    if any(char in _LINE_BREAKS for char in dockerfile) or re.search(r"\r(?!\n)", dockerfile):
+        msg = "the Dockerfile holds a line break other than \\n (a form feed, a lone \\r, ...): refused"
+        raise InvalidSpecError(msg)
+    logical: list[tuple[int, str]] = []
+    pending, began = "", 0
+    for number, raw in enumerate(dockerfile.split("\n"), start=1):
+        line = raw.rstrip("\r")
+        if not logical and not pending and _DIRECTIVE_RE.match(line):
+            msg = f"line {number}: parser directives ({line.strip()[:60]!r}) are not taken"
+            raise InvalidSpecError(msg)
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue  # as the engine reads them: comments and blank lines go, inside a continuation too
+        if not pending:
+            began = number
+        stripped = line.rstrip()
+        if stripped.endswith("\\"):
+            pending += stripped[:-1]
             continue
-        image, alias = match.group(1), match.group(2)
-        if image.lower() not in stages and "$" not in image and image != "scratch" and image not in found:
-            found.append(image)
-        if alias:
-            stages.add(alias.lower())
-    return found
+        logical.append((began, pending + line))
+        pending = ""
+    if pending.strip():
+        logical.append((began, pending))
+    stages: list[str] = []
+    bases: list[str] = []
+    out: list[str] = []
+    steps: list[int] = []
+    for index, (number, line) in enumerate(logical, start=1):
+        word, _, rest = line.strip().partition(" ")
+        instruction, rest = word.upper(), rest.strip()
+        if instruction not in _INSTRUCTIONS:
+            msg = f"line {number}: {word[:40]!r} is not an instruction a template build takes"
+            raise InvalidSpecError(msg)
+        if instruction == "ARG" and not stages:
+            msg = f"line {number}: ARG before FROM is not taken (FROM must name its image itself)"
+            raise InvalidSpecError(msg)
+        if instruction != "FROM" and not stages:
+            msg = f"line {number}: the Dockerfile must start with FROM"
+            raise InvalidSpecError(msg)
+        if instruction == "FROM":
+            match = _FROM_ARGS_RE.match(rest)
+            if not match or "$" in rest:
+                msg = f"line {number}: FROM must name an image (and may name its stage): {rest[:80]!r}"
+                raise InvalidSpecError(msg)
+            image, alias = match.group(1), match.group(2)
+            if image.lower() not in stages and image != "scratch" and image not in bases:
+                bases.append(image)
+            stages.append((alias or f"#{len(stages)}").lower())
+            out.append(f"FROM {rest}")
+            steps.append(index)
+            # Each tenant's builds their own chain in the engine's build cache.
+            out.append(f'LABEL "sandboxd.build_scope"="{scope}"')
+            steps.append(0)
+            continue
+        if instruction in ("COPY", "ADD"):
+            for source in _COPY_FROM_RE.findall(rest):
+                named = source.lower()
+                earlier = stages[:-1]
+                if named not in earlier and not (named.isdigit() and int(named) < len(earlier)):
+                    msg = f"line {number}: {instruction} --from must name an earlier stage, not {source[:80]!r}"
+                    raise InvalidSpecError(msg)
+        out.append(f"{instruction} {rest}".rstrip())
+        steps.append(index)
+    if not stages:
+        msg = "the Dockerfile has no FROM"
+        raise InvalidSpecError(msg)
+    return Canonical(text="\n".join(out) + "\n", bases=tuple(bases), steps=tuple(steps))
 
 
 class TemplateBuilder:
@@ -166,6 +261,8 @@ class TemplateBuilder:
         _check(build)
         timeout_s = min(build.timeout_s or settings.template_build_timeout_s, settings.template_build_timeout_s)
         tenant = current_tenant()
+        scope = hashlib.sha256(f"{settings.instance}\0{tenant}".encode()).hexdigest()[:24]
+        canonical = canonical_dockerfile(build.dockerfile, scope)
         with tempfile.TemporaryDirectory(prefix="sandboxd-template-") as scratch:
             archive = Path(scratch) / "context.tar"
             context_digest = await _spool(context, archive, settings.template_context_bytes)
@@ -180,7 +277,6 @@ class TemplateBuilder:
                 if existing is None and limit and len(await self.snapshots.list({})) >= limit:
                     msg = f"tenant {tenant!r} already has {limit} snapshots and templates, its limit"
                     raise QuotaExceededError(msg)
-                await self._check_bases(build.dockerfile)
                 ref = self.snapshots.ref(build.name, tenant)
                 labels = {
                     LABEL_TENANT: tenant,
@@ -197,24 +293,31 @@ class TemplateBuilder:
                 lines = self.snapshots.backend.build_archive(
                     archive,
                     ref,
-                    dockerfile=build.dockerfile,
+                    dockerfile=canonical.text,
                     labels=labels,
                     no_cache=build.force,
                     memory_bytes=settings.template_build_memory_bytes,
+                    network=settings.template_build_network,
                 )
-                step = 0
+                step = 0  # the engine's step (its Dockerfile's, the daemon's LABELs counted)
                 tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
                 try:
                     async with asyncio.timeout(timeout_s):
+                        await self._check_bases(canonical.bases)
                         async for line in lines:
                             if line.startswith("Step "):
                                 step += 1
                                 tail.clear()
                             tail.append(line)
-                            yield BuildLine(line, step, _now())
+                            yield BuildLine(line, _theirs(canonical, step), _now())
                 except BuildFailedError as exc:
                     # The engine's words say only that the step failed: its output says why.
-                    exc.message = f"template {build.name!r}: {exc.message}; the step's last output:\n" + "\n".join(tail)
+                    theirs = _theirs(canonical, exc.step)
+                    exc.step = theirs
+                    what = f"step {theirs} failed" if theirs else "the build failed"
+                    exc.message = (
+                        f"template {build.name!r}: {what}: {exc.message}; the step's last output:\n" + "\n".join(tail)
+                    )
                     raise
                 except TimeoutError:
                     msg = f"template {build.name!r}: the build took longer than its {timeout_s:g} s and was stopped"
@@ -225,6 +328,12 @@ class TemplateBuilder:
                 if image is None or image.labels.get(LABEL_TEMPLATE_DIGEST) != digest:
                     msg = f"template {build.name!r}: the build ended but its image is not there"
                     raise NotFoundError(msg)
+                if any(image.labels.get(key) != value for key, value in labels.items()):
+                    # Its labels are the tenant's claim on it: an image whose labels are not the
+                    # daemon's own is nobody's.
+                    await self.snapshots.backend.remove_image(ref, prune=True)
+                    msg = f"template {build.name!r}: the image's labels are not those the daemon set; it was removed"
+                    raise InvalidSpecError(msg)
                 if image.size_bytes > settings.template_max_bytes:
                     await self.snapshots.backend.remove_image(ref, prune=True)
                     msg = (
@@ -263,15 +372,21 @@ class TemplateBuilder:
         deadline = time.monotonic() + settings.template_ready_timeout_s
         said = ""
         while True:
-            spec = ExecSpec(command=ready, stdin_closed=True, timeout_s=_READY_TRY_S, yield_after_s=_READY_TRY_S + 5)
+            spec = ExecSpec(
+                command=ready,
+                stdin_closed=True,
+                timeout_s=_READY_TRY_S,
+                yield_after_s=_READY_TRY_S + 5,
+                max_output_bytes=_READY_OUTPUT_BYTES,
+            )
             session, started = await processes.start(context, spec)
-            output: list[str] = []
+            output = b""
             status: ExitStatus | None = None
             try:
                 async with contextlib.aclosing(session.exec_events(started)) as events:
                     async for event in events:
                         if isinstance(event, OutputChunk):
-                            output.append(event.data.decode(errors="replace"))
+                            output = (output + event.data)[-_READY_OUTPUT_KEPT:]  # its end says why
                         elif isinstance(event, ExitStatus):
                             status = event
             finally:
@@ -280,7 +395,7 @@ class TemplateBuilder:
                 await session.discard()
             if status is not None and status.exit_code == 0:
                 return
-            said = "".join(output)[-2000:]
+            said = output.decode(errors="replace")
             if time.monotonic() >= deadline:
                 code = "no exit" if status is None else f"exit {status.exit_code}"
                 msg = (
@@ -302,10 +417,10 @@ class TemplateBuilder:
             return await self.snapshots.find(name)
         return None
 
-    async def _check_bases(self, dockerfile: str) -> None:
+    async def _check_bases(self, bases: tuple[str, ...]) -> None:
         """Refuse, naming it, a FROM image the engine has not and cannot pull, or a snapshot."""
         backend = self.snapshots.backend
-        for image in base_images(dockerfile):
+        for image in bases:
             info = await backend.image_info(image)
             if info is None:
                 try:
@@ -317,6 +432,11 @@ class TemplateBuilder:
                 # A snapshot is reached by its tenant's name for it, never by its image reference.
                 msg = f"the Dockerfile's base image {image!r} is a snapshot; build FROM images, not snapshots"
                 raise InvalidSpecError(msg)
+
+
+def _theirs(canonical: Canonical, step: int) -> int:
+    """The caller's instruction the engine's step ``step`` is (0: the daemon's own, or none)."""
+    return canonical.steps[step - 1] if 0 < step <= len(canonical.steps) else 0
 
 
 def _check(build: TemplateBuild) -> None:
@@ -364,10 +484,28 @@ async def _spool(context: AsyncIterator[bytes], archive: Path, limit: int) -> st
     return digest.hexdigest()
 
 
+class BoundedTarInfo(tarfile.TarInfo):
+    """A tar member whose own metadata (a long name, pax headers) is at most 64 KiB.
+
+    ``tarfile`` reads such metadata into memory whole: a small compressed archive could
+    otherwise ask for gigabytes of it.
+    """
+
+    _METADATA = frozenset({tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE})
+    MAX_METADATA_BYTES = 64 * 1024
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in self._METADATA and self.size > self.MAX_METADATA_BYTES:
+            msg = f"a tar header of {self.size} bytes (a long name or pax header): at most {self.MAX_METADATA_BYTES}"
+            raise tarfile.ReadError(msg)
+        return super()._proc_member(tarfile_)  # type: ignore[misc, no-any-return]
+
+
 def _is_plain_tar(archive: Path) -> bool:
     try:
-        with tarfile.open(archive, "r:") as tar:
-            tar.getmembers()
+        with tarfile.open(archive, "r:", tarinfo=BoundedTarInfo) as tar:
+            for _member in tar:
+                pass
     except (tarfile.TarError, OSError, EOFError):
         return False
     return True

@@ -237,12 +237,14 @@ class Backend(Protocol):
         labels: Mapping[str, str],
         no_cache: bool,
         memory_bytes: int,
+        network: str = "default",
     ) -> AsyncGenerator[str, None]:
         """Build the tar ``archive`` with the Dockerfile ``dockerfile`` (its text) as ``ref``, yielding its log lines.
 
         The Dockerfile is added to the archive, with a last step that sets ``labels``.
 
-        Steps run in the engine's build containers, each limited to ``memory_bytes``. Closing
+        Steps run in the engine's build containers, each limited to ``memory_bytes`` and one CPU, on
+        ``network`` (the engine's ``default`` bridge, or ``none``). Closing
         the iterator before its end (a cancel, a timeout) cuts the build's connection, and the
         engine stops the step that runs and tags nothing.
 

@@ -42,7 +42,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .control import Refused, json_body, rest_endpoint
+from ..templates import BoundedTarInfo
+from .control import Refused, rest_endpoint
 from .gateway import Caller, Gateway
 
 __all__ = ["TemplatePlane", "dockerfile_of"]
@@ -55,7 +56,17 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 _MAX_STEPS = 1000
 _MAX_ARG_BYTES = 64 * 1024
-_MAX_BUILDS_KEPT = 1000
+_PER_KEY = 100
+"""Build records, and uploads asked for and not yet made, one API key may hold."""
+_MAX_RECORDS = 2000
+"""Build records, and uploads asked for and not yet made, the plane holds in all."""
+_MAX_ENTRIES = 10_000
+"""Log entries a build's record keeps (its last ones)."""
+_MAX_LINE = 4096
+_MAX_TAGS = 10
+_TAG_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+_MAX_SMALL_BODY = 64 * 1024
+_MAX_BUILD_BODY = 8 * 1024 * 1024
 _PAGE = 100
 _CHUNK = 1 << 20
 _UPLOAD_TTL_S = 3600.0
@@ -83,6 +94,17 @@ class _Build:
     reason: dict[str, Any] | None = None
     task: asyncio.Task[None] | None = None
     finished: float = 0.0
+    requested: float = dataclasses.field(default_factory=time.monotonic)
+    skipped: int = 0
+    """Log entries dropped from the front (the record keeps the last ``_MAX_ENTRIES``)."""
+
+    def add(self, entry: dict[str, Any]) -> None:
+        """Add a log entry, dropping the oldest past ``_MAX_ENTRIES``."""
+        self.entries.append(entry)
+        if len(self.entries) > _MAX_ENTRIES:
+            drop = len(self.entries) - _MAX_ENTRIES
+            del self.entries[:drop]
+            self.skipped += drop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +201,10 @@ def dockerfile_of(body: dict[str, Any], base_image: str) -> tuple[str, list[str]
             files_hash = step.get("filesHash")
             if not isinstance(files_hash, str) or not _HASH_RE.fullmatch(files_hash) or len(args) < 2:
                 raise Refused(400, f"step {index}: COPY needs a source, a destination and its filesHash")
-            src = _line(args[0], f"step {index}'s source").lstrip("./") or "."
+            src = _line(args[0], f"step {index}'s source")
+            while src.startswith("./"):
+                src = src[2:]
+            src = src or "."
             dest = _line(args[1], f"step {index}'s destination")
             owner_of = _line(args[2], f"step {index}'s user") if len(args) > 2 and args[2] else ""
             mode = args[3] if len(args) > 3 else ""
@@ -267,7 +292,7 @@ class TemplatePlane:
 
     async def request_build(self, request: Request, gateway: Gateway, caller: Caller) -> Response:
         """``POST /v3/templates``: a build id for ``name`` (its template id); 202."""
-        body = await json_body(request)
+        body = await _bounded_json(request, _MAX_SMALL_BODY)
         name = body.get("name") or body.get("alias")
         if not isinstance(name, str):
             raise Refused(400, "name must be a string")
@@ -278,8 +303,11 @@ class TemplatePlane:
                 f"template name {name[:80]!r}: 1-63 lowercase letters, digits, '.', '_' or '-' from a letter or digit",
             )
         tags = body.get("tags") or ([tag] if tag else ["default"])
-        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-            raise Refused(400, "tags must be a list of strings")
+        if not isinstance(tags, list) or len(tags) > _MAX_TAGS or not all(_TAG_RE.fullmatch(str(t)) for t in tags):
+            raise Refused(
+                400, f"tags must be a list of at most {_MAX_TAGS} names of 1-128 letters, digits, '.', '_', '-'"
+            )
+        await self._check_key(gateway, caller, name)
         build = _Build(template_id=name, build_id=secrets.token_hex(16), owner=_owner(caller), tags=tags)
         self._keep(build)
         return JSONResponse(
@@ -295,12 +323,24 @@ class TemplatePlane:
         )
 
     def _keep(self, build: _Build) -> None:
-        if len(self._builds) >= _MAX_BUILDS_KEPT:
-            done = sorted((b for b in self._builds.values() if b.finished), key=lambda b: b.finished)
-            for old in done[: len(self._builds) - _MAX_BUILDS_KEPT + 1]:
+        """Keep ``build``'s record: at most ``_PER_KEY`` a key, their oldest ended (or never started) going first."""
+        now = time.monotonic()
+        for stale in [b for b in self._builds.values() if b.task is None and now - b.requested > _UPLOAD_TTL_S]:
+            del self._builds[stale.build_id]
+        mine = [b for b in self._builds.values() if b.owner == build.owner]
+        if len(mine) >= _PER_KEY:
+            gone = sorted((b for b in mine if b.finished or b.task is None), key=lambda b: b.finished or b.requested)
+            for old in gone[: len(mine) - _PER_KEY + 1]:
                 del self._builds[old.build_id]
-        if len(self._builds) >= _MAX_BUILDS_KEPT:
-            raise Refused(429, f"{_MAX_BUILDS_KEPT} template builds are in flight; try again once some end")
+            if len(mine) - len(gone[: len(mine) - _PER_KEY + 1]) >= _PER_KEY:
+                raise Refused(429, f"this key has {_PER_KEY} template builds running; try again once some end")
+        if len(self._builds) >= _MAX_RECORDS:
+            # Keys without a tokens file are any string: the table as a whole is bounded too.
+            ended = sorted((b for b in self._builds.values() if b.finished), key=lambda b: b.finished)
+            for old in ended[: len(self._builds) - _MAX_RECORDS + 1]:
+                del self._builds[old.build_id]
+            if len(self._builds) >= _MAX_RECORDS:
+                raise Refused(429, f"{_MAX_RECORDS} template builds are running; try again once some end")
         self._builds[build.build_id] = build
 
     async def file_link(self, request: Request, gateway: Gateway, caller: Caller) -> Response:
@@ -308,9 +348,15 @@ class TemplatePlane:
         files_hash = request.path_params["files_hash"]
         if not _HASH_RE.fullmatch(files_hash):
             raise Refused(400, "the files hash must be 64 lowercase hex digits")
+        await self._check_key(gateway, caller, request.path_params["template_id"])
         owner = _owner(caller)
         now = time.monotonic()
         self._uploads = {t: u for t, u in self._uploads.items() if u.expires > now}
+        if (
+            len([u for u in self._uploads.values() if u.owner == owner]) >= _PER_KEY
+            or len(self._uploads) >= _MAX_RECORDS
+        ):
+            raise Refused(429, f"this key has {_PER_KEY} uploads asked for and not made; make them or wait an hour")
         if self._path(owner, files_hash).exists():
             return JSONResponse({"present": True}, status_code=201)
         token = secrets.token_urlsafe(32)
@@ -341,19 +387,59 @@ class TemplatePlane:
                             status_code=413,
                         )
                     await asyncio.to_thread(out.write, chunk)
-            if not await asyncio.to_thread(_readable_tar, partial):
-                return JSONResponse({"code": 400, "message": "the upload is not a tar archive"}, status_code=400)
+            if not await asyncio.to_thread(_readable_tar, partial, self.max_upload_bytes):
+                return JSONResponse(
+                    {"code": 400, "message": "the upload is not a tar archive within the limits"}, status_code=400
+                )
             partial.replace(target)
+            await asyncio.to_thread(self._trim, upload.owner, target)
         finally:
             partial.unlink(missing_ok=True)
         return Response(status_code=200)
 
+    def _trim(self, owner: str, kept: Path) -> None:
+        """Keep a key's uploads within the upload limit, and all of them within four: the oldest go first.
+
+        ``kept`` (the upload just made) stays.
+        """
+        for pattern, limit in ((f"{owner[:32]}-*.tar", self.max_upload_bytes), ("*.tar", 4 * self.max_upload_bytes)):
+            paths = sorted(self._dir.glob(pattern), key=lambda path: path.stat().st_mtime)
+            total = sum(path.stat().st_size for path in paths)
+            for path in paths:
+                if total <= limit:
+                    break
+                if path != kept:
+                    total -= path.stat().st_size
+                    path.unlink(missing_ok=True)
+
+    async def _check_key(self, gateway: Gateway, caller: Caller, name: str) -> None:
+        """Refuse a request whose key the daemon does not take (401), as every other route does by calling it."""
+        try:
+            await gateway.workspaces.GetSnapshot(wpb.GetSnapshotRequest(name=name[:63]), metadata=caller.metadata())
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                raise
+            # Anything else (no such template, a name that cannot be one) means the key was taken.
+
     async def start_build(self, request: Request, gateway: Gateway, caller: Caller) -> Response:
         """``POST /v2/templates/{id}/builds/{buildID}``: the steps; the build runs in the background; 202."""
         build = self._own(request, caller)
-        if build.task is not None:
+        if build.status != "waiting":
             raise Refused(409, f"build {build.build_id} was started already")
-        body = await json_body(request)
+        build.status = "building"  # claimed before its body is read: a second start is a 409
+        try:
+            body, dockerfile, hashes, by_step = await self._start_of(request, build)
+        except BaseException:
+            build.status = "waiting"
+            raise
+        build.task = asyncio.create_task(
+            self._run(build, caller, dockerfile, hashes, by_step, body), name=f"e2b-build-{build.build_id}"
+        )
+        return Response(status_code=202)
+
+    async def _start_of(self, request: Request, build: _Build) -> tuple[dict[str, Any], str, list[str], dict[int, str]]:
+        """A build start's body, its Dockerfile, the uploads it copies from and its step map; 400 when bad."""
+        body = await _bounded_json(request, _MAX_BUILD_BODY)
         dockerfile, hashes, by_step = dockerfile_of(body, self.base_image)
         missing = [h for h in hashes if not self._path(build.owner, h).exists()]
         if missing:
@@ -361,11 +447,7 @@ class TemplatePlane:
         for field in ("startCmd", "readyCmd"):
             if body.get(field) is not None:
                 _text(body[field], field)
-        build.status = "building"
-        build.task = asyncio.create_task(
-            self._run(build, caller, dockerfile, hashes, by_step, body), name=f"e2b-build-{build.build_id}"
-        )
-        return Response(status_code=202)
+        return body, dockerfile, hashes, by_step
 
     def _own(self, request: Request, caller: Caller) -> _Build:
         build = self._builds.get(request.path_params["build_id"])
@@ -404,17 +486,17 @@ class TemplatePlane:
                 async for event in call:
                     if event.HasField("log"):
                         step = by_step.get(event.log.step, step) if event.log.step else step
-                        build.entries.append(_entry(event.log.text, step=step))
+                        build.add(_entry(event.log.text[:_MAX_LINE], step=step))
                     else:
                         cached = " (cached: built from this content already)" if event.cached else ""
-                        build.entries.append(_entry(f"Template {build.template_id} is ready{cached}"))
+                        build.add(_entry(f"Template {build.template_id} is ready{cached}"))
                         build.status = "ready"
         except grpc.aio.AioRpcError as exc:
             message = exc.details() or exc.code().name.lower()
             found = re.search(r"\bstep (\d+)\b", message)
             if found:
                 step = by_step.get(int(found.group(1)), step)
-            build.entries.append(_entry(message, level="error", step=step))
+            build.add(_entry(message, level="error", step=step))
             build.reason = {"message": message, "step": step}
             build.status = "error"
         except Exception as exc:
@@ -434,7 +516,9 @@ class TemplatePlane:
             offset = max(0, int(request.query_params.get("logsOffset", "0")))
         except ValueError:
             raise Refused(400, "logsOffset must be a whole number") from None
-        entries = build.entries[offset : offset + _PAGE]
+        # The record keeps a build's last lines: an offset before them starts at the first kept.
+        start = max(0, offset - build.skipped)
+        entries = build.entries[start : start + _PAGE]
         answer: dict[str, Any] = {
             "templateID": build.template_id,
             "buildID": build.build_id,
@@ -458,11 +542,15 @@ class TemplatePlane:
         return JSONResponse({"templateID": name, "public": False})
 
 
-def _readable_tar(path: Path) -> bool:
+def _readable_tar(path: Path, limit: int) -> bool:
+    """Whether ``path`` is a tar archive (gzipped or not) whose members hold at most ``limit`` bytes in all."""
+    total = 0
     try:
-        with tarfile.open(path, "r:*") as tar:
-            for _ in tar:
-                pass
+        with tarfile.open(path, "r:*", tarinfo=BoundedTarInfo) as tar:
+            for member in tar:
+                total += member.size
+                if total > limit:
+                    return False
     except (tarfile.TarError, OSError, EOFError):
         return False
     return True
@@ -477,7 +565,7 @@ def _merge(uploads: list[tuple[str, Path]], out: Path, limit: int) -> None:
     total = 0
     with tarfile.open(out, "w") as merged:
         for files_hash, path in uploads:
-            with tarfile.open(path, "r:*") as tar:
+            with tarfile.open(path, "r:*", tarinfo=BoundedTarInfo) as tar:
                 for member in tar:
                     name = member.name.lstrip("/")
                     parts = Path(name).parts
@@ -495,6 +583,25 @@ def _merge(uploads: list[tuple[str, Path]], out: Path, limit: int) -> None:
                     if member.islnk():
                         copy = copy.replace(linkname=f"{files_hash}/{member.linkname}", deep=False)
                     merged.addfile(copy, tar.extractfile(member) if member.isfile() else None)
+
+
+async def _bounded_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request's JSON object, read only up to ``limit`` bytes (413 past them)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise Refused(413, f"the request body may be at most {limit} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise Refused(413, f"the request body may be at most {limit} bytes")
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        raise Refused(400, "the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise Refused(400, "the request body must be a JSON object")
+    return body
 
 
 async def _requests(first: wpb.TemplateBuild, context: Path) -> AsyncIterator[wpb.BuildTemplateRequest]:

@@ -90,7 +90,7 @@ async def test_a_built_template_holds_what_its_steps_made(
     built = await own.build_template("tpl-steps", dockerfile, context=context, on_log=lines.append)
     assert built.cached is False
     assert built.template.is_template and built.template.name == "tpl-steps"
-    assert any(line.startswith("Step 3/") and "COPY app /opt/app" in line for line in lines), lines
+    assert any(line.startswith("Step ") and "COPY app /opt/app" in line for line in lines), lines
     workspace = await own.create_workspace(from_snapshot="tpl-steps", runtime=runtime)
     try:
         result = await workspace.exec(
@@ -198,14 +198,14 @@ async def test_a_context_past_the_limit_is_refused_as_it_arrives(own: SandboxCli
 
 
 async def test_a_build_past_its_timeout_stops_its_step(own: SandboxClient, default_image: str, docker_client) -> None:  # type: ignore[no-untyped-def]
-    """A step that sleeps past the build's 3 s timeout: DEADLINE_EXCEEDED soon after, its container gone."""
+    """A step that sleeps past the build's 10 s timeout: DEADLINE_EXCEEDED soon after, its container gone."""
     marker = f"sleep-{secrets.token_hex(4)}"
     dockerfile = f"FROM {default_image}\nRUN echo {marker}; sleep 600\n"
     seen: list[str] = []
     started = time.monotonic()
     with pytest.raises(DeadlineExceededError):
-        await own.build_template("tpl-slow", dockerfile, timeout_s=3, on_log=seen.append)
-    assert time.monotonic() - started < 30
+        await own.build_template("tpl-slow", dockerfile, timeout_s=10, on_log=seen.append)
+    assert time.monotonic() - started < 40
     assert marker in seen  # the step did run (and printed) before it was stopped
     deadline = time.monotonic() + 20
     while build_containers(docker_client, marker) and time.monotonic() < deadline:

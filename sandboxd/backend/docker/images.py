@@ -41,6 +41,8 @@ _BUILD_QUEUE = 256
 _MAX_BUILD_LINE = 16 * 1024
 """Characters of a build's log line kept (a step that prints one huge line)."""
 _STEP_RE = re.compile(r"^Step (\d+)/\d+ : ")
+_MADE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+_RUNNING_RE = re.compile(r"^ ---> Running in ([0-9a-f]{12,64})$")
 _BUILD_STEP_FAILED = ("returned a non-zero code", "COPY failed", "ADD failed", "failed to compute cache key")
 _BUILD_NO_IMAGE = ("pull access denied", "repository does not exist", "manifest unknown", "not found: manifest")
 
@@ -80,10 +82,12 @@ def _build_error(cause: object, ref: str, step: int) -> SandboxdError:
     lowered = text.lower()
     if any(marker.lower() in lowered for marker in _BUILD_NO_IMAGE):
         return ImageNotFoundError(f"a FROM image is not on the engine and could not be pulled: {text}")
-    if "dockerfile parse error" in lowered or "unknown instruction" in lowered:
+    if "dockerfile parse error" in lowered or "unknown instruction" in lowered or "line greater than" in lowered:
         return InvalidSpecError(f"the Dockerfile does not parse: {text}")
+    if "error processing tar file" in lowered:
+        return InvalidSpecError(f"the build context cannot be unpacked by the engine: {text}")
     if any(marker.lower() in lowered for marker in _BUILD_STEP_FAILED) or step:
-        return BuildFailedError(f"step {step} failed: {text}" if step else text, step=step)
+        return BuildFailedError(text, step=step)
     return BackendError(f"building {ref} failed: {text}")
 
 
@@ -193,6 +197,7 @@ class ImagesMixin(ClaimsMixin):
         labels: Mapping[str, str],
         no_cache: bool,
         memory_bytes: int,
+        network: str = "default",
     ) -> AsyncGenerator[str, None]:
         """Build the tar ``archive`` with ``dockerfile`` (its text, added to it) as ``ref``; yield each log line.
 
@@ -223,6 +228,10 @@ class ImagesMixin(ClaimsMixin):
             "nocache": "1" if no_cache else "0",
             "memory": str(memory_bytes),
             "memswap": str(memory_bytes),
+            # One CPU at most, as a workspace's default: a step is no more than a workspace.
+            "cpuperiod": "100000",
+            "cpuquota": "100000",
+            "networkmode": network,
         }
 
         def put(kind: str, value: Any) -> None:
@@ -261,11 +270,15 @@ class ImagesMixin(ClaimsMixin):
         thread = threading.Thread(target=run, name="image-build", daemon=True)
         thread.start()
         step = 0
+        made: list[str] = []  # the images of the steps this build ran (not those the cache gave)
+        steps_run: list[str] = []  # the containers its steps ran in
+        cached = finished = False  # cached: the next image named is not this build's own
         try:
             while True:
                 kind, value = await items.get()
                 room.release()
                 if kind == "end":
+                    finished = True
                     return
                 if kind == "error":
                     raise _build_error(value, ref, step) from value
@@ -277,6 +290,18 @@ class ImagesMixin(ClaimsMixin):
                         match = _STEP_RE.match(line)
                         if match:
                             step = int(match.group(1))
+                            # A FROM step's image is the base's: never this build's to remove.
+                            cached = line[match.end() :].upper().startswith("FROM ")
+                        made_id = _MADE_RE.match(line)
+                        running = _RUNNING_RE.match(line)
+                        if running:
+                            steps_run.append(running.group(1))
+                        if line.strip() == "---> Using cache":
+                            cached = True
+                        elif made_id:
+                            if not cached:
+                                made.append(made_id.group(1))
+                            cached = False
                         yield line.rstrip()[:_MAX_BUILD_LINE]
         finally:
             stopped.set()
@@ -284,6 +309,16 @@ class ImagesMixin(ClaimsMixin):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
             await asyncio.to_thread(thread.join)
+            if not finished:
+                # A build that failed or was stopped keeps nothing: its steps' containers (the
+                # engine leaves one it had made but not started when the build's client went) and
+                # their images (untagged and unlabelled, so no sweep would find them), the last first.
+                for container_id in reversed(steps_run):
+                    with contextlib.suppress(SandboxdError, docker.errors.APIError):
+                        await self._call(self._api().remove_container, container_id, force=True)
+                for image_id in reversed(made):
+                    with contextlib.suppress(SandboxdError, docker.errors.APIError):
+                        await self._call(self._api().remove_image, image_id)
 
     async def remove_image(self, ref: str, *, prune: bool = False) -> None:
         """Untag ``ref`` (its layers stay as build cache, unless ``prune``); nothing happens if it is not there.
