@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sandboxd_client import SandboxClient  # noqa: E402
+from sandboxd_client import SandboxClient
 
-from tests.conftest import DaemonThread, make_settings  # noqa: E402
+from tests.conftest import DaemonThread, make_settings
 
 DOCKERFILE = "FROM sandboxd/base:bookworm\nCOPY f /opt/f\nUSER root\nRUN echo built > /opt/b\n"
 
