@@ -129,7 +129,7 @@ def test_bad_requests_get_e2b_errors_not_traces(plane: tuple[str, str, str]) -> 
         (json.dumps({"metadata": {"k": 5}}).encode(), 400, "object of strings"),
         (json.dumps({"envVars": ["A=1"]}).encode(), 400, "object of strings"),
         (json.dumps({"templateID": 7}).encode(), 400, "templateID"),
-        (json.dumps({"network": {"allowOut": ["1.1.1.1"]}}).encode(), 400, "network options are not served"),
+        (json.dumps({"network": {"denyOut": ["10.0.0.0/8"]}}).encode(), 400, "cannot be expressed"),
         (json.dumps({"templateID": "no/such:image"}).encode(), 404, ""),
     ]
     for body, status, words in cases:
