@@ -195,8 +195,9 @@ class ProcessTable:
         idle one (both by when a call last used them). A session a call is streaming, or
         whose starting call has not streamed yet, is no candidate: its caller is about to
         read it (an exited one may still be delivering its last output). Sessions taken over
-        from a restart in the last moments go only when nothing else can (their callers may be
-        coming back to resume them), the one that started first first.
+        from a restart in the last moments come after the others of their kind (their callers may
+        be coming back to resume them), the one that started first first; an exited one still goes
+        before any running one.
 
         Raises:
             QuotaExceededError: nothing may go: every session is in use by a call.
@@ -204,15 +205,15 @@ class ProcessTable:
         adopted = [s for s in sessions if s.detached and not s.idle]
         candidates = (
             ([s for s in sessions if not s.running and s.idle], f"it had exited and {whose} sessions were full"),
-            (
-                [s for s in sessions if s.running and s.idle],
-                f"it was the least recently used idle session when {whose} sessions were full",
-            ),
-            # Taken over from a restart moments ago, as a last resort: the oldest first, since a
-            # caller coming back to resume is one whose command ran when the last daemon went.
+            # Taken over from a restart moments ago: an exited one goes before any running one, the
+            # oldest first, since a caller coming back to resume is one whose command ran last.
             (
                 [s for s in adopted if not s.running],
                 f"it had exited before the daemon restarted and {whose} sessions were full",
+            ),
+            (
+                [s for s in sessions if s.running and s.idle],
+                f"it was the least recently used idle session when {whose} sessions were full",
             ),
             (
                 [s for s in adopted if s.running],
@@ -225,7 +226,7 @@ class ProcessTable:
             raise QuotaExceededError(msg)
         group, why = candidates[found]
         # Adopted sessions were all last used at the adoption: their start says which is oldest.
-        victim = min(group, key=(lambda s: s.start_time) if found >= 2 else (lambda s: s.last_used))
+        victim = min(group, key=(lambda s: s.start_time) if found in (1, 3) else (lambda s: s.last_used))
         self._sessions.pop(victim.process_id, None)
         self._remember_evicted(victim.process_id, f"was evicted: {why}", victim.context.tenant)
         log.info("process.evicted", process_id=victim.process_id, reason=why)

@@ -94,6 +94,14 @@ class TestEviction:
             processes.get(awaited.process_id)
         assert await evict(processes, [running]) == running.process_id and running.killed
 
+    async def test_an_exited_session_taken_over_goes_before_a_running_one(self) -> None:
+        """A restart's old exited sessions make room before a command still running (a background
+        counter a caller polls later) does."""
+        ws = Context("ws")
+        old_exited = Session("p-000000000001", ws, running=False, idle=False, adopted=True, last_used=1.0)
+        counting = Session("p-000000000002", ws, running=True, idle=True, last_used=0.5)
+        assert await evict(table(), [old_exited, counting]) == old_exited.process_id
+
     async def test_nothing_in_use_by_a_call_goes_and_the_refusal_says_why(self) -> None:
         ws = Context("ws")
         busy = [Session(f"p-00000000000{i}", ws, running=i % 2 == 0, idle=False, last_used=i) for i in range(3)]
