@@ -308,6 +308,16 @@ _DERIVED_IMAGES = {
 }
 
 
+@pytest.fixture
+def e2b_env(e2b_daemon: DaemonThread, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The E2B SDK's settings pointed at the ``e2b_daemon`` of the test's module (its E2B plane); its URL."""
+    url = f"http://{e2b_daemon.daemon.e2b.address}"
+    monkeypatch.setenv("E2B_API_URL", url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", url)
+    monkeypatch.setenv("E2B_API_KEY", "unused-without-a-tokens-file")
+    return url
+
+
 @pytest.fixture(scope="session")
 def derived_images(docker_client, default_image: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
     """Small images derived from the default one, built once (the build cache makes reruns instant)."""

@@ -27,15 +27,6 @@ def e2b_daemon(tmp_path_factory: pytest.TempPathFactory, e2b_image: str) -> Iter
     thread.stop()
 
 
-@pytest.fixture
-def e2b_env(e2b_daemon: DaemonThread, monkeypatch: pytest.MonkeyPatch) -> str:
-    url = f"http://{e2b_daemon.daemon.e2b.address}"
-    monkeypatch.setenv("E2B_API_URL", url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", url)
-    monkeypatch.setenv("E2B_API_KEY", "unused-without-a-tokens-file")
-    return url
-
-
 async def network_of(daemon: DaemonThread, sandbox_id: str) -> tuple[str, list[str]]:
     async with SandboxClient(socket_path=daemon.socket_path, retries=False) as client:
         info = (await client.get_workspace(sandbox_id)).info

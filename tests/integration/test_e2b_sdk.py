@@ -51,16 +51,6 @@ def e2b_daemon(
 
 
 @pytest.fixture
-def e2b_env(e2b_daemon: DaemonThread, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The SDK's settings pointed at the daemon's E2B plane; returns its URL."""
-    url = f"http://{e2b_daemon.daemon.e2b.address}"
-    monkeypatch.setenv("E2B_API_URL", url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", url)
-    monkeypatch.setenv("E2B_API_KEY", "unused-without-a-tokens-file")
-    return url
-
-
-@pytest.fixture
 def sbx(e2b_env: str, request: pytest.FixtureRequest) -> Iterator[Sandbox]:
     """A sandbox of the default template, killed afterwards."""
     sandbox = Sandbox.create(metadata={"test": request.node.name[:100]})

@@ -33,16 +33,6 @@ def e2b_daemon(tmp_path_factory: pytest.TempPathFactory, e2b_image: str) -> Iter
     thread.stop()
 
 
-@pytest.fixture
-def e2b_env(e2b_daemon: DaemonThread, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The SDK's settings pointed at the daemon's E2B plane; returns its URL."""
-    url = f"http://{e2b_daemon.daemon.e2b.address}"
-    monkeypatch.setenv("E2B_API_URL", url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", url)
-    monkeypatch.setenv("E2B_API_KEY", "unused-without-a-tokens-file")
-    return url
-
-
 def test_a_template_built_by_the_sdk_runs_its_sandboxes(e2b_env: str, default_image: str, tmp_path: Path) -> None:
     """from_image, COPY of a directory and a file, RUN as root, ENV, WORKDIR: all in a sandbox of it."""
     (tmp_path / "app").mkdir()
